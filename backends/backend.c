@@ -1,0 +1,414 @@
+/* backend.c — the backend registry, layout arithmetic, and the one dispatcher
+ * that checks kernel arguments and composes optional kernels. */
+#include "backends/backend.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "backends/backend_impl.h"
+#include "core/alloc.h"
+
+/* ---- Registry ---------------------------------------------------------------- */
+
+static const kv_backend_reg *registry_entry(size_t i)
+{
+    const kv_backend_reg *(*const getters[])(void) = {
+        kv_backend_cpu_reg,
+#ifdef KV_HAVE_OPENCL
+        kv_backend_opencl_reg,
+#endif
+#ifdef KV_HAVE_CUDA
+        kv_backend_cuda_reg,
+#endif
+#ifdef KV_HAVE_HIP
+        kv_backend_hip_reg,
+#endif
+#ifdef KV_HAVE_ASCEND
+        kv_backend_ascend_reg,
+#endif
+    };
+    if (i >= sizeof getters / sizeof getters[0])
+        return NULL;
+    return getters[i]();
+}
+
+size_t kv_backend_reg_count(void)
+{
+    size_t n = 0;
+    while (registry_entry(n))
+        n++;
+    return n;
+}
+
+const kv_backend_reg *kv_backend_reg_get(size_t i)
+{
+    return registry_entry(i);
+}
+
+const kv_backend_reg *kv_backend_reg_find(const char *name)
+{
+    for (size_t i = 0; registry_entry(i); i++)
+        if (strcmp(registry_entry(i)->name, name) == 0)
+            return registry_entry(i);
+    return NULL;
+}
+
+const char *kv_backend_reg_names(void)
+{
+    return "cpu"
+#ifdef KV_HAVE_OPENCL
+           ", opencl"
+#endif
+#ifdef KV_HAVE_CUDA
+           ", cuda"
+#endif
+#ifdef KV_HAVE_HIP
+           ", hip"
+#endif
+#ifdef KV_HAVE_ASCEND
+           ", ascend"
+#endif
+        ;
+}
+
+int kv_backend_open(const char *name, int index, kv_backend **out, kv_error *err)
+{
+    *out = NULL;
+    const kv_backend_reg *reg = kv_backend_reg_find(name);
+    if (!reg)
+        return kv_error_set(err, KV_EINPUT, "backend '%s' is not built into this kvsim (built: %s)", name,
+                            kv_backend_reg_names());
+    kv_error why = {0};
+    int count = reg->device_count(&why);
+    if (count <= 0)
+        return kv_error_set(err, KV_EINPUT, "backend '%s' has no usable device: %s (built: %s)", name,
+                            why.msg[0] ? why.msg : "no device", kv_backend_reg_names());
+    if (index < 0 || index >= count)
+        return kv_error_set(err, KV_EINPUT, "backend '%s' has %d device(s); device %d does not exist", name,
+                            count, index);
+    const kv_backend_i *iface = NULL;
+    void *ctx = NULL;
+    int rc = reg->open(index, &iface, &ctx, err);
+    if (rc != KV_OK)
+        return rc;
+    if (iface->api_version != KV_BACKEND_API_VERSION) {
+        iface->destroy(ctx);
+        return kv_error_set(err, KV_EFAIL, "backend '%s' speaks interface version %d, kvsim needs %d", name,
+                            iface->api_version, KV_BACKEND_API_VERSION);
+    }
+    kv_backend *be = kv_calloc(1, sizeof *be);
+    be->iface = iface;
+    be->ctx = ctx;
+    be->reg = reg;
+    be->device = index;
+    *out = be;
+    return KV_OK;
+}
+
+void kv_backend_close(kv_backend *be)
+{
+    if (!be)
+        return;
+    be->iface->destroy(be->ctx);
+    kv_free(be);
+}
+
+const char *kv_backend_name(const kv_backend *be)
+{
+    return be->reg->name;
+}
+
+int kv_backend_get_props(kv_backend *be, kv_backend_props *props)
+{
+    memset(props, 0, sizeof *props);
+    props->backend = be->reg->name;
+    return be->iface->get_props(be->ctx, props);
+}
+
+/* ---- Layout arithmetic ---------------------------------------------------------- */
+
+static size_t ceil_div(size_t a, size_t b)
+{
+    return (a + b - 1) / b;
+}
+
+size_t kv_layout_groups(const kv_quant_layout *l)
+{
+    if (l->rows == 0 || l->cols == 0 || l->group_size == 0)
+        return 0;
+    if (l->grouping == KV_GROUP_TOKEN)
+        return (size_t)l->rows * ceil_div(l->cols, l->group_size);
+    return ceil_div(l->rows, l->group_size) * l->cols;
+}
+
+uint32_t kv_layout_group_len(const kv_quant_layout *l, size_t group)
+{
+    if (l->grouping == KV_GROUP_TOKEN) {
+        size_t per_row = ceil_div(l->cols, l->group_size);
+        size_t first = (group % per_row) * l->group_size;
+        size_t left = l->cols - first;
+        return (uint32_t)(left < l->group_size ? left : l->group_size);
+    }
+    size_t first = (group / l->cols) * l->group_size;
+    size_t left = l->rows - first;
+    return (uint32_t)(left < l->group_size ? left : l->group_size);
+}
+
+/* Bytes of `groups` groups of n codes at b bits, each byte-aligned. */
+static size_t group_bytes(size_t groups, size_t n, unsigned bits)
+{
+    return groups * ceil_div(n * bits, 8);
+}
+
+size_t kv_layout_packed_bytes(const kv_quant_layout *l, unsigned bits)
+{
+    if (kv_layout_groups(l) == 0)
+        return 0;
+    size_t g = l->group_size;
+    if (l->grouping == KV_GROUP_TOKEN) {
+        size_t full = l->cols / g, last = l->cols % g;
+        return (size_t)l->rows * (group_bytes(full, g, bits) + (last ? group_bytes(1, last, bits) : 0));
+    }
+    size_t full = l->rows / g, last = l->rows % g;
+    return (size_t)l->cols * (group_bytes(full, g, bits) + (last ? group_bytes(1, last, bits) : 0));
+}
+
+size_t kv_layout_meta_bytes(const kv_quant_layout *l)
+{
+    return kv_layout_groups(l) * 4;
+}
+
+/* ---- Dispatch ----------------------------------------------------------------- */
+
+int kv_buffer_alloc(kv_backend *be, size_t bytes, kv_buffer **out, kv_error *err)
+{
+    *out = NULL;
+    return be->iface->buffer_alloc(be->ctx, bytes, out, err);
+}
+
+void kv_buffer_free(kv_backend *be, kv_buffer *buf)
+{
+    if (buf)
+        be->iface->buffer_free(be->ctx, buf);
+}
+
+int kv_buffer_write(kv_backend *be, kv_buffer *dst, size_t offset, const void *src, size_t bytes, kv_error *err)
+{
+    return be->iface->buffer_write(be->ctx, dst, offset, src, bytes, err);
+}
+
+int kv_buffer_read(kv_backend *be, kv_buffer *src, size_t offset, void *dst, size_t bytes, kv_error *err)
+{
+    return be->iface->buffer_read(be->ctx, src, offset, dst, bytes, err);
+}
+
+int kv_backend_synchronize(kv_backend *be, kv_error *err)
+{
+    return be->iface->synchronize(be->ctx, err);
+}
+
+static int check_layout(const char *kernel, const kv_quant_layout *l, unsigned bits, kv_error *err)
+{
+    if (bits < 1 || bits > 16)
+        return kv_error_set(err, KV_EINPUT, "%s: bits must be 1..16, got %u", kernel, bits);
+    if (l->group_size == 0)
+        return kv_error_set(err, KV_EINPUT, "%s: group_size must be >= 1", kernel);
+    if (l->grouping != KV_GROUP_TOKEN && l->grouping != KV_GROUP_CHANNEL)
+        return kv_error_set(err, KV_EINPUT, "%s: unknown grouping %d", kernel, (int)l->grouping);
+    return KV_OK;
+}
+
+static int check_split(const char *kernel, unsigned bits, unsigned anchor_bits, int allow_zero, kv_error *err)
+{
+    if (anchor_bits == 0 && allow_zero)
+        return KV_OK;
+    if (anchor_bits < 1 || anchor_bits >= bits)
+        return kv_error_set(err, KV_EINPUT, "%s: anchor_bits must be 1..%u for %u-bit codes, got %u", kernel,
+                            bits ? bits - 1 : 0, bits, anchor_bits);
+    return KV_OK;
+}
+
+static int unsupported(const kv_backend *be, const char *kernel, kv_error *err)
+{
+    return kv_error_set(err, KV_EFAIL, "backend '%s' does not implement %s", be->reg->name, kernel);
+}
+
+#define DISPATCH(member, kernel, be, a, err)                                                         \
+    ((be)->iface->member ? (be)->iface->member((be)->ctx, (a), (err)) : unsupported((be), (kernel), (err)))
+
+int kv_backend_quantize(kv_backend *be, const kv_quantize_args *a, kv_error *err)
+{
+    int rc = check_layout("quantize", &a->layout, a->bits, err);
+    return rc ? rc : DISPATCH(quantize, "quantize", be, a, err);
+}
+
+int kv_backend_dequantize(kv_backend *be, const kv_dequantize_args *a, kv_error *err)
+{
+    int rc = check_layout("dequantize", &a->layout, a->bits, err);
+    if (!rc)
+        rc = check_split("dequantize", a->bits, a->anchor_bits, 1, err);
+    return rc ? rc : DISPATCH(dequantize, "dequantize", be, a, err);
+}
+
+int kv_backend_pack(kv_backend *be, const kv_pack_args *a, kv_error *err)
+{
+    int rc = check_layout("pack", &a->layout, a->bits, err);
+    return rc ? rc : DISPATCH(pack, "pack", be, a, err);
+}
+
+int kv_backend_unpack(kv_backend *be, const kv_pack_args *a, kv_error *err)
+{
+    int rc = check_layout("unpack", &a->layout, a->bits, err);
+    return rc ? rc : DISPATCH(unpack, "unpack", be, a, err);
+}
+
+int kv_backend_split(kv_backend *be, const kv_split_args *a, kv_error *err)
+{
+    int rc = check_split("split", a->bits, a->anchor_bits, 0, err);
+    return rc ? rc : DISPATCH(split, "split", be, a, err);
+}
+
+int kv_backend_merge(kv_backend *be, const kv_split_args *a, kv_error *err)
+{
+    int rc = check_split("merge", a->bits, a->anchor_bits, 0, err);
+    return rc ? rc : DISPATCH(merge, "merge", be, a, err);
+}
+
+/* Temporary buffers for the composed (unfused) encode/decode. */
+typedef struct scratch {
+    kv_buffer *codes, *anchor, *residual;
+} scratch;
+
+static void scratch_free(kv_backend *be, scratch *s)
+{
+    kv_buffer_free(be, s->codes);
+    kv_buffer_free(be, s->anchor);
+    kv_buffer_free(be, s->residual);
+}
+
+static int scratch_alloc(kv_backend *be, size_t count, int split, scratch *s, kv_error *err)
+{
+    memset(s, 0, sizeof *s);
+    size_t bytes = count * sizeof(uint16_t);
+    int rc = kv_buffer_alloc(be, bytes, &s->codes, err);
+    if (!rc && split)
+        rc = kv_buffer_alloc(be, bytes, &s->anchor, err);
+    if (!rc && split)
+        rc = kv_buffer_alloc(be, bytes, &s->residual, err);
+    if (rc)
+        scratch_free(be, s);
+    return rc;
+}
+
+int kv_backend_encode(kv_backend *be, const kv_encode_args *a, kv_error *err)
+{
+    int rc = check_layout("encode", &a->layout, a->bits, err);
+    if (!rc)
+        rc = check_split("encode", a->bits, a->anchor_bits, 1, err);
+    if (rc)
+        return rc;
+    if (be->iface->encode)
+        return be->iface->encode(be->ctx, a, err);
+
+    size_t count = (size_t)a->layout.rows * a->layout.cols;
+    int split = a->anchor_bits > 0;
+    scratch s;
+    rc = scratch_alloc(be, count, split, &s, err);
+    if (rc)
+        return rc;
+    kv_quantize_args q = {a->layout, a->bits, a->x, {s.codes, 0}, a->scale, a->zero};
+    rc = kv_backend_quantize(be, &q, err);
+    if (!rc && split) {
+        kv_split_args sp = {count, a->bits, a->anchor_bits, {s.codes, 0}, {s.anchor, 0}, {s.residual, 0}};
+        rc = kv_backend_split(be, &sp, err);
+        kv_pack_args pa = {a->layout, a->anchor_bits, {s.anchor, 0}, a->anchor_packed};
+        if (!rc)
+            rc = kv_backend_pack(be, &pa, err);
+        kv_pack_args pr = {a->layout, a->bits - a->anchor_bits, {s.residual, 0}, a->residual_packed};
+        if (!rc)
+            rc = kv_backend_pack(be, &pr, err);
+    } else if (!rc) {
+        kv_pack_args p = {a->layout, a->bits, {s.codes, 0}, a->anchor_packed};
+        rc = kv_backend_pack(be, &p, err);
+    }
+    if (!rc)
+        rc = kv_backend_synchronize(be, err);
+    scratch_free(be, &s);
+    return rc;
+}
+
+int kv_backend_decode(kv_backend *be, const kv_decode_args *a, kv_error *err)
+{
+    int rc = check_layout("decode", &a->layout, a->bits, err);
+    if (!rc)
+        rc = check_split("decode", a->bits, a->anchor_bits, 1, err);
+    if (rc)
+        return rc;
+    if (be->iface->decode)
+        return be->iface->decode(be->ctx, a, err);
+
+    size_t count = (size_t)a->layout.rows * a->layout.cols;
+    int split = a->anchor_bits > 0;
+    int anchor_only = split && a->residual_packed.buf == NULL;
+    scratch s;
+    rc = scratch_alloc(be, count, split, &s, err);
+    if (rc)
+        return rc;
+    if (!split) {
+        kv_pack_args p = {a->layout, a->bits, {s.codes, 0}, a->anchor_packed};
+        rc = kv_backend_unpack(be, &p, err);
+        kv_dequantize_args d = {a->layout, a->bits, 0, {s.codes, 0}, a->scale, a->zero, a->out};
+        if (!rc)
+            rc = kv_backend_dequantize(be, &d, err);
+    } else {
+        kv_pack_args pa = {a->layout, a->anchor_bits, {s.anchor, 0}, a->anchor_packed};
+        rc = kv_backend_unpack(be, &pa, err);
+        if (!rc && anchor_only) {
+            kv_dequantize_args d = {a->layout, a->bits, a->anchor_bits, {s.anchor, 0}, a->scale, a->zero,
+                                    a->out};
+            rc = kv_backend_dequantize(be, &d, err);
+        } else if (!rc) {
+            kv_pack_args pr = {a->layout, a->bits - a->anchor_bits, {s.residual, 0}, a->residual_packed};
+            rc = kv_backend_unpack(be, &pr, err);
+            kv_split_args m = {count, a->bits, a->anchor_bits, {s.codes, 0}, {s.anchor, 0}, {s.residual, 0}};
+            if (!rc)
+                rc = kv_backend_merge(be, &m, err);
+            kv_dequantize_args d = {a->layout, a->bits, 0, {s.codes, 0}, a->scale, a->zero, a->out};
+            if (!rc)
+                rc = kv_backend_dequantize(be, &d, err);
+        }
+    }
+    if (!rc)
+        rc = kv_backend_synchronize(be, err);
+    scratch_free(be, &s);
+    return rc;
+}
+
+int kv_backend_bf16_round(kv_backend *be, const kv_bf16_args *a, kv_error *err)
+{
+    return DISPATCH(bf16_round, "bf16_round", be, a, err);
+}
+
+int kv_backend_attention(kv_backend *be, const kv_attention_args *a, kv_error *err)
+{
+    if (a->n_kv_heads == 0 || a->n_heads % a->n_kv_heads != 0)
+        return kv_error_set(err, KV_EINPUT, "attention: %u query heads do not divide into %u KV heads",
+                            a->n_heads, a->n_kv_heads);
+    if (a->head_dim == 0)
+        return kv_error_set(err, KV_EINPUT, "attention: head_dim must be >= 1");
+    return DISPATCH(attention, "attention", be, a, err);
+}
+
+int kv_backend_compact_alloc(kv_backend *be, const kv_compact_args *a, kv_error *err)
+{
+    if (a->capacity == 0)
+        return kv_error_set(err, KV_EINPUT, "compact_alloc: free list capacity is 0");
+    return DISPATCH(compact_alloc, "compact_alloc", be, a, err);
+}
+
+int kv_backend_compact_release(kv_backend *be, const kv_compact_args *a, kv_error *err)
+{
+    if (a->capacity == 0)
+        return kv_error_set(err, KV_EINPUT, "compact_release: free list capacity is 0");
+    return DISPATCH(compact_release, "compact_release", be, a, err);
+}

@@ -1,0 +1,22 @@
+/* alloc.h — host memory: the one place where out-of-memory aborts. */
+#ifndef KV_ALLOC_H
+#define KV_ALLOC_H
+
+#include <stddef.h>
+
+/* These never return NULL for a non-zero size: on out-of-memory they print
+   one line to stderr and abort. Free with kv_free (NULL is fine). */
+void *kv_malloc(size_t bytes);
+void *kv_calloc(size_t count, size_t size);
+void *kv_realloc(void *ptr, size_t bytes);
+char *kv_strdup(const char *s);
+char *kv_strndup(const char *s, size_t n);
+void kv_free(void *ptr);
+
+/* Grows *items (of item_size bytes each, capacity *cap) to hold at least need items. */
+void kv_grow(void **items, size_t item_size, size_t *cap, size_t need);
+
+/* Overflow-checked multiplication: returns 0 and sets *out, or -1 on overflow. */
+int kv_mul_size(size_t a, size_t b, size_t *out);
+
+#endif

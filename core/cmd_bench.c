@@ -1,0 +1,31 @@
+/* cmd_bench.c — `kvsim bench WHAT`: a table of benchmarks, each living with the module it measures. */
+#include <stdio.h>
+#include <string.h>
+
+#include "core/commands.h"
+
+static const kv_command benches[] = {
+    /* Each module adds its row: {"name", "options", "what it prints", function}. */
+    {NULL, NULL, NULL, NULL},
+};
+
+static void bench_usage(FILE *out)
+{
+    fprintf(out, "usage: kvsim bench WHAT [options]\n\nbenchmarks (they print ratios, never pass/fail):\n");
+    for (size_t i = 0; benches[i].name; i++)
+        fprintf(out, "  %-8s %s\n           %s\n", benches[i].name, benches[i].usage, benches[i].summary);
+}
+
+int kv_cmd_bench(int argc, char **argv)
+{
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        bench_usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; benches[i].name; i++)
+        if (strcmp(argv[1], benches[i].name) == 0)
+            return benches[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "kvsim bench: unknown benchmark '%s'\n", argv[1]);
+    bench_usage(stderr);
+    return 2;
+}

@@ -1,0 +1,24 @@
+/* commands.h — kvsim's subcommands. Each takes argc/argv after its own name
+   (argv[0] is the subcommand) and returns the exit code: 0 ok, 1 run failed,
+   2 bad input. */
+#ifndef KV_COMMANDS_H
+#define KV_COMMANDS_H
+
+typedef struct kv_command {
+    const char *name;    /* as typed: "run", "bench kernels" is "kernels" in the bench table */
+    const char *usage;   /* one line: arguments */
+    const char *summary; /* one line: what it does */
+    int (*run)(int argc, char **argv);
+} kv_command;
+
+int kv_cmd_run(int argc, char **argv);      /* core/cmd_run.c */
+int kv_cmd_validate(int argc, char **argv); /* core/cmd_run.c */
+int kv_cmd_bench(int argc, char **argv);    /* core/cmd_bench.c: dispatches to the table below */
+
+/* `kvsim bench <what>`: each lives with the module it measures. */
+int kv_cmd_bench_sim(int argc, char **argv);     /* core/bench_sim.c */
+int kv_cmd_bench_kernels(int argc, char **argv); /* backends/bench_kernels.c */
+int kv_cmd_bench_net(int argc, char **argv);     /* net/bench_net.c */
+int kv_cmd_bench_policy(int argc, char **argv);  /* core/policy_bench.c */
+
+#endif

@@ -1,0 +1,31 @@
+/* error.h — an error status with a message, passed down by callers, filled by callees. */
+#ifndef KV_ERROR_H
+#define KV_ERROR_H
+
+#include <stdarg.h>
+
+/* Error codes double as kvsim's exit codes. */
+enum {
+    KV_OK = 0,      /* success */
+    KV_EFAIL = 1,   /* the run failed (device error, I/O error, internal) */
+    KV_EINPUT = 2,  /* bad input: scenario, policy, trace, model file, CLI flag */
+};
+
+typedef struct kv_error {
+    int code;       /* KV_OK, KV_EFAIL or KV_EINPUT */
+    char msg[1024]; /* "file:line:col: key: what is wrong", NUL-terminated */
+} kv_error;
+
+/* Sets *err (if err is not NULL) and returns code, so callers can write
+   `return kv_error_set(err, KV_EINPUT, "...")`. */
+int kv_error_set(kv_error *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+int kv_error_setv(kv_error *err, int code, const char *fmt, va_list ap);
+
+/* Prefixes the existing message with more context ("while loading X: ..."). */
+int kv_error_prefix(kv_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Clears *err to KV_OK with an empty message. */
+void kv_error_clear(kv_error *err);
+
+#endif

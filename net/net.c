@@ -1,0 +1,118 @@
+/* net.c — the network dispatcher: picks the implementation, checks arguments. */
+#include "net/net.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "core/alloc.h"
+
+struct kv_net {
+    const kv_net_i *iface; /* the implementation's table */
+    void *ctx;             /* its context */
+};
+
+static const char *const topology_names[] = {"star", "fat-tree", "torus", "dragonfly", "platform"};
+
+int kv_net_topology_parse(const char *s)
+{
+    for (size_t i = 0; i < sizeof topology_names / sizeof topology_names[0]; i++)
+        if (strcmp(s, topology_names[i]) == 0)
+            return (int)i;
+    return -1;
+}
+
+const char *kv_net_topology_name(kv_net_topology t)
+{
+    if ((size_t)t < sizeof topology_names / sizeof topology_names[0])
+        return topology_names[t];
+    return "?";
+}
+
+int kv_net_create(const kv_net_config *cfg, kv_net_done_fn done, void *user, kv_net **out, kv_error *err)
+{
+    *out = NULL;
+    const char *src = cfg->source ? cfg->source : "network";
+    if (cfg->hosts < 2)
+        return kv_error_set(err, KV_EINPUT, "%s: network: needs at least 2 hosts, got %d", src, cfg->hosts);
+    if (!(cfg->nic_bandwidth_gbps > 0) || !isfinite(cfg->nic_bandwidth_gbps))
+        return kv_error_set(err, KV_EINPUT, "%s: network.nic_bandwidth_gbps: must be a positive number",
+                            src);
+    if (!(cfg->nic_latency_s >= 0) || !isfinite(cfg->nic_latency_s))
+        return kv_error_set(err, KV_EINPUT, "%s: network.nic_latency_us: must be >= 0", src);
+
+    const kv_net_i *iface = NULL;
+    void *ctx = NULL;
+    int rc;
+    switch (cfg->model) {
+    case KV_NET_IDEAL:
+        rc = kv_net_ideal_create(cfg, done, user, &iface, &ctx, err);
+        break;
+    case KV_NET_SIMGRID:
+#ifdef KV_HAVE_SIMGRID
+        rc = kv_net_simgrid_create(cfg, done, user, &iface, &ctx, err);
+#else
+        rc = kv_error_set(err, KV_EINPUT, "%s: network.model: simgrid is not built into this kvsim", src);
+#endif
+        break;
+    default:
+        rc = kv_error_set(err, KV_EINPUT, "%s: network.model: unknown model %d", src, (int)cfg->model);
+    }
+    if (rc != KV_OK)
+        return rc;
+    kv_net *net = kv_malloc(sizeof *net);
+    net->iface = iface;
+    net->ctx = ctx;
+    *out = net;
+    return KV_OK;
+}
+
+void kv_net_destroy(kv_net *net)
+{
+    if (!net)
+        return;
+    net->iface->destroy(net->ctx);
+    kv_free(net);
+}
+
+const char *kv_net_name(const kv_net *net)
+{
+    return net->iface->name;
+}
+
+int kv_net_flow_start(kv_net *net, const kv_flow_spec *flow, double now_s, kv_flow_id *out, kv_error *err)
+{
+    if (flow->src == flow->dst)
+        return kv_error_set(err, KV_EFAIL, "net: flow from host %d to itself", flow->src);
+    if (flow->bytes == 0)
+        return kv_error_set(err, KV_EFAIL, "net: flow of 0 bytes");
+    if (flow->priority < 0 || flow->priority >= KV_NET_MAX_CLASSES)
+        return kv_error_set(err, KV_EFAIL, "net: priority class %d out of range", flow->priority);
+    return net->iface->flow_start(net->ctx, flow, now_s, out, err);
+}
+
+int kv_net_flow_cancel(kv_net *net, kv_flow_id id, kv_error *err)
+{
+    return net->iface->flow_cancel(net->ctx, id, err);
+}
+
+int kv_net_advance(kv_net *net, double t_limit_s, double *t_now_s, kv_error *err)
+{
+    return net->iface->advance(net->ctx, t_limit_s, t_now_s, err);
+}
+
+size_t kv_net_active_flows(const kv_net *net)
+{
+    return net->iface->active_flows(net->ctx);
+}
+
+size_t kv_net_link_count(const kv_net *net)
+{
+    return net->iface->link_count ? net->iface->link_count(net->ctx) : 0;
+}
+
+int kv_net_link_stats(const kv_net *net, size_t link, kv_link_stats *out)
+{
+    if (!net->iface->link_stats)
+        return KV_EFAIL;
+    return net->iface->link_stats(net->ctx, link, out);
+}

@@ -1,0 +1,128 @@
+/* net.h — the cluster network interface: start flows, learn when they finish.
+ *
+ * The engine owns simulated time. It drives a network with kv_net_advance:
+ * "advance to t_limit, or to the first flow completion before it". Completions
+ * are reported through the callback given at creation, at their exact
+ * simulated time; a flow started from inside the callback starts at that time.
+ *
+ * Invariants every implementation keeps:
+ *  1. Time never goes backwards: t_now after advance >= t_now before.
+ *  2. advance never passes t_limit, and stops at the first completion time
+ *     (all flows completing at that same time are reported in that call).
+ *  3. A flow is reported exactly once, unless cancelled first (then never).
+ *  4. Same inputs → same completion times and order, bit for bit.
+ */
+#ifndef KV_NET_H
+#define KV_NET_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/error.h"
+
+#define KV_NET_API_VERSION 1
+
+typedef struct kv_net kv_net;
+typedef uint64_t kv_flow_id; /* unique per network, never 0 */
+
+typedef enum kv_net_model {
+    KV_NET_IDEAL = 0,   /* contention-free: latency + bytes / bandwidth */
+    KV_NET_SIMGRID = 1, /* SimGrid flow-level model */
+} kv_net_model;
+
+typedef enum kv_net_topology {
+    KV_TOPO_STAR = 0,     /* every host on one switch */
+    KV_TOPO_FAT_TREE = 1, /* two-level fat-tree */
+    KV_TOPO_TORUS = 2,
+    KV_TOPO_DRAGONFLY = 3,
+    KV_TOPO_PLATFORM = 4, /* a SimGrid platform XML file */
+} kv_net_topology;
+
+typedef enum kv_priority_mode {
+    KV_PRIO_NONE = 0,     /* classes ignored: plain max-min sharing */
+    KV_PRIO_STRICT = 1,   /* a lower class only gets what higher classes leave */
+    KV_PRIO_WEIGHTED = 2, /* classes share in the ratio of their weights */
+} kv_priority_mode;
+
+#define KV_NET_MAX_CLASSES 4
+#define KV_NET_MAX_OPTIONS 16
+
+/* Everything a network needs to build itself; filled from the scenario's
+   `network:` section. Units are in the field names. */
+typedef struct kv_net_config {
+    kv_net_model model;
+    kv_net_topology topology;
+    int hosts;                    /* prefill nodes first, then decode nodes */
+    double nic_bandwidth_gbps;    /* per host, each direction (gigabits/s) */
+    double nic_latency_s;         /* per host link */
+    double switch_bandwidth_gbps; /* fat-tree uplinks / core links (0: same as NIC) */
+    double switch_latency_s;
+    int hosts_per_leaf;           /* fat-tree: hosts under one leaf switch */
+    double oversubscription;      /* fat-tree: leaf downlink / uplink bandwidth ratio */
+    int split_duplex;             /* 1: separate up and down links per NIC */
+    const char *platform_file;    /* KV_TOPO_PLATFORM: path of the XML */
+    const char *source;           /* scenario file, for error messages */
+    kv_priority_mode priority;
+    double class_weight[KV_NET_MAX_CLASSES]; /* KV_PRIO_WEIGHTED: share of class c */
+    int n_options;                /* SimGrid options passed through, e.g. network/model=CM02 */
+    const char *option_key[KV_NET_MAX_OPTIONS];
+    const char *option_value[KV_NET_MAX_OPTIONS];
+} kv_net_config;
+
+/* One KV transfer. */
+typedef struct kv_flow_spec {
+    int src, dst;        /* host indices, 0 <= host < hosts, src != dst */
+    uint64_t bytes;      /* payload bytes, > 0 */
+    int priority;        /* class: 0 is the highest, < KV_NET_MAX_CLASSES */
+    uint64_t tag;        /* opaque to the network, handed back on completion */
+} kv_flow_spec;
+
+/* Called once per completed flow, at simulated time t_done_s. */
+typedef void (*kv_net_done_fn)(void *user, kv_flow_id id, uint64_t tag, double t_done_s);
+
+/* Per-link utilisation, for results.json. */
+typedef struct kv_link_stats {
+    char name[64];
+    uint64_t bytes;      /* payload bytes that crossed the link */
+    double busy_s;       /* time with at least one flow on the link */
+    double bandwidth_gbps;
+} kv_link_stats;
+
+/* The table an implementation provides (ideal.c, simgrid/). */
+typedef struct kv_net_i {
+    int api_version;
+    const char *name;
+    void (*destroy)(void *ctx);
+    int (*flow_start)(void *ctx, const kv_flow_spec *flow, double now_s, kv_flow_id *out, kv_error *err);
+    int (*flow_cancel)(void *ctx, kv_flow_id id, kv_error *err);
+    int (*advance)(void *ctx, double t_limit_s, double *t_now_s, kv_error *err);
+    size_t (*active_flows)(void *ctx);
+    size_t (*link_count)(void *ctx);
+    int (*link_stats)(void *ctx, size_t link, kv_link_stats *out);
+} kv_net_i;
+
+/* Builds the network the config asks for. Bad configs give KV_EINPUT with a
+   message naming cfg->source and the key. done(user, ...) reports completions. */
+int kv_net_create(const kv_net_config *cfg, kv_net_done_fn done, void *user, kv_net **out, kv_error *err);
+void kv_net_destroy(kv_net *net); /* NULL is fine */
+const char *kv_net_name(const kv_net *net);
+
+int kv_net_flow_start(kv_net *net, const kv_flow_spec *flow, double now_s, kv_flow_id *out, kv_error *err);
+int kv_net_flow_cancel(kv_net *net, kv_flow_id id, kv_error *err);
+/* Advances to min(t_limit_s, first completion); *t_now_s is where it stopped. */
+int kv_net_advance(kv_net *net, double t_limit_s, double *t_now_s, kv_error *err);
+size_t kv_net_active_flows(const kv_net *net);
+size_t kv_net_link_count(const kv_net *net);
+int kv_net_link_stats(const kv_net *net, size_t link, kv_link_stats *out);
+
+/* Constructors of the implementations (used by net.c). */
+int kv_net_ideal_create(const kv_net_config *cfg, kv_net_done_fn done, void *user,
+                        const kv_net_i **iface, void **ctx, kv_error *err);
+int kv_net_simgrid_create(const kv_net_config *cfg, kv_net_done_fn done, void *user,
+                          const kv_net_i **iface, void **ctx, kv_error *err);
+
+/* Parses "star", "fat-tree", ...; returns -1 when unknown. */
+int kv_net_topology_parse(const char *s);
+const char *kv_net_topology_name(kv_net_topology t);
+
+#endif

@@ -1,0 +1,103 @@
+/* support.c — test helpers (see support.h). */
+#define _GNU_SOURCE
+#include "tests/support.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+char *kvt_tempdir(void)
+{
+    char tmpl[] = "/tmp/kvsim-test-XXXXXX";
+    char *dir = mkdtemp(tmpl);
+    return dir ? strdup(dir) : NULL;
+}
+
+char *kvt_write(const char *dir, const char *name, const char *text)
+{
+    char *path = NULL;
+    if (asprintf(&path, "%s/%s", dir, name) < 0)
+        return NULL;
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        free(path);
+        return NULL;
+    }
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+char *kvt_read(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    size_t got;
+    while ((got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
+        n += got;
+        if (cap - n < 2) {
+            cap *= 2;
+            buf = realloc(buf, cap);
+        }
+    }
+    fclose(f);
+    buf[n] = '\0';
+    if (len)
+        *len = n;
+    return buf;
+}
+
+int kvt_kvsim(const char *args, char **output)
+{
+    const char *bin = getenv("KVSIM");
+    if (!bin)
+        bin = KV_BINARY_DIR "/kvsim";
+    char *cmd = NULL;
+    if (asprintf(&cmd, "%s %s 2>&1", bin, args) < 0)
+        return -1;
+    FILE *p = popen(cmd, "r");
+    free(cmd);
+    if (!p)
+        return -1;
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    size_t got;
+    while ((got = fread(buf + n, 1, cap - n - 1, p)) > 0) {
+        n += got;
+        if (cap - n < 2) {
+            cap *= 2;
+            buf = realloc(buf, cap);
+        }
+    }
+    buf[n] = '\0';
+    int status = pclose(p);
+    if (output)
+        *output = buf;
+    else
+        free(buf);
+    if (WIFEXITED(status))
+        return WEXITSTATUS(status);
+    return -1;
+}
+
+void kvt_rmtree(const char *dir)
+{
+    char *cmd = NULL;
+    if (dir && strncmp(dir, "/tmp/kvsim-test-", 16) == 0 && asprintf(&cmd, "rm -rf '%s'", dir) >= 0) {
+        if (system(cmd) != 0)
+            fprintf(stderr, "could not remove %s\n", dir);
+        free(cmd);
+    }
+}
+
+char *kvt_source(const char *relative)
+{
+    char *path = NULL;
+    if (asprintf(&path, "%s/%s", KV_SOURCE_DIR, relative) < 0)
+        return NULL;
+    return path;
+}

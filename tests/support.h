@@ -1,0 +1,21 @@
+/* support.h — helpers shared by the tests: temporary folders, running kvsim, reading files. */
+#ifndef KV_TEST_SUPPORT_H
+#define KV_TEST_SUPPORT_H
+
+#include <stddef.h>
+
+/* Makes a fresh temporary folder; the returned path is owned by the caller (free). */
+char *kvt_tempdir(void);
+/* Writes text to dir/name; returns the full path (free it). */
+char *kvt_write(const char *dir, const char *name, const char *text);
+/* Reads a whole file (NUL-terminated, free it); NULL if missing. *len may be NULL. */
+char *kvt_read(const char *path, size_t *len);
+/* Runs the kvsim binary with a shell argument string; captures stdout+stderr
+   (free *output). Returns the exit code, or -1 if it was killed by a signal. */
+int kvt_kvsim(const char *args, char **output);
+/* Removes a folder and everything in it. */
+void kvt_rmtree(const char *dir);
+/* Path of a file in the source tree (free it). */
+char *kvt_source(const char *relative);
+
+#endif
