@@ -275,8 +275,8 @@ static int parse_time(trace_reader *r, const char *s, size_t n, int col, const c
 static int add_row(trace_reader *r, double t, int col, const char *field, int prompt, int output)
 {
     if (r->n_rows > 0 && t < r->prev_t)
-        return trace_fail(r, col, field, "time goes backwards: %.9g s is before the previous row's %.9g s "
-                          "(the trace must be sorted by time)", t - r->first_t, r->prev_t - r->first_t);
+        return trace_fail(r, col, field, "time goes backwards, %.9g s before the previous row (the trace "
+                          "must be sorted by time)", r->prev_t - t);
     if (r->n_rows == 0)
         r->first_t = t;
     r->prev_t = t;
@@ -481,9 +481,8 @@ static int read_burstgpt(trace_reader *r, int max_rows, int *status)
            without them). Their times still have to be in order. */
         if (output == 0) {
             if (r->n_rows > 0 && t < r->prev_t)
-                return trace_fail(r, ft->col, "Timestamp", "time goes backwards: %.9g s is before the previous "
-                                  "row's %.9g s (the trace must be sorted by time)", t - r->first_t,
-                                  r->prev_t - r->first_t);
+                return trace_fail(r, ft->col, "Timestamp", "time goes backwards, %.9g s before the previous "
+                                  "row (the trace must be sorted by time)", r->prev_t - t);
             failed++;
             continue;
         }
@@ -832,7 +831,8 @@ int kv_trace_read(kv_trace_format fmt, const char *path, int max_rows, double ti
              : fmt == KV_TRACE_BURSTGPT ? read_burstgpt(&r, max_rows, &status)
                                         : read_mooncake(&r, max_rows, &status);
     if (rc == KV_OK && r.n_rows == 0)
-        rc = kv_error_set(err, KV_EINPUT, "%s:%ld: no data rows%s", path, r.line_no + 1,
+        rc = kv_error_set(err, KV_EINPUT, "%s:%ld: no data rows%s", path,
+                          r.blank_line_no ? r.blank_line_no : r.line_no + 1,
                           fmt == KV_TRACE_MOONCAKE ? "" : " after the header");
     fclose(r.file);
     kv_free(r.line);
