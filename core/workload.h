@@ -50,7 +50,8 @@ typedef struct kv_length_dist {
     kv_length_kind kind;
     double value;         /* tokens: fixed length, or lognormal median; rounded to nearest */
     double sigma;         /* lognormal: sd of ln(length), >= 0 */
-    int min, max;         /* tokens: bounds (0 = 1 and unbounded); lognormal clamps into them */
+    int min, max;         /* tokens: bounds (0 = 1 and unbounded) for uniform and lognormal
+                             (which clamps into them); fixed and empirical ignore them */
     const int *samples;   /* KV_LEN_EMPIRICAL: lengths in tokens, each >= 1; owned by the caller,
                              read only during kv_workload_create */
     size_t n_samples;     /* KV_LEN_EMPIRICAL: >= 1 */
@@ -84,11 +85,12 @@ typedef struct kv_workload kv_workload;
    on failure. Trace problems (missing file, empty, bad row, unsorted or
    negative times) give KV_EINPUT naming the file, line and column; a bad
    config value gives KV_EINPUT naming its key ("workload.rate_per_s: ..."),
-   for the scenario loader to prefix with file:line:col. */
+   for the scenario loader to prefix with file:line:col. rng may be NULL
+   for a trace workload. */
 int kv_workload_create(const kv_workload_config *cfg, kv_rng *rng, kv_workload **out, kv_error *err);
 void kv_workload_destroy(kv_workload *w); /* NULL is fine */
 size_t kv_workload_count(const kv_workload *w);
-const kv_request_spec *kv_workload_get(const kv_workload *w, size_t i);
+const kv_request_spec *kv_workload_get(const kv_workload *w, size_t i); /* NULL if i >= count */
 
 /* Reads a trace file into a list (used by kv_workload_create and the tests):
    at most max_rows requests (0 = all), times relative to the first row and
