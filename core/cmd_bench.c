@@ -6,6 +6,8 @@
 
 static const kv_command benches[] = {
     /* Each module adds its row: {"name", "options", "what it prints", function}. */
+    {"sim", "[--requests N] [--network ideal|simgrid]", "simulated requests per wall-second (Azure code trace, 8P+8D)",
+     kv_cmd_bench_sim},
     {NULL, NULL, NULL, NULL},
 };
 
