@@ -5,8 +5,10 @@
 #include "core/commands.h"
 
 static const kv_command commands[] = {
-    {"run", "SCENARIO [--set key.path=value]... [--seed N] [--out DIR] [--ideal]",
+    {"run", "SCENARIO [--set key.path=value]... [--seed N] [--out DIR] [--ideal] [--plot]",
      "simulate a scenario and print the comparison table", kv_cmd_run},
+    {"sweep", "SWEEP.yaml [-j N] [--plot] | SWEEP.yaml --emit slurm|parallel | --collect DIR",
+     "run a parameter sweep in parallel, or write it as cluster jobs (docs/sweeps.md)", kv_cmd_sweep},
     {"validate", "SCENARIO [--set key.path=value]...", "check a scenario without running it", kv_cmd_validate},
     {"bench", "WHAT [options]", "benchmarks that print ratios (kvsim bench --help)", kv_cmd_bench},
     {"help", "scenario | cards", "print the scenario reference or the card/profile reference", kv_cmd_help},
