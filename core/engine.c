@@ -848,6 +848,7 @@ int kv_engine_run(const kv_run_inputs *in, kv_run_result *out, kv_error *err)
         default:
             rc = kv_error_set(err, KV_EFAIL, "internal: unknown event %d", ev.type);
         }
+        kv_progress_update(in->progress, ev.t_s, e.done_count, out->events);
     }
     if (!rc && e.failed)
         rc = e.failed;
