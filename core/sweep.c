@@ -46,7 +46,8 @@ static int needs_yaml_quotes(const char *s)
     for (const char *p = s; *p; p++)
         if (strchr(",[]{}:#'\"&*!|>%@`\n\t", *p))
             return 1;
-    return s[0] == ' ' || s[0] == '-' || s[0] == '?' || s[strlen(s) - 1] == ' ';
+    /* "- x" and "? x" start block syntax; "-5" is a number. */
+    return s[0] == ' ' || ((s[0] == '-' || s[0] == '?') && (s[1] == ' ' || s[1] == '\0')) || s[strlen(s) - 1] == ' ';
 }
 
 /* Writes a node as YAML flow text: what --set parses back into the same node. */
