@@ -291,7 +291,8 @@ static void build_commands(kv_sweep *sw)
     sw->commands = kv_calloc(sw->n_points ? sw->n_points : 1, sizeof *sw->commands);
     for (size_t i = 0; i < sw->n_points; i++) {
         kv_sweep_point *p = &sw->points[i];
-        size_t max = 8 + 2 * (sw->n_fixed + sw->n_keys);
+        /* kvsim run BASE, --set pairs, --set outputs.json=true, --out DIR, --quiet, NULL */
+        size_t max = 3 + 2 * (sw->n_fixed + sw->n_keys) + 2 + 2 + 1 + 1;
         char **argv = kv_calloc(max, sizeof *argv);
         size_t a = 0;
         argv[a++] = kv_strdup(sw->kvsim);
