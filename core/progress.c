@@ -50,12 +50,16 @@ void kv_progress_update(kv_progress *p, double now_s, size_t done, uint64_t even
     double since = t - (p->last_draw_s > 0 ? p->last_draw_s : p->start_wall_s);
     if (t - p->start_wall_s < 0.5 || since < 0.25)
         return;
-    double r = (double)(events - p->last_events) / since;
-    p->rate = p->rate > 0 ? 0.5 * p->rate + 0.5 * r : r;
+    /* The rate is measured between redraws; before the first one, set-up time would distort it. */
+    if (p->last_draw_s > 0) {
+        double r = (double)(events - p->last_events) / since;
+        p->rate = p->rate > 0 ? 0.5 * p->rate + 0.5 * r : r;
+    }
     p->last_events = events;
     p->last_draw_s = t;
-    fprintf(p->out, "\r\033[K%s: t=%.1f s simulated, %zu/%zu requests, %.2g M events/s", p->label, now_s, done,
-            p->total, p->rate / 1e6);
+    fprintf(p->out, "\r\033[K%s: t=%.1f s simulated, %zu/%zu requests", p->label, now_s, done, p->total);
+    if (p->rate > 0)
+        fprintf(p->out, ", %.2g M events/s", p->rate / 1e6);
     fflush(p->out);
     p->drawn = 1;
 }
