@@ -377,3 +377,103 @@ Test(sweep_run, bad_command_lines)
     cr_expect(strstr(out, "--collect DIR") && strstr(out, "--emit slurm"), "%s", out);
     free(out);
 }
+
+/* ---- --plot and the shipped sweep files and tutorial scenarios ---------------------------------- */
+
+static int have_matplotlib(void)
+{
+    return system("python3 -c 'import matplotlib' >/dev/null 2>&1") == 0 ||
+           system("/usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1") == 0;
+}
+
+static int is_png(const char *path)
+{
+    size_t len = 0;
+    char *data = kvt_read(path, &len);
+    int yes = data && len > 1000 && memcmp(data, "\x89PNG\r\n\x1a\n", 8) == 0;
+    free(data);
+    return yes;
+}
+
+Test(sweep_plot, run_and_sweep_figures)
+{
+    char *dir = kvt_tempdir();
+    free(kvt_write(dir, "base.yaml", base_text));
+    char *sweep = kvt_write(dir, "sweep.yaml", "base: base.yaml\n"
+                                               "set: {outputs.trace: true}\n"
+                                               "matrix: {network.nic_bandwidth_gbps: [10, 100]}\n");
+    char *out_dir = path_in(dir, "out");
+    char args[2048], *out = NULL;
+    snprintf(args, sizeof args, "sweep %s -j 2 --out %s --plot", sweep, out_dir);
+    cr_assert_eq(kvt_kvsim(args, &out), 0, "%s", out);
+    int plotting = have_matplotlib();
+    if (!plotting) {
+        cr_expect(strstr(out, "plots skipped:") != NULL, "a missing matplotlib is said visibly:\n%s", out);
+        fprintf(stderr, "skipped: figure checks (no Python 3 with matplotlib here)\n");
+    } else {
+        char *fig = path_in(out_dir, "figures/ttft_vs_nic_bandwidth_gbps.png");
+        cr_expect(is_png(fig), "no sweep figure:\n%s", out);
+        free(fig);
+        fig = path_in(out_dir, "figures/ttft_vs_nic_bandwidth_gbps.svg");
+        cr_expect(access(fig, F_OK) == 0);
+        free(fig);
+    }
+    free(out);
+
+    /* A run folder: kvsim run --plot on one point's scenario. */
+    char *run_dir = path_in(dir, "run");
+    snprintf(args, sizeof args, "run %s/base.yaml --set outputs.trace=true --out %s --quiet --plot", dir, run_dir);
+    cr_assert_eq(kvt_kvsim(args, &out), 0, "%s", out);
+    if (plotting) {
+        const char *figs[] = {"ttft_cdf", "ttft_vs_context", "gantt", "memory"};
+        for (size_t i = 0; i < sizeof figs / sizeof figs[0]; i++) {
+            char rel[128];
+            snprintf(rel, sizeof rel, "figures/%s.png", figs[i]);
+            char *fig = path_in(run_dir, rel);
+            cr_expect(is_png(fig), "no %s:\n%s", rel, out);
+            free(fig);
+        }
+        cr_expect(strstr(out, "skipped pareto") != NULL, "a figure without its data says why:\n%s", out);
+    }
+    free(out);
+    free(run_dir);
+    free(out_dir);
+    free(sweep);
+    kvt_rmtree(dir);
+    free(dir);
+}
+
+/* Every shipped sweep expands and every tutorial scenario runs (with few requests, to stay fast). */
+Test(sweep_files, shipped_sweeps_and_tutorial_run)
+{
+    const char *sweeps[] = {"scenarios/sweeps/lynx-bandwidth.yaml", "scenarios/tutorial/02-bandwidth.sweep.yaml"};
+    char args[2048], *out = NULL;
+    for (size_t i = 0; i < sizeof sweeps / sizeof sweeps[0]; i++) {
+        snprintf(args, sizeof args, "sweep %s --dry-run", sweeps[i]);
+        cr_expect_eq(kvt_kvsim(args, &out), 0, "%s: %s", sweeps[i], out);
+        cr_expect_eq(count_lines(out), 8, "%s: 8 points:\n%s", sweeps[i], out);
+        free(out);
+    }
+    const char *tutorial[] = {"01-where-ttft-goes", "02-compression", "03-lynx-speculation", "04-decode-memory"};
+    char *dir = kvt_tempdir();
+    for (size_t i = 0; i < sizeof tutorial / sizeof tutorial[0]; i++) {
+        snprintf(args, sizeof args, "run scenarios/tutorial/%s.yaml --set workload.requests=6 --out %s/%zu --quiet",
+                 tutorial[i], dir, i);
+        cr_expect_eq(kvt_kvsim(args, &out), 0, "%s: %s", tutorial[i], out);
+        free(out);
+    }
+    /* Each tutorial file says which question it answers and which figure to look at. */
+    for (size_t i = 0; i < sizeof tutorial / sizeof tutorial[0]; i++) {
+        char rel[256];
+        snprintf(rel, sizeof rel, "scenarios/tutorial/%s.yaml", tutorial[i]);
+        char *path = kvt_source(rel);
+        char *text = kvt_read(path, NULL);
+        cr_assert_not_null(text, "%s", rel);
+        cr_expect(strstr(text, "?") && strstr(text, "figures/") && strstr(text, "Run:"), "%s lacks its question, "
+                  "command or figure", rel);
+        free(text);
+        free(path);
+    }
+    kvt_rmtree(dir);
+    free(dir);
+}
