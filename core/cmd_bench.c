@@ -6,6 +6,8 @@
 
 static const kv_command benches[] = {
     /* Each module adds its row: {"name", "options", "what it prints", function}. */
+    {"net", "[--flows N] [--inflight N] [--topology T] ... (--help)",
+     "wall time and transfers/s of the SimGrid network on 10,000 KV transfers", kv_cmd_bench_net},
     {NULL, NULL, NULL, NULL},
 };
 

@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -677,6 +678,8 @@ int kv_net_simgrid_create(const kv_net_config *cfg, kv_net_done_fn done, void *u
     if (pid == 0) {
         /* The child: dies with kvsim, talks only on sv[1], writes only to the log. */
         prctl(PR_SET_PDEATHSIG, SIGKILL);
+        struct rlimit no_core = {0, 0}; /* a SimGrid abort must not leave core files behind */
+        setrlimit(RLIMIT_CORE, &no_core);
         if (net->errlog)
             dup2(fileno(net->errlog), STDERR_FILENO);
         dup2(STDERR_FILENO, STDOUT_FILENO);
@@ -689,9 +692,12 @@ int kv_net_simgrid_create(const kv_net_config *cfg, kv_net_done_fn done, void *u
     net->fd = sv[0];
     kv_sg_reply ready;
     if (read_full(net->fd, &ready, sizeof ready) != 0) {
-        char when[300];
-        snprintf(when, sizeof when, "while building the %s network of %s", kv_net_topology_name(cfg->topology),
-                 src);
+        char when[600];
+        if (cfg->topology == KV_TOPO_PLATFORM)
+            snprintf(when, sizeof when, "while loading %s for %s", cfg->platform_file, src);
+        else
+            snprintf(when, sizeof when, "while building the %s network of %s", kv_net_topology_name(cfg->topology),
+                     src);
         rc = child_failed(net, KV_EINPUT, when, err);
         sg_destroy(net);
         return rc;
