@@ -579,6 +579,18 @@ static int sg_advance(void *ctx, double t_limit_s, double *t_now_s, kv_error *er
         return kv_error_set(err, KV_EFAIL, "net simgrid: kv_net_advance called from a completion callback");
     if (t_limit_s != t_limit_s)
         return kv_error_set(err, KV_EFAIL, "net simgrid: advance to NaN");
+    if (net->broken) {
+        *err = net->failure;
+        return net->failure.code;
+    }
+    if (net->active == 0) {
+        /* Nothing in flight or scheduled: no need to ask. The child catches up with
+           the next START, which carries this time. */
+        if (t_limit_s > net->now_s && isfinite(t_limit_s))
+            net->now_s = t_limit_s;
+        *t_now_s = net->now_s;
+        return KV_OK;
+    }
     kv_sg_reply head;
     for (;;) {
         /* Stop first where scheduled flows start, and start them there. */
