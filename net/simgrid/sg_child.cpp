@@ -24,7 +24,8 @@
  *   weighted classes are the weight ratios, exact up to the solver's precision.
  * Invariants (numbers as in net.h): the driver's time `now_` never decreases (1),
  * is never beyond the ADVANCE limit (2), every started flow is answered once or
- * cancelled (3), and all iteration is over vectors in start order (4).
+ * cancelled (3), and everything iterated is a vector whose order depends only on
+ * the requests; hash maps are only looked up (4).
  */
 #include <simgrid/kernel/resource/Action.hpp>
 #include <simgrid/kernel/resource/Model.hpp>
