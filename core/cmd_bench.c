@@ -6,6 +6,8 @@
 
 static const kv_command benches[] = {
     /* Each module adds its row: {"name", "options", "what it prints", function}. */
+    {"policy", "[--policy FILE] [--calls N]", "Lua policy hook calls per second, cached and uncached",
+     kv_cmd_bench_policy},
     {NULL, NULL, NULL, NULL},
 };
 
