@@ -13,6 +13,8 @@ static const kv_command benches[] = {
      kv_cmd_bench_kernels},
     {"net", "[--flows N] [--inflight N] [--topology T] ... (--help)",
      "wall time and transfers/s of the SimGrid network on 10,000 KV transfers", kv_cmd_bench_net},
+    {"policy", "[--policy FILE] [--calls N]", "Lua policy hook calls per second, cached and uncached",
+     kv_cmd_bench_policy},
     {NULL, NULL, NULL, NULL},
 };
 
