@@ -7,7 +7,8 @@
  * the scalar helpers, to check them against backends/numerics.h). Each
  * dialect maps a handful of names: fixed-width integer types (kv_u8 ...),
  * kernel and address-space qualifiers, work-item indices, barriers, bit casts
- * and the few math functions the kernels use.
+ * and the few math functions the kernels use. KV_FN marks device functions,
+ * KV_HD_FN the integer layout helpers that CUDA/HIP host code calls as well.
  *
  * The scalar functions below are a transcription of backends/numerics.h
  * (the normative CPU numerics, choices N1..N6) into that common subset; any
@@ -44,6 +45,7 @@ typedef ulong kv_u64;
 #define KV_GLOBAL __global
 #define KV_LOCAL __local
 #define KV_FN static inline
+#define KV_HD_FN static inline
 #define KV_GLOBAL_ID() ((kv_u64)get_global_id(0))
 #define KV_LOCAL_ID() ((kv_u32)get_local_id(0))
 #define KV_GROUP_ID() ((kv_u64)get_group_id(0))
@@ -69,6 +71,7 @@ typedef unsigned long long kv_u64;
 #define KV_GLOBAL
 #define KV_LOCAL __shared__
 #define KV_FN static __device__ __forceinline__
+#define KV_HD_FN static __host__ __device__ __forceinline__ /* also used by the host code */
 #define KV_GLOBAL_ID() ((kv_u64)blockIdx.x * (kv_u64)blockDim.x + (kv_u64)threadIdx.x)
 #define KV_LOCAL_ID() ((kv_u32)threadIdx.x)
 #define KV_GROUP_ID() ((kv_u64)blockIdx.x)
@@ -95,6 +98,7 @@ typedef int32_t kv_i32;
 typedef uint64_t kv_u64;
 #define KV_GLOBAL
 #define KV_FN static inline
+#define KV_HD_FN static inline
 static inline uint32_t kv_dev_f32_bits(float f)
 {
     uint32_t u;
@@ -327,19 +331,19 @@ typedef struct kv_dev_layout {
     kv_u32 rows, cols, group_size, grouping; /* grouping: 0 TOKEN, 1 CHANNEL */
 } kv_dev_layout;
 
-KV_FN kv_u64 kv_dev_ceil_div(kv_u64 a, kv_u64 b)
+KV_HD_FN kv_u64 kv_dev_ceil_div(kv_u64 a, kv_u64 b)
 {
     return (a + b - 1) / b;
 }
 
-KV_FN kv_u64 kv_dev_groups(kv_dev_layout l)
+KV_HD_FN kv_u64 kv_dev_groups(kv_dev_layout l)
 {
     if (l.grouping == 0)
         return (kv_u64)l.rows * kv_dev_ceil_div(l.cols, l.group_size);
     return kv_dev_ceil_div(l.rows, l.group_size) * l.cols;
 }
 
-KV_FN kv_u32 kv_dev_group_len(kv_dev_layout l, kv_u64 g)
+KV_HD_FN kv_u32 kv_dev_group_len(kv_dev_layout l, kv_u64 g)
 {
     if (l.grouping == 0) {
         kv_u64 per_row = kv_dev_ceil_div(l.cols, l.group_size);
@@ -351,13 +355,13 @@ KV_FN kv_u32 kv_dev_group_len(kv_dev_layout l, kv_u64 g)
 }
 
 /* Bytes of one group's stream of n codes at `bits` bits. */
-KV_FN kv_u64 kv_dev_stream_bytes(kv_u64 n, kv_u32 bits)
+KV_HD_FN kv_u64 kv_dev_stream_bytes(kv_u64 n, kv_u32 bits)
 {
     return (n * bits + 7) / 8;
 }
 
 /* Byte offset of group g's stream in a packed plane of `bits`-bit codes. */
-KV_FN kv_u64 kv_dev_group_offset(kv_dev_layout l, kv_u32 bits, kv_u64 g)
+KV_HD_FN kv_u64 kv_dev_group_offset(kv_dev_layout l, kv_u32 bits, kv_u64 g)
 {
     kv_u64 full = kv_dev_stream_bytes(l.group_size, bits);
     if (l.grouping == 0) {
@@ -371,7 +375,7 @@ KV_FN kv_u64 kv_dev_group_offset(kv_dev_layout l, kv_u32 bits, kv_u64 g)
 }
 
 /* Index (row * cols + col) of element i of group g. */
-KV_FN kv_u64 kv_dev_group_elem(kv_dev_layout l, kv_u64 g, kv_u32 i)
+KV_HD_FN kv_u64 kv_dev_group_elem(kv_dev_layout l, kv_u64 g, kv_u32 i)
 {
     if (l.grouping == 0) {
         kv_u64 per_row = kv_dev_ceil_div(l.cols, l.group_size);
@@ -381,7 +385,7 @@ KV_FN kv_u64 kv_dev_group_elem(kv_dev_layout l, kv_u64 g, kv_u32 i)
 }
 
 /* Group and position in the group of element (row, col): returns g, sets *i. */
-KV_FN kv_u64 kv_dev_elem_group(kv_dev_layout l, kv_u64 row, kv_u64 col, kv_u32 *i)
+KV_HD_FN kv_u64 kv_dev_elem_group(kv_dev_layout l, kv_u64 row, kv_u64 col, kv_u32 *i)
 {
     if (l.grouping == 0) {
         *i = (kv_u32)(col % l.group_size);
