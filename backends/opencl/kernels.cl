@@ -607,9 +607,12 @@ KV_KERNEL kv_attention_scores(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL co
 /* ---- Compaction: exclusive prefix sum + circular free list (one work-group) ---------- */
 
 /* release == 0: allocate; 1: release (backend.h, kv_compact_args). Launched as a
-   single work-group of KV_WG work-items. pages_cap is the room in pages (u32s):
-   if the demands add up to more, nothing changes and status = 3 (the host
-   cannot know the total without reading demand back, so the device checks). Entry i is always handled by work-item
+   single work-group of KV_WG work-items. pages_cap is the room in pages (u32s).
+   Statuses 1 and 2 as backend.h says. Where the CPU backend returns KV_EINPUT
+   synchronously — a state that breaks tail == (head + free_count) % capacity,
+   or demands that add up to more than the pages buffer holds — the device
+   cannot (the host would have to read the data back), so it changes nothing
+   but offsets and sets status = 3. Entry i is always handled by work-item
    i % KV_WG, which wrote offsets[i] itself, so pass B reads back its own writes. */
 KV_KERNEL kv_compact(KV_GLOBAL const kv_u8 *db, kv_u64 dof, KV_GLOBAL kv_u8 *ofb, kv_u64 ofo, KV_GLOBAL kv_u8 *pgb,
                      kv_u64 pgo, kv_u64 pages_cap, KV_GLOBAL kv_u8 *flb, kv_u64 flo, KV_GLOBAL kv_u8 *stb,
@@ -637,21 +640,28 @@ KV_KERNEL kv_compact(KV_GLOBAL const kv_u8 *db, kv_u64 dof, KV_GLOBAL kv_u8 *ofb
             scan[lid] += add;
             KV_BARRIER();
         }
-        if (base + lid < n)
-            offsets[base + lid] = (kv_u32)(carry + scan[lid] - v);
+        if (base + lid < n) {
+            kv_u64 off = carry + scan[lid] - v;
+            offsets[base + lid] = off > 0xffffffffu ? 0xffffffffu : (kv_u32)off; /* saturates, as the CPU does */
+        }
         carry += scan[KV_WG - 1];
         KV_BARRIER();
     }
     kv_u64 total = carry;
 
     if (lid == 0) {
-        kv_u32 free_count = state[2];
-        if (total > pages_cap)
-            verdict = 3u; /* the pages buffer is too small for the demands */
-        else if (!release)
-            verdict = total > free_count ? 1u : 0u;
+        kv_u32 head = state[0], tail = state[1], free_count = state[2];
+        if (head >= capacity || tail >= capacity || free_count > capacity ||
+            tail != (kv_u32)(((kv_u64)head + free_count) % capacity))
+            verdict = 3u; /* inconsistent state (the CPU reports KV_EINPUT) */
+        else if (!release && total > free_count)
+            verdict = 1u;
+        else if (release && total > (kv_u64)capacity - free_count)
+            verdict = 2u;
+        else if (total > pages_cap)
+            verdict = 3u; /* the pages buffer is too small (the CPU reports KV_EINPUT) */
         else
-            verdict = total > (kv_u64)capacity - (free_count < capacity ? free_count : capacity) ? 2u : 0u;
+            verdict = 0u;
         if (verdict)
             state[3] = verdict;
     }
