@@ -83,7 +83,7 @@ static int gpu_device_count(kv_error *err)
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
         cudaGetLastError(); // clear the sticky error
-        fail(err, KV_EFAIL, "no device: cudaGetDeviceCount: %s", cudaGetErrorString(e));
+        fail(err, KV_EFAIL, "no device: " KV_GPU_TOOLKIT " runtime: %s", cudaGetErrorString(e));
         return 0;
     }
     if (n == 0)
