@@ -246,15 +246,16 @@ static int gpu_synchronize(void *vctx, kv_error *err)
 #define REF(r) (const kv_u8 *)((r).buf ? (r).buf->ptr : NULL), (kv_u64)((r).buf ? (r).offset : 0)
 #define WREF(r) (kv_u8 *)((r).buf ? (r).buf->ptr : NULL), (kv_u64)((r).buf ? (r).offset : 0)
 
-// Runs body(blocks) for `items` work-items in blocks of KV_WG, then checks the launch.
+// Runs body(blocks) for `items` work-items in blocks of KV_WG (capped: the kernels
+// loop grid-stride), then checks the launch.
 template <typename F>
 static int launch(gpu_ctx *c, const char *name, kv_u64 items, F body, kv_error *err)
 {
     if (items == 0)
         return KV_OK;
     kv_u64 blocks = (items + KV_WG - 1) / KV_WG;
-    if (blocks > 0x7fffffffull)
-        return fail(err, KV_EINPUT, KV_GPU_NAME ": %s: %llu work-items is too many", name, (unsigned long long)items);
+    if (blocks > (1ull << 24)) // the kernels loop grid-stride, so a capped grid covers any size
+        blocks = 1ull << 24;
     cudaSetDevice(c->device);
     body((unsigned)blocks);
     cudaError_t e = cudaGetLastError();
@@ -508,7 +509,8 @@ static int gpu_attention(void *vctx, const kv_attention_args *q, kv_error *err)
     rc = launch(c, "attention", qh * KV_WG, [&](unsigned grid) {
         kv_attention<<<grid, KV_WG, 0, c->stream>>>(REF(q->q), REF(q->q_pos), REF(pages), REF(q->head_pages),
                                                      REF(positions), n_positions, REF(data), data_bytes,
-                                                     WREF(q->out), ml, q->n_heads, q->n_kv_heads, q->head_dim,
+                                                     WREF(q->out), ml, q->n_queries, q->n_heads, q->n_kv_heads,
+                                                     q->head_dim,
                                                      q->n_pages, q->scale);
     }, err);
     if (rc || !q->scores.buf)

@@ -20,6 +20,11 @@
 #define KV_WG 64
 #endif
 
+/* Every index below n that this work-item handles (grid-stride, so any launch
+   size works), and likewise every work-group index below n. */
+#define KV_FOR_ITEMS(i, n) for (kv_u64 i = KV_GLOBAL_ID(); i < (kv_u64)(n); i += KV_GLOBAL_SIZE())
+#define KV_FOR_GROUPS(g, n) for (kv_u64 g = KV_GROUP_ID(); g < (kv_u64)(n); g += KV_NUM_GROUPS())
+
 #define KV_PTR(type, base, off) ((KV_GLOBAL type *)((KV_GLOBAL kv_u8 *)(base) + (off)))
 #define KV_CPTR(type, base, off) ((KV_GLOBAL const type *)((KV_GLOBAL const kv_u8 *)(base) + (off)))
 
@@ -30,32 +35,32 @@ KV_KERNEL kv_quantize(KV_GLOBAL const kv_u8 *xb, kv_u64 xo, KV_GLOBAL kv_u8 *cb,
                       kv_u32 cols, kv_u32 group_size, kv_u32 grouping, kv_u32 bits)
 {
     kv_dev_layout l = {rows, cols, group_size, grouping};
-    kv_u64 g = KV_GLOBAL_ID();
-    if (g >= kv_dev_groups(l))
-        return;
-    KV_GLOBAL const float *x = KV_CPTR(float, xb, xo);
-    KV_GLOBAL kv_u16 *codes = KV_PTR(kv_u16, cb, co);
-    kv_u32 n = kv_dev_group_len(l, g);
-    float mn = 0.0f, mx = 0.0f;
-    int have = 0;
-    for (kv_u32 i = 0; i < n; i++) {
-        float v = x[kv_dev_group_elem(l, g, i)];
-        if (!KV_ISFINITE(v))
-            continue;
-        if (!have || v < mn)
-            mn = v;
-        if (!have || v > mx)
-            mx = v;
-        have = 1;
+    KV_FOR_ITEMS(g, kv_dev_groups(l)) {
+        KV_GLOBAL const float *x = KV_CPTR(float, xb, xo);
+        KV_GLOBAL kv_u16 *codes = KV_PTR(kv_u16, cb, co);
+        kv_u32 n = kv_dev_group_len(l, g);
+        float mn = 0.0f, mx = 0.0f;
+        int have = 0;
+        for (kv_u32 i = 0; i < n; i++) {
+            float v = x[kv_dev_group_elem(l, g, i)];
+            if (!KV_ISFINITE(v))
+                continue;
+            if (!have || v < mn)
+                mn = v;
+            if (!have || v > mx)
+                mx = v;
+            have = 1;
+        }
+        kv_u32 meta = kv_dev_quant_meta(mn, mx, have, bits);
+        KV_PTR(kv_u16, sb, so)[g] = (kv_u16)(meta & 0xffffu);
+        KV_PTR(kv_u16, zb, zo)[g] = (kv_u16)(meta >> 16);
+        float s = kv_dev_f16_to_f32(meta & 0xffffu), z = kv_dev_f16_to_f32(meta >> 16);
+        for (kv_u32 i = 0; i < n; i++) {
+            kv_u64 e = kv_dev_group_elem(l, g, i);
+            codes[e] = (kv_u16)kv_dev_quant_code(x[e], s, z, bits);
+        }
     }
-    kv_u32 meta = kv_dev_quant_meta(mn, mx, have, bits);
-    KV_PTR(kv_u16, sb, so)[g] = (kv_u16)(meta & 0xffffu);
-    KV_PTR(kv_u16, zb, zo)[g] = (kv_u16)(meta >> 16);
-    float s = kv_dev_f16_to_f32(meta & 0xffffu), z = kv_dev_f16_to_f32(meta >> 16);
-    for (kv_u32 i = 0; i < n; i++) {
-        kv_u64 e = kv_dev_group_elem(l, g, i);
-        codes[e] = (kv_u16)kv_dev_quant_code(x[e], s, z, bits);
-    }
+    KV_KERNEL_END();
 }
 
 /* ---- Dequantize: one work-item per element ------------------------------------------ */
@@ -66,20 +71,20 @@ KV_KERNEL kv_dequantize(KV_GLOBAL const kv_u8 *cb, kv_u64 co, KV_GLOBAL const kv
                         kv_u32 cols, kv_u32 group_size, kv_u32 grouping, kv_u32 bits, kv_u32 anchor_bits)
 {
     kv_dev_layout l = {rows, cols, group_size, grouping};
-    kv_u64 e = KV_GLOBAL_ID();
-    if (e >= (kv_u64)rows * cols)
-        return;
-    kv_u32 i;
-    kv_u64 g = kv_dev_elem_group(l, e / cols, e % cols, &i);
-    float s = kv_dev_f16_to_f32(KV_CPTR(kv_u16, sb, so)[g]);
-    float z = kv_dev_f16_to_f32(KV_CPTR(kv_u16, zb, zo)[g]);
-    kv_u32 q = KV_CPTR(kv_u16, cb, co)[e];
-    float v;
-    if (anchor_bits)
-        v = kv_dev_dequant_anchor(q & kv_dev_code_max(anchor_bits), bits - anchor_bits, s, z);
-    else
-        v = kv_dev_dequant(q & kv_dev_code_max(bits), s, z);
-    KV_PTR(float, ob, oo)[e] = v;
+    KV_FOR_ITEMS(e, (kv_u64)rows * cols) {
+        kv_u32 i;
+        kv_u64 g = kv_dev_elem_group(l, e / cols, e % cols, &i);
+        float s = kv_dev_f16_to_f32(KV_CPTR(kv_u16, sb, so)[g]);
+        float z = kv_dev_f16_to_f32(KV_CPTR(kv_u16, zb, zo)[g]);
+        kv_u32 q = KV_CPTR(kv_u16, cb, co)[e];
+        float v;
+        if (anchor_bits)
+            v = kv_dev_dequant_anchor(q & kv_dev_code_max(anchor_bits), bits - anchor_bits, s, z);
+        else
+            v = kv_dev_dequant(q & kv_dev_code_max(bits), s, z);
+        KV_PTR(float, ob, oo)[e] = v;
+    }
+    KV_KERNEL_END();
 }
 
 /* ---- Pack: one work-item per packed byte; unpack: one per code ------------------------- */
@@ -138,12 +143,12 @@ KV_KERNEL kv_pack(KV_GLOBAL const kv_u8 *cb, kv_u64 co, KV_GLOBAL kv_u8 *pb, kv_
                   kv_u32 rows, kv_u32 cols, kv_u32 group_size, kv_u32 grouping, kv_u32 bits)
 {
     kv_dev_layout l = {rows, cols, group_size, grouping};
-    kv_u64 byte = KV_GLOBAL_ID();
-    if (byte >= total_bytes)
-        return;
-    kv_u64 k;
-    kv_u64 g = kv_dev_byte_group(l, bits, byte, &k);
-    KV_PTR(kv_u8, pb, po)[byte] = (kv_u8)kv_dev_pack_byte(KV_CPTR(kv_u16, cb, co), l, bits, g, k);
+    KV_FOR_ITEMS(byte, total_bytes) {
+        kv_u64 k;
+        kv_u64 g = kv_dev_byte_group(l, bits, byte, &k);
+        KV_PTR(kv_u8, pb, po)[byte] = (kv_u8)kv_dev_pack_byte(KV_CPTR(kv_u16, cb, co), l, bits, g, k);
+    }
+    KV_KERNEL_END();
 }
 
 /* Code i (b bits) of the stream of `nbytes` bytes at s. */
@@ -173,10 +178,10 @@ KV_KERNEL kv_unpack(KV_GLOBAL const kv_u8 *pb, kv_u64 po, KV_GLOBAL kv_u8 *cb, k
                     kv_u32 cols, kv_u32 group_size, kv_u32 grouping, kv_u32 bits)
 {
     kv_dev_layout l = {rows, cols, group_size, grouping};
-    kv_u64 e = KV_GLOBAL_ID();
-    if (e >= (kv_u64)rows * cols)
-        return;
-    KV_PTR(kv_u16, cb, co)[e] = (kv_u16)kv_dev_plane_code(KV_CPTR(kv_u8, pb, po), l, bits, e / cols, e % cols);
+    KV_FOR_ITEMS(e, (kv_u64)rows * cols) {
+        KV_PTR(kv_u16, cb, co)[e] = (kv_u16)kv_dev_plane_code(KV_CPTR(kv_u8, pb, po), l, bits, e / cols, e % cols);
+    }
+    KV_KERNEL_END();
 }
 
 /* ---- Split and merge: one work-item per code --------------------------------------- */
@@ -184,25 +189,25 @@ KV_KERNEL kv_unpack(KV_GLOBAL const kv_u8 *pb, kv_u64 po, KV_GLOBAL kv_u8 *cb, k
 KV_KERNEL kv_split(KV_GLOBAL const kv_u8 *cb, kv_u64 co, KV_GLOBAL kv_u8 *ab, kv_u64 ao, KV_GLOBAL kv_u8 *rb,
                    kv_u64 ro, kv_u64 count, kv_u32 bits, kv_u32 anchor_bits)
 {
-    kv_u64 e = KV_GLOBAL_ID();
-    if (e >= count)
-        return;
-    kv_u32 q = KV_CPTR(kv_u16, cb, co)[e] & kv_dev_code_max(bits);
-    kv_u32 r = bits - anchor_bits;
-    KV_PTR(kv_u16, ab, ao)[e] = (kv_u16)(q >> r);
-    KV_PTR(kv_u16, rb, ro)[e] = (kv_u16)(q & kv_dev_code_max(r));
+    KV_FOR_ITEMS(e, count) {
+        kv_u32 q = KV_CPTR(kv_u16, cb, co)[e] & kv_dev_code_max(bits);
+        kv_u32 r = bits - anchor_bits;
+        KV_PTR(kv_u16, ab, ao)[e] = (kv_u16)(q >> r);
+        KV_PTR(kv_u16, rb, ro)[e] = (kv_u16)(q & kv_dev_code_max(r));
+    }
+    KV_KERNEL_END();
 }
 
 KV_KERNEL kv_merge(KV_GLOBAL kv_u8 *cb, kv_u64 co, KV_GLOBAL const kv_u8 *ab, kv_u64 ao, KV_GLOBAL const kv_u8 *rb,
                    kv_u64 ro, kv_u64 count, kv_u32 bits, kv_u32 anchor_bits)
 {
-    kv_u64 e = KV_GLOBAL_ID();
-    if (e >= count)
-        return;
-    kv_u32 r = bits - anchor_bits;
-    kv_u32 a = KV_CPTR(kv_u16, ab, ao)[e] & kv_dev_code_max(anchor_bits);
-    kv_u32 res = KV_CPTR(kv_u16, rb, ro)[e] & kv_dev_code_max(r);
-    KV_PTR(kv_u16, cb, co)[e] = (kv_u16)((a << r) | res);
+    KV_FOR_ITEMS(e, count) {
+        kv_u32 r = bits - anchor_bits;
+        kv_u32 a = KV_CPTR(kv_u16, ab, ao)[e] & kv_dev_code_max(anchor_bits);
+        kv_u32 res = KV_CPTR(kv_u16, rb, ro)[e] & kv_dev_code_max(r);
+        KV_PTR(kv_u16, cb, co)[e] = (kv_u16)((a << r) | res);
+    }
+    KV_KERNEL_END();
 }
 
 /* ---- Encode (quantize + split + pack): one work-item per group ----------------------- */
@@ -231,43 +236,43 @@ KV_KERNEL kv_encode(KV_GLOBAL const kv_u8 *xb, kv_u64 xo, KV_GLOBAL kv_u8 *apb, 
                     kv_u32 cols, kv_u32 group_size, kv_u32 grouping, kv_u32 bits, kv_u32 anchor_bits)
 {
     kv_dev_layout l = {rows, cols, group_size, grouping};
-    kv_u64 g = KV_GLOBAL_ID();
-    if (g >= kv_dev_groups(l))
-        return;
-    KV_GLOBAL const float *x = KV_CPTR(float, xb, xo);
-    kv_u32 n = kv_dev_group_len(l, g);
-    float mn = 0.0f, mx = 0.0f;
-    int have = 0;
-    for (kv_u32 i = 0; i < n; i++) {
-        float v = x[kv_dev_group_elem(l, g, i)];
-        if (!KV_ISFINITE(v))
-            continue;
-        if (!have || v < mn)
-            mn = v;
-        if (!have || v > mx)
-            mx = v;
-        have = 1;
-    }
-    kv_u32 meta = kv_dev_quant_meta(mn, mx, have, bits);
-    KV_PTR(kv_u16, sb, so)[g] = (kv_u16)(meta & 0xffffu);
-    KV_PTR(kv_u16, zb, zo)[g] = (kv_u16)(meta >> 16);
-    float s = kv_dev_f16_to_f32(meta & 0xffffu), z = kv_dev_f16_to_f32(meta >> 16);
+    KV_FOR_ITEMS(g, kv_dev_groups(l)) {
+        KV_GLOBAL const float *x = KV_CPTR(float, xb, xo);
+        kv_u32 n = kv_dev_group_len(l, g);
+        float mn = 0.0f, mx = 0.0f;
+        int have = 0;
+        for (kv_u32 i = 0; i < n; i++) {
+            float v = x[kv_dev_group_elem(l, g, i)];
+            if (!KV_ISFINITE(v))
+                continue;
+            if (!have || v < mn)
+                mn = v;
+            if (!have || v > mx)
+                mx = v;
+            have = 1;
+        }
+        kv_u32 meta = kv_dev_quant_meta(mn, mx, have, bits);
+        KV_PTR(kv_u16, sb, so)[g] = (kv_u16)(meta & 0xffffu);
+        KV_PTR(kv_u16, zb, zo)[g] = (kv_u16)(meta >> 16);
+        float s = kv_dev_f16_to_f32(meta & 0xffffu), z = kv_dev_f16_to_f32(meta >> 16);
 
-    kv_u32 abits = anchor_bits ? anchor_bits : bits;
-    kv_u32 r = anchor_bits ? bits - anchor_bits : 0;
-    KV_GLOBAL kv_u8 *ap = KV_PTR(kv_u8, apb, apo) + kv_dev_group_offset(l, abits, g);
-    KV_GLOBAL kv_u8 *rp = anchor_bits ? KV_PTR(kv_u8, rpb, rpo) + kv_dev_group_offset(l, r, g) : ap;
-    kv_u64 apos = 0, rpos = 0;
-    kv_u32 aacc = 0, ahave = 0, racc = 0, rhave = 0;
-    for (kv_u32 i = 0; i < n; i++) {
-        kv_u32 q = kv_dev_quant_code(x[kv_dev_group_elem(l, g, i)], s, z, bits);
-        kv_dev_put_bits(ap, &apos, &aacc, &ahave, q >> r, abits);
+        kv_u32 abits = anchor_bits ? anchor_bits : bits;
+        kv_u32 r = anchor_bits ? bits - anchor_bits : 0;
+        KV_GLOBAL kv_u8 *ap = KV_PTR(kv_u8, apb, apo) + kv_dev_group_offset(l, abits, g);
+        KV_GLOBAL kv_u8 *rp = anchor_bits ? KV_PTR(kv_u8, rpb, rpo) + kv_dev_group_offset(l, r, g) : ap;
+        kv_u64 apos = 0, rpos = 0;
+        kv_u32 aacc = 0, ahave = 0, racc = 0, rhave = 0;
+        for (kv_u32 i = 0; i < n; i++) {
+            kv_u32 q = kv_dev_quant_code(x[kv_dev_group_elem(l, g, i)], s, z, bits);
+            kv_dev_put_bits(ap, &apos, &aacc, &ahave, q >> r, abits);
+            if (anchor_bits)
+                kv_dev_put_bits(rp, &rpos, &racc, &rhave, q & kv_dev_code_max(r), r);
+        }
+        kv_dev_flush_bits(ap, &apos, aacc, ahave);
         if (anchor_bits)
-            kv_dev_put_bits(rp, &rpos, &racc, &rhave, q & kv_dev_code_max(r), r);
+            kv_dev_flush_bits(rp, &rpos, racc, rhave);
     }
-    kv_dev_flush_bits(ap, &apos, aacc, ahave);
-    if (anchor_bits)
-        kv_dev_flush_bits(rp, &rpos, racc, rhave);
+    KV_KERNEL_END();
 }
 
 /* ---- Decode (unpack + merge + dequantize): one work-item per element ------------------- */
@@ -279,38 +284,38 @@ KV_KERNEL kv_decode(KV_GLOBAL const kv_u8 *apb, kv_u64 apo, KV_GLOBAL const kv_u
                     kv_u32 anchor_bits, kv_u32 has_residual)
 {
     kv_dev_layout l = {rows, cols, group_size, grouping};
-    kv_u64 e = KV_GLOBAL_ID();
-    if (e >= (kv_u64)rows * cols)
-        return;
-    kv_u64 row = e / cols, col = e % cols;
-    kv_u32 i;
-    kv_u64 g = kv_dev_elem_group(l, row, col, &i);
-    float s = kv_dev_f16_to_f32(KV_CPTR(kv_u16, sb, so)[g]);
-    float z = kv_dev_f16_to_f32(KV_CPTR(kv_u16, zb, zo)[g]);
-    float v;
-    if (!anchor_bits) {
-        v = kv_dev_dequant(kv_dev_plane_code(KV_CPTR(kv_u8, apb, apo), l, bits, row, col), s, z);
-    } else {
-        kv_u32 r = bits - anchor_bits;
-        kv_u32 a = kv_dev_plane_code(KV_CPTR(kv_u8, apb, apo), l, anchor_bits, row, col);
-        if (has_residual) {
-            kv_u32 res = kv_dev_plane_code(KV_CPTR(kv_u8, rpb, rpo), l, r, row, col);
-            v = kv_dev_dequant((a << r) | res, s, z);
+    KV_FOR_ITEMS(e, (kv_u64)rows * cols) {
+        kv_u64 row = e / cols, col = e % cols;
+        kv_u32 i;
+        kv_u64 g = kv_dev_elem_group(l, row, col, &i);
+        float s = kv_dev_f16_to_f32(KV_CPTR(kv_u16, sb, so)[g]);
+        float z = kv_dev_f16_to_f32(KV_CPTR(kv_u16, zb, zo)[g]);
+        float v;
+        if (!anchor_bits) {
+            v = kv_dev_dequant(kv_dev_plane_code(KV_CPTR(kv_u8, apb, apo), l, bits, row, col), s, z);
         } else {
-            v = kv_dev_dequant_anchor(a, r, s, z);
+            kv_u32 r = bits - anchor_bits;
+            kv_u32 a = kv_dev_plane_code(KV_CPTR(kv_u8, apb, apo), l, anchor_bits, row, col);
+            if (has_residual) {
+                kv_u32 res = kv_dev_plane_code(KV_CPTR(kv_u8, rpb, rpo), l, r, row, col);
+                v = kv_dev_dequant((a << r) | res, s, z);
+            } else {
+                v = kv_dev_dequant_anchor(a, r, s, z);
+            }
         }
+        KV_PTR(float, ob, oo)[e] = v;
     }
-    KV_PTR(float, ob, oo)[e] = v;
+    KV_KERNEL_END();
 }
 
 /* ---- BF16 rounding: one work-item per value ---------------------------------------- */
 
 KV_KERNEL kv_bf16_round(KV_GLOBAL const kv_u8 *ib, kv_u64 io, KV_GLOBAL kv_u8 *ob, kv_u64 oo, kv_u64 count)
 {
-    kv_u64 e = KV_GLOBAL_ID();
-    if (e >= count)
-        return;
-    KV_PTR(float, ob, oo)[e] = kv_dev_bf16_to_f32(kv_dev_bf16_from_f32(KV_CPTR(float, ib, io)[e]));
+    KV_FOR_ITEMS(e, count) {
+        KV_PTR(float, ob, oo)[e] = kv_dev_bf16_to_f32(kv_dev_bf16_from_f32(KV_CPTR(float, ib, io)[e]));
+    }
+    KV_KERNEL_END();
 }
 
 /* ---- Attention over paged, mixed-format KV ------------------------------------------- */
@@ -449,119 +454,124 @@ KV_FN void kv_dev_head_range(KV_GLOBAL const kv_u32 *head_pages, kv_u32 kh, kv_u
     *count = c;
 }
 
-/* One work-group of KV_WG per (query, head): pass 1 finds the largest visible
-   logit, pass 2 walks the tokens in chunks of KV_WG — each work-item computes
-   one probability numerator into local memory, then each owns the output
-   dimensions d = lid, lid + KV_WG, ... and accumulates p_t * V_t[d] over the
-   chunk in token order (into out, which only it touches). The normaliser is
-   summed in token order by every work-item alike. ml (optional) receives
-   (max logit, normaliser) per (query, head) for kv_attention_scores. */
+/* One work-group of KV_WG per (query, head) (grid-stride over them): pass 1
+   finds the largest visible logit, pass 2 walks the tokens in chunks of
+   KV_WG — each work-item computes one probability numerator into local
+   memory, then each owns the output dimensions d = lid, lid + KV_WG, ... and
+   accumulates p_t * V_t[d] over the chunk in token order (into out, which only
+   it touches). The normaliser is summed in token order by every work-item
+   alike. ml (optional) receives (max logit, normaliser) per (query, head) for
+   kv_attention_scores. Loop bounds are uniform across a work-group, so every
+   work-item reaches every barrier. */
 KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_u8 *qpb, kv_u64 qpo,
                        KV_GLOBAL const kv_u8 *pgb, kv_u64 pgo, KV_GLOBAL const kv_u8 *hpb, kv_u64 hpo,
                        KV_GLOBAL const kv_u8 *posb, kv_u64 poso, kv_u64 n_positions, KV_GLOBAL const kv_u8 *datab,
-                       kv_u64 datao, kv_u64 data_bytes, KV_GLOBAL kv_u8 *ob, kv_u64 oo, KV_GLOBAL float *ml, kv_u32 n_heads,
-                       kv_u32 n_kv_heads, kv_u32 head_dim, kv_u32 n_pages, float scale)
+                       kv_u64 datao, kv_u64 data_bytes, KV_GLOBAL kv_u8 *ob, kv_u64 oo, KV_GLOBAL float *ml,
+                       kv_u32 n_queries, kv_u32 n_heads, kv_u32 n_kv_heads, kv_u32 head_dim, kv_u32 n_pages,
+                       float scale)
 {
     KV_LOCAL float red[KV_WG];
     KV_LOCAL float prob[KV_WG];
     KV_GLOBAL const kv_u8 *data = datab + datao;
     int aligned = (datao % 4) == 0;
-    kv_u64 wg = KV_GROUP_ID();
     kv_u32 lid = KV_LOCAL_ID();
-    kv_u32 h = (kv_u32)(wg % n_heads);
-    kv_u64 qi = wg / n_heads;
-    kv_u32 kh = h / (n_heads / n_kv_heads);
-    KV_GLOBAL const float *q = KV_CPTR(float, qb, qo) + (qi * n_heads + h) * head_dim;
-    KV_GLOBAL float *out = KV_PTR(float, ob, oo) + (qi * n_heads + h) * head_dim;
     KV_GLOBAL const kv_u32 *pages = KV_CPTR(kv_u32, pgb, pgo);
     KV_GLOBAL const kv_u32 *positions = KV_CPTR(kv_u32, posb, poso);
-    kv_u32 qpos = KV_CPTR(kv_u32, qpb, qpo)[qi];
-    kv_u32 first, count;
-    kv_dev_head_range(KV_CPTR(kv_u32, hpb, hpo), kh, n_pages, &first, &count);
+    KV_FOR_GROUPS(wg, (kv_u64)n_queries * n_heads) {
+        kv_u32 h = (kv_u32)(wg % n_heads);
+        kv_u64 qi = wg / n_heads;
+        kv_u32 kh = h / (n_heads / n_kv_heads);
+        KV_GLOBAL const float *q = KV_CPTR(float, qb, qo) + (qi * n_heads + h) * head_dim;
+        KV_GLOBAL float *out = KV_PTR(float, ob, oo) + (qi * n_heads + h) * head_dim;
+        kv_u32 qpos = KV_CPTR(kv_u32, qpb, qpo)[qi];
+        kv_u32 first, count;
+        kv_dev_head_range(KV_CPTR(kv_u32, hpb, hpo), kh, n_pages, &first, &count);
 
-    /* Pass 1: the largest visible logit. */
-    float m = -KV_INF;
-    int seen = 0;
-    for (kv_u32 p = first; p < first + count; p++) {
-        kv_dev_page pg = kv_dev_page_get(pages, p, head_dim, data_bytes, n_positions);
-        if (!pg.ok)
-            continue;
-        for (kv_u32 t = lid; t < pg.ntok; t += KV_WG) {
-            if (positions[pg.pos_index + t] > qpos)
-                continue;
-            float lg = kv_dev_logit(q, data, aligned, &pg.k, t, head_dim, scale);
-            if (!seen || lg > m)
-                m = lg;
-            seen = 1;
-        }
-    }
-    red[lid] = seen ? m : -KV_INF;
-    prob[lid] = seen ? 1.0f : 0.0f;
-    KV_BARRIER();
-    for (kv_u32 s = KV_WG / 2; s > 0; s >>= 1) {
-        if (lid < s) {
-            if (prob[lid + s] != 0.0f && (prob[lid] == 0.0f || red[lid + s] > red[lid]))
-                red[lid] = red[lid + s];
-            if (prob[lid + s] != 0.0f)
-                prob[lid] = 1.0f;
-        }
-        KV_BARRIER();
-    }
-    m = red[0];
-    int any = prob[0] != 0.0f;
-    KV_BARRIER();
-
-    for (kv_u32 d = lid; d < head_dim; d += KV_WG)
-        out[d] = 0.0f;
-    float lsum = 0.0f;
-    if (any) {
-        /* Pass 2: probabilities (unnormalised) and the weighted sum of V. */
+        /* Pass 1: the largest visible logit. */
+        float m = -KV_INF;
+        int seen = 0;
         for (kv_u32 p = first; p < first + count; p++) {
             kv_dev_page pg = kv_dev_page_get(pages, p, head_dim, data_bytes, n_positions);
             if (!pg.ok)
                 continue;
-            for (kv_u32 c0 = 0; c0 < pg.ntok; c0 += KV_WG) {
-                kv_u32 t = c0 + lid;
-                float pr = 0.0f;
-                if (t < pg.ntok && positions[pg.pos_index + t] <= qpos)
-                    pr = KV_EXP(kv_dev_logit(q, data, aligned, &pg.k, t, head_dim, scale) - m);
-                prob[lid] = pr;
-                KV_BARRIER();
-                kv_u32 n = pg.ntok - c0 < KV_WG ? pg.ntok - c0 : KV_WG;
-                for (kv_u32 j = 0; j < n; j++)
-                    lsum += prob[j];
-                for (kv_u32 d = lid; d < head_dim; d += KV_WG) {
-                    float acc = out[d];
-                    for (kv_u32 j = 0; j < n; j++)
-                        if (prob[j] != 0.0f)
-                            acc += prob[j] * kv_dev_store_load(data, aligned, &pg.v, c0 + j, d);
-                    out[d] = acc;
-                }
-                KV_BARRIER();
+            for (kv_u32 t = lid; t < pg.ntok; t += KV_WG) {
+                if (positions[pg.pos_index + t] > qpos)
+                    continue;
+                float lg = kv_dev_logit(q, data, aligned, &pg.k, t, head_dim, scale);
+                if (!seen || lg > m)
+                    m = lg;
+                seen = 1;
             }
         }
+        red[lid] = seen ? m : -KV_INF;
+        prob[lid] = seen ? 1.0f : 0.0f;
+        KV_BARRIER();
+        for (kv_u32 s = KV_WG / 2; s > 0; s >>= 1) {
+            if (lid < s) {
+                if (prob[lid + s] != 0.0f && (prob[lid] == 0.0f || red[lid + s] > red[lid]))
+                    red[lid] = red[lid + s];
+                if (prob[lid + s] != 0.0f)
+                    prob[lid] = 1.0f;
+            }
+            KV_BARRIER();
+        }
+        m = red[0];
+        int any = prob[0] != 0.0f;
+        KV_BARRIER();
+
         for (kv_u32 d = lid; d < head_dim; d += KV_WG)
-            out[d] = out[d] / lsum;
+            out[d] = 0.0f;
+        float lsum = 0.0f;
+        if (any) {
+            /* Pass 2: probabilities (unnormalised) and the weighted sum of V. */
+            for (kv_u32 p = first; p < first + count; p++) {
+                kv_dev_page pg = kv_dev_page_get(pages, p, head_dim, data_bytes, n_positions);
+                if (!pg.ok)
+                    continue;
+                for (kv_u32 c0 = 0; c0 < pg.ntok; c0 += KV_WG) {
+                    kv_u32 t = c0 + lid;
+                    float pr = 0.0f;
+                    if (t < pg.ntok && positions[pg.pos_index + t] <= qpos)
+                        pr = KV_EXP(kv_dev_logit(q, data, aligned, &pg.k, t, head_dim, scale) - m);
+                    prob[lid] = pr;
+                    KV_BARRIER();
+                    kv_u32 n = pg.ntok - c0 < KV_WG ? pg.ntok - c0 : KV_WG;
+                    for (kv_u32 j = 0; j < n; j++)
+                        lsum += prob[j];
+                    for (kv_u32 d = lid; d < head_dim; d += KV_WG) {
+                        float acc = out[d];
+                        for (kv_u32 j = 0; j < n; j++)
+                            if (prob[j] != 0.0f)
+                                acc += prob[j] * kv_dev_store_load(data, aligned, &pg.v, c0 + j, d);
+                        out[d] = acc;
+                    }
+                    KV_BARRIER();
+                }
+            }
+            for (kv_u32 d = lid; d < head_dim; d += KV_WG)
+                out[d] = out[d] / lsum;
+        }
+        if (ml && lid == 0) {
+            ml[2 * (qi * n_heads + h)] = any ? m : 0.0f;
+            ml[2 * (qi * n_heads + h) + 1] = any ? lsum : 0.0f;
+        }
+        KV_BARRIER(); /* red and prob are reused by the next (query, head) */
     }
-    if (ml && lid == 0) {
-        ml[2 * (qi * n_heads + h)] = any ? m : 0.0f;
-        ml[2 * (qi * n_heads + h) + 1] = any ? lsum : 0.0f;
-    }
+    KV_KERNEL_END();
 }
 
-/* Scores: one work-group of KV_WG per KV head; work-item lid takes the head's
-   tokens lid, lid + KV_WG, ... (in page order). For each token: per query head
-   of the GQA group, the probability summed over the queries that see it; then
-   the maximum over the group's heads. */
+/* Scores: one work-group of KV_WG per KV head (grid-stride); work-item lid
+   takes the head's tokens lid, lid + KV_WG, ... (in page order). For each
+   token: per query head of the GQA group, the probability summed over the
+   queries that see it; then the maximum over the group's heads. */
 KV_KERNEL kv_attention_scores(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_u8 *qpb, kv_u64 qpo,
                               KV_GLOBAL const kv_u8 *pgb, kv_u64 pgo, KV_GLOBAL const kv_u8 *hpb, kv_u64 hpo,
                               KV_GLOBAL const kv_u8 *posb, kv_u64 poso, kv_u64 n_positions,
                               KV_GLOBAL const kv_u8 *datab, kv_u64 datao, kv_u64 data_bytes,
-                              KV_GLOBAL const float *ml,
-                              KV_GLOBAL kv_u8 *scb, kv_u64 sco, kv_u32 score_stride, kv_u32 n_queries,
-                              kv_u32 n_heads, kv_u32 n_kv_heads, kv_u32 head_dim, kv_u32 n_pages, float scale)
+                              KV_GLOBAL const float *ml, KV_GLOBAL kv_u8 *scb, kv_u64 sco, kv_u32 score_stride,
+                              kv_u32 n_queries, kv_u32 n_heads, kv_u32 n_kv_heads, kv_u32 head_dim, kv_u32 n_pages,
+                              float scale)
 {
-    kv_u32 kh = (kv_u32)KV_GROUP_ID();
     kv_u32 lid = KV_LOCAL_ID();
     kv_u32 group = n_heads / n_kv_heads;
     KV_GLOBAL const kv_u8 *data = datab + datao;
@@ -570,38 +580,42 @@ KV_KERNEL kv_attention_scores(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL co
     KV_GLOBAL const kv_u32 *qpos = KV_CPTR(kv_u32, qpb, qpo);
     KV_GLOBAL const kv_u32 *pages = KV_CPTR(kv_u32, pgb, pgo);
     KV_GLOBAL const kv_u32 *positions = KV_CPTR(kv_u32, posb, poso);
-    KV_GLOBAL float *scores = KV_PTR(float, scb, sco) + (kv_u64)kh * score_stride;
-    kv_u32 first, count;
-    kv_dev_head_range(KV_CPTR(kv_u32, hpb, hpo), kh, n_pages, &first, &count);
-    kv_u64 base = 0; /* index of the page's first token among the head's tokens */
-    for (kv_u32 p = first; p < first + count; p++) {
-        kv_dev_page pg = kv_dev_page_get(pages, p, head_dim, data_bytes, n_positions);
-        kv_u32 ntok = pages[(kv_u64)p * KV_PAGE_WORDS];
-        for (kv_u32 t = lid; t < ntok; t += KV_WG) {
-            if (base + t >= score_stride)
-                break;
-            float best = 0.0f;
-            if (pg.ok) {
-                kv_u32 pos = positions[pg.pos_index + t];
-                for (kv_u32 hh = 0; hh < group; hh++) {
-                    kv_u32 h = kh * group + hh;
-                    float sum = 0.0f;
-                    for (kv_u32 qi = 0; qi < n_queries; qi++) {
-                        float lsum = ml[2 * ((kv_u64)qi * n_heads + h) + 1];
-                        if (pos > qpos[qi] || lsum == 0.0f)
-                            continue;
-                        KV_GLOBAL const float *q = qall + ((kv_u64)qi * n_heads + h) * head_dim;
-                        float lg = kv_dev_logit(q, data, aligned, &pg.k, t, head_dim, scale);
-                        sum += KV_EXP(lg - ml[2 * ((kv_u64)qi * n_heads + h)]) / lsum;
+    KV_FOR_GROUPS(khg, n_kv_heads) {
+        kv_u32 kh = (kv_u32)khg;
+        KV_GLOBAL float *scores = KV_PTR(float, scb, sco) + (kv_u64)kh * score_stride;
+        kv_u32 first, count;
+        kv_dev_head_range(KV_CPTR(kv_u32, hpb, hpo), kh, n_pages, &first, &count);
+        kv_u64 base = 0; /* index of the page's first token among the head's tokens */
+        for (kv_u32 p = first; p < first + count; p++) {
+            kv_dev_page pg = kv_dev_page_get(pages, p, head_dim, data_bytes, n_positions);
+            kv_u32 ntok = pages[(kv_u64)p * KV_PAGE_WORDS];
+            for (kv_u32 t = lid; t < ntok; t += KV_WG) {
+                if (base + t >= score_stride)
+                    break;
+                float best = 0.0f;
+                if (pg.ok) {
+                    kv_u32 pos = positions[pg.pos_index + t];
+                    for (kv_u32 hh = 0; hh < group; hh++) {
+                        kv_u32 h = kh * group + hh;
+                        float sum = 0.0f;
+                        for (kv_u32 qi = 0; qi < n_queries; qi++) {
+                            float lsum = ml[2 * ((kv_u64)qi * n_heads + h) + 1];
+                            if (pos > qpos[qi] || lsum == 0.0f)
+                                continue;
+                            KV_GLOBAL const float *q = qall + ((kv_u64)qi * n_heads + h) * head_dim;
+                            float lg = kv_dev_logit(q, data, aligned, &pg.k, t, head_dim, scale);
+                            sum += KV_EXP(lg - ml[2 * ((kv_u64)qi * n_heads + h)]) / lsum;
+                        }
+                        if (hh == 0 || sum > best)
+                            best = sum;
                     }
-                    if (hh == 0 || sum > best)
-                        best = sum;
                 }
+                scores[base + t] = best;
             }
-            scores[base + t] = best;
+            base += ntok;
         }
-        base += ntok;
     }
+    KV_KERNEL_END();
 }
 
 /* ---- Compaction: exclusive prefix sum + circular free list (one work-group) ---------- */
@@ -619,7 +633,7 @@ KV_KERNEL kv_compact(KV_GLOBAL const kv_u8 *db, kv_u64 dof, KV_GLOBAL kv_u8 *ofb
                      kv_u64 sto, kv_u32 n, kv_u32 capacity, kv_u32 release)
 {
     KV_LOCAL kv_u64 scan[KV_WG];
-    KV_LOCAL kv_u32 verdict;
+    KV_LOCAL kv_u32 verdict[1];
     kv_u32 lid = KV_LOCAL_ID();
     KV_GLOBAL const kv_u32 *demand = KV_CPTR(kv_u32, db, dof);
     KV_GLOBAL kv_u32 *offsets = KV_PTR(kv_u32, ofb, ofo);
@@ -651,43 +665,43 @@ KV_KERNEL kv_compact(KV_GLOBAL const kv_u8 *db, kv_u64 dof, KV_GLOBAL kv_u8 *ofb
 
     if (lid == 0) {
         kv_u32 head = state[0], tail = state[1], free_count = state[2];
+        kv_u32 v = 0;
         if (head >= capacity || tail >= capacity || free_count > capacity ||
             tail != (kv_u32)(((kv_u64)head + free_count) % capacity))
-            verdict = 3u; /* inconsistent state (the CPU reports KV_EINPUT) */
+            v = 3u; /* inconsistent state (the CPU reports KV_EINPUT) */
         else if (!release && total > free_count)
-            verdict = 1u;
+            v = 1u;
         else if (release && total > (kv_u64)capacity - free_count)
-            verdict = 2u;
+            v = 2u;
         else if (total > pages_cap)
-            verdict = 3u; /* the pages buffer is too small (the CPU reports KV_EINPUT) */
-        else
-            verdict = 0u;
-        if (verdict)
-            state[3] = verdict;
+            v = 3u; /* the pages buffer is too small (the CPU reports KV_EINPUT) */
+        verdict[0] = v;
+        if (v)
+            state[3] = v;
     }
     KV_BARRIER();
-    if (verdict)
-        return;
-
-    kv_u32 head = state[0], tail = state[1];
-    for (kv_u32 i = lid; i < n; i += KV_WG) {
-        kv_u32 off = offsets[i], dem = demand[i];
-        for (kv_u32 j = 0; j < dem; j++) {
-            if (!release)
-                pages[off + j] = free_list[((kv_u64)head + off + j) % capacity];
-            else
-                free_list[((kv_u64)tail + off + j) % capacity] = pages[off + j];
+    if (verdict[0] == 0) {
+        kv_u32 head = state[0], tail = state[1];
+        for (kv_u32 i = lid; i < n; i += KV_WG) {
+            kv_u32 off = offsets[i], dem = demand[i];
+            for (kv_u32 j = 0; j < dem; j++) {
+                if (!release)
+                    pages[off + j] = free_list[((kv_u64)head + off + j) % capacity];
+                else
+                    free_list[((kv_u64)tail + off + j) % capacity] = pages[off + j];
+            }
+        }
+        KV_BARRIER();
+        if (lid == 0) {
+            if (!release) {
+                state[0] = (kv_u32)(((kv_u64)head + total) % capacity);
+                state[2] = state[2] - (kv_u32)total;
+            } else {
+                state[1] = (kv_u32)(((kv_u64)tail + total) % capacity);
+                state[2] = state[2] + (kv_u32)total;
+            }
+            state[3] = 0;
         }
     }
-    KV_BARRIER();
-    if (lid == 0) {
-        if (!release) {
-            state[0] = (kv_u32)(((kv_u64)head + total) % capacity);
-            state[2] = state[2] - (kv_u32)total;
-        } else {
-            state[1] = (kv_u32)(((kv_u64)tail + total) % capacity);
-            state[2] = state[2] + (kv_u32)total;
-        }
-        state[3] = 0;
-    }
+    KV_KERNEL_END();
 }

@@ -719,6 +719,7 @@ static int opencl_attention(void *vctx, const kv_attention_args *q, kv_error *er
         arg_u64(&a, data_bytes);
         arg_ref(&a, q->out);
         arg_mem(&a, ml);
+        arg_u32(&a, q->n_queries);
         arg_u32(&a, q->n_heads);
         arg_u32(&a, q->n_kv_heads);
         arg_u32(&a, q->head_dim);
