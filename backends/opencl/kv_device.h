@@ -92,6 +92,70 @@ typedef unsigned long long kv_u64;
 #define KV_ISFINITE(x) isfinite(x)
 #define KV_INF __uint_as_float(0x7f800000u)
 
+#elif defined(KV_ASCEND_KERNEL) /* ------------------- Ascend C (never compiled here) */
+
+/* The Ascend port runs every kernel as scalar code on one AI Core (the host
+   launches a single block): scalar writes to global memory go through each
+   core's data cache and are written back a 64-byte line at a time, so two
+   cores writing neighbouring outputs would overwrite each other. A work-group
+   is one work-item (KV_WG 1): local arrays are plain arrays, barriers vanish.
+   Division, fma and rint are the integer versions (KV_DIV_MODE 2,
+   kv_fma_soft, kv_rint_soft_u32; the tests check them against IEEE), exp the
+   float polynomial: the AI Core's scalar math is not documented as IEEE. Each
+   kernel ends by writing its data cache back (KV_KERNEL_END). */
+#include "kernel_operator.h"
+typedef uint8_t kv_u8;
+typedef uint16_t kv_u16;
+typedef uint32_t kv_u32;
+typedef int32_t kv_i32;
+typedef uint64_t kv_u64;
+#define KV_KERNEL extern "C" __global__ __aicore__ void
+#define KV_GLOBAL __gm__
+#define KV_LOCAL
+#define KV_FN static __aicore__ inline
+#define KV_HD_FN static __aicore__ inline
+#define KV_GLOBAL_ID() ((kv_u64)AscendC::GetBlockIdx())
+#define KV_LOCAL_ID() 0u
+#define KV_GROUP_ID() ((kv_u64)AscendC::GetBlockIdx())
+#define KV_GLOBAL_SIZE() ((kv_u64)AscendC::GetBlockNum())
+#define KV_NUM_GROUPS() ((kv_u64)AscendC::GetBlockNum())
+#define KV_BARRIER() ((void)0)
+static __aicore__ inline void kv_ascend_flush(void)
+{
+    AscendC::GlobalTensor<uint8_t> any; /* ENTIRE_DATA_CACHE does not look at the address */
+    AscendC::DataCacheCleanAndInvalid<uint8_t, AscendC::CacheLine::ENTIRE_DATA_CACHE, AscendC::DcciDst::CACHELINE_OUT>(any);
+}
+#define KV_KERNEL_END() kv_ascend_flush()
+union kv_ascend_pun {
+    float f;
+    uint32_t u;
+};
+static __aicore__ inline uint32_t kv_ascend_bits(float f)
+{
+    union kv_ascend_pun p;
+    p.f = f;
+    return p.u;
+}
+static __aicore__ inline float kv_ascend_float(uint32_t u)
+{
+    union kv_ascend_pun p;
+    p.u = u;
+    return p.f;
+}
+#define KV_F32_BITS(f) kv_ascend_bits(f)
+#define KV_F32_FROM_BITS(u) kv_ascend_float(u)
+#define KV_FMA(a, b, c) kv_fma_soft((a), (b), (c))
+#define KV_RINT_U32(x) kv_rint_soft_u32(x)
+#define KV_EXP(x) kv_exp_soft(x)
+#define KV_ISNAN(x) ((KV_F32_BITS(x) & 0x7fffffffu) > 0x7f800000u)
+#define KV_ISINF(x) ((KV_F32_BITS(x) & 0x7fffffffu) == 0x7f800000u)
+#define KV_ISFINITE(x) ((KV_F32_BITS(x) & 0x7f800000u) != 0x7f800000u)
+#define KV_INF KV_F32_FROM_BITS(0x7f800000u)
+#undef KV_DIV_MODE
+#define KV_DIV_MODE 2
+#undef KV_WG
+#define KV_WG 1
+
 #else /* ------------------------------------------- host C11 (tests of the helpers) */
 
 #include <math.h>
@@ -127,6 +191,10 @@ static inline float kv_dev_f32_from_bits(uint32_t u)
 #define KV_ISFINITE(x) isfinite(x)
 #define KV_INF INFINITY
 
+#endif
+
+#ifndef KV_RINT_U32
+#define KV_RINT_U32(x) ((kv_u32)KV_RINT(x))
 #endif
 
 /* ---- Correctly rounded fp32 division ------------------------------------------- */
@@ -206,6 +274,143 @@ KV_FN float kv_div_soft(float a, float b)
     if (bits >= 0x7f800000u)
         bits = 0x7f800000u;
     return KV_F32_FROM_BITS(sign | bits);
+}
+
+/* Position of the highest set bit of x != 0. */
+KV_FN kv_u32 kv_dev_msb64(kv_u64 x)
+{
+    kv_u32 k = 0;
+    while (x >>= 1)
+        k++;
+    return k;
+}
+
+/* Splits a finite non-zero float into m * 2^e with m < 2^24 an integer. */
+KV_FN kv_u32 kv_dev_unpack_f32(kv_u32 u, kv_i32 *e)
+{
+    kv_u32 ex = (u >> 23) & 0xffu, m = u & 0x7fffffu;
+    if (ex == 0) {
+        *e = -149;
+        return m;
+    }
+    *e = (kv_i32)ex - 150;
+    return m | 0x800000u;
+}
+
+/* Rounds the exact value r * 2^e (r > 0) to the nearest-even float of the
+   given sign, with subnormals and overflow to Inf. */
+KV_FN float kv_dev_round_f32(kv_u32 sign, kv_u64 r, kv_i32 e)
+{
+    kv_i32 k = (kv_i32)kv_dev_msb64(r);
+    kv_i32 top = e + k; /* r * 2^e lies in [2^top, 2^(top + 1)) */
+    if (top > 127)
+        return KV_F32_FROM_BITS(sign | 0x7f800000u);
+    kv_i32 biased = top + 127;
+    kv_i32 shift = biased >= 1 ? k - 23 : -149 - e; /* bits of r below the result's last place */
+    kv_u64 q;
+    kv_u32 up = 0;
+    if (shift <= 0) {
+        q = r << (kv_u32)(-shift); /* exact */
+    } else if (shift >= 64) {
+        q = 0; /* below half the smallest subnormal */
+    } else {
+        q = r >> (kv_u32)shift;
+        kv_u64 rem = r & (((kv_u64)1 << (kv_u32)shift) - 1u), halfway = (kv_u64)1 << (kv_u32)(shift - 1);
+        up = rem > halfway || (rem == halfway && (q & 1u));
+    }
+    kv_u32 bits = biased >= 1 ? ((kv_u32)(biased - 1) << 23) + (kv_u32)q : (kv_u32)q;
+    bits += up; /* a carry moves into the exponent, up to Inf */
+    if (bits >= 0x7f800000u)
+        bits = 0x7f800000u;
+    return KV_F32_FROM_BITS(sign | bits);
+}
+
+/* fmaf(a, b, c) with one rounding, in integer arithmetic: for devices whose
+   fused multiply-add is not known to be IEEE (the Ascend port). */
+KV_FN float kv_fma_soft(float a, float b, float c)
+{
+    kv_u32 ua = KV_F32_BITS(a), ub = KV_F32_BITS(b), uc = KV_F32_BITS(c);
+    kv_u32 sp = (ua ^ ub) & 0x80000000u, sc = uc & 0x80000000u;
+    kv_u32 aa = ua & 0x7fffffffu, ab = ub & 0x7fffffffu, ac = uc & 0x7fffffffu;
+    if (aa > 0x7f800000u || ab > 0x7f800000u || ac > 0x7f800000u)
+        return KV_F32_FROM_BITS(0x7fc00000u);
+    if (aa == 0x7f800000u || ab == 0x7f800000u) {
+        if (aa == 0 || ab == 0 || (ac == 0x7f800000u && sc != sp))
+            return KV_F32_FROM_BITS(0x7fc00000u); /* Inf * 0, Inf - Inf */
+        return KV_F32_FROM_BITS(sp | 0x7f800000u);
+    }
+    if (ac == 0x7f800000u)
+        return c;
+    if (aa == 0 || ab == 0) { /* exact zero product: ±0 + c */
+        if (ac == 0)
+            return KV_F32_FROM_BITS(sp & sc);
+        return c;
+    }
+    kv_i32 ea, eb, ec = 0;
+    kv_u64 p = (kv_u64)kv_dev_unpack_f32(aa, &ea) * kv_dev_unpack_f32(ab, &eb); /* exact, < 2^48 */
+    kv_i32 ep = ea + eb;
+    if (ac == 0)
+        return kv_dev_round_f32(sp, p, ep);
+    kv_u64 m = kv_dev_unpack_f32(ac, &ec);
+    /* Both terms with their leading bit at 61, then the smaller shifted right
+       with a sticky bit (36+ guard bits keep it clear of the rounding place). */
+    kv_i32 kp = (kv_i32)kv_dev_msb64(p), kc = (kv_i32)kv_dev_msb64(m);
+    p <<= (kv_u32)(61 - kp);
+    ep -= 61 - kp;
+    m <<= (kv_u32)(61 - kc);
+    ec -= 61 - kc;
+    kv_u64 big = p, small = m;
+    kv_i32 e = ep, d = ep - ec;
+    kv_u32 sbig = sp, ssmall = sc;
+    if (d < 0 || (d == 0 && m > p)) {
+        big = m;
+        small = p;
+        e = ec;
+        d = -d;
+        sbig = sc;
+        ssmall = sp;
+    }
+    if (d >= 64)
+        small = small != 0;
+    else if (d > 0)
+        small = (small >> (kv_u32)d) | ((small & (((kv_u64)1 << (kv_u32)d) - 1u)) != 0);
+    kv_u64 r = sbig == ssmall ? big + small : big - small;
+    if (r == 0)
+        return KV_F32_FROM_BITS(0); /* exact cancellation: +0 */
+    return kv_dev_round_f32(sbig, r, e);
+}
+
+/* rint for 0 <= v < 2^23 (the clamped quotient of quantization), in integer
+   arithmetic: exact, round half to even. */
+KV_FN kv_u32 kv_rint_soft_u32(float v)
+{
+    kv_u32 i = (kv_u32)v; /* truncation */
+    float frac = v - (float)i; /* exact */
+    if (frac > 0.5f || (frac == 0.5f && (i & 1u)))
+        i++;
+    return i;
+}
+
+/* e^x in float arithmetic (Cody-Waite reduction, degree-7 polynomial): about
+   2 ulp, for devices without a library exp (the Ascend port's attention,
+   which needs relative 1e-5, not bit-exactness). */
+KV_FN float kv_exp_soft(float x)
+{
+    if (x != x)
+        return x;
+    if (x > 88.72283f)
+        return KV_F32_FROM_BITS(0x7f800000u);
+    if (x < -103.97208f)
+        return 0.0f;
+    float kf = x * 1.44269504f;
+    kv_i32 k = (kv_i32)(kf < 0.0f ? kf - 0.5f : kf + 0.5f);
+    float r = (x - (float)k * 0.693145752f) - (float)k * 1.42860677e-6f;
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.66666672e-1f + r * (4.16666679e-2f +
+              r * (8.33333377e-3f + r * (1.38888892e-3f + r * 1.98412701e-4f))))));
+    /* p * 2^k, in two steps so that 2^k never leaves the normal range */
+    kv_i32 k1 = k / 2, k2 = k - k1;
+    p = p * KV_F32_FROM_BITS((kv_u32)(k1 + 127) << 23);
+    return p * KV_F32_FROM_BITS((kv_u32)(k2 + 127) << 23);
 }
 
 KV_FN float kv_div_rn(float a, float b)
@@ -316,7 +521,7 @@ KV_FN kv_u32 kv_dev_quant_code(float x, float s, float z, kv_u32 bits)
     float v = kv_div_rn(x - z, s);
     v = v < 0.0f ? 0.0f : v;
     v = v > maxq ? maxq : v;
-    return (kv_u32)KV_RINT(v);
+    return KV_RINT_U32(v);
 }
 
 KV_FN float kv_dev_dequant(kv_u32 q, float s, float z)
