@@ -6,6 +6,9 @@
 
 static const kv_command benches[] = {
     /* Each module adds its row: {"name", "options", "what it prints", function}. */
+    {"kernels", "[--backend NAME|all] [--json FILE] [--repeats N] [--quick]",
+     "kernel GB/s and ratio to measured memory bandwidth, checked against the CPU reference",
+     kv_cmd_bench_kernels},
     {NULL, NULL, NULL, NULL},
 };
 
