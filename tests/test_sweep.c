@@ -446,7 +446,7 @@ Test(sweep_plot, run_and_sweep_figures)
 /* Every shipped sweep expands and every tutorial scenario runs (with few requests, to stay fast). */
 Test(sweep_files, shipped_sweeps_and_tutorial_run)
 {
-    const char *sweeps[] = {"scenarios/sweeps/lynx-bandwidth.yaml", "scenarios/tutorial/02-bandwidth.sweep.yaml"};
+    const char *sweeps[] = {"scenarios/sweeps/lynx-bandwidth.yaml", "scenarios/sweeps/tutorial-02-bandwidth.yaml"};
     char args[2048], *out = NULL;
     for (size_t i = 0; i < sizeof sweeps / sizeof sweeps[0]; i++) {
         snprintf(args, sizeof args, "sweep %s --dry-run", sweeps[i]);
