@@ -388,9 +388,15 @@ static inline void kvt_tiny_hparams(kvt_gguf *g)
     kvt_kv_u32(g, "llama.vocab_size", KVT_TINY_VOCAB);
 }
 
+/* Faults to build into the tiny model's tensors (tests of bad models). */
+typedef struct kvt_tiny_faults {
+    const char *skip;   /* leave this tensor out */
+    const char *widen;  /* give this tensor 32 more columns */
+} kvt_tiny_faults;
+
 /* The weights, with the real model's tensor types: Q8_0 embedding (tied
    output), Q4_1 matrices, F32 norms; one F16 matrix to cover that path. */
-static inline void kvt_tiny_weights(kvt_gguf *g, uint64_t seed)
+static inline void kvt_tiny_weights_faulty(kvt_gguf *g, uint64_t seed, const kvt_tiny_faults *f)
 {
     const uint64_t D = KVT_TINY_DIM, H = KVT_TINY_HIDDEN, KV = KVT_TINY_DIM / KVT_TINY_HEADS * KVT_TINY_KV_HEADS;
     kvt_random_tensor(g, "token_embd.weight", D, KVT_TINY_VOCAB, 8, 1.0f, 0.0f, &seed);
@@ -398,7 +404,9 @@ static inline void kvt_tiny_weights(kvt_gguf *g, uint64_t seed)
         char name[64];
 #define KVT_T(suffix, d0, d1, type, scale, off)                                                                  \
     snprintf(name, sizeof name, "blk.%d." suffix, l);                                                           \
-    kvt_random_tensor(g, name, d0, d1, type, scale, off, &seed)
+    if (!(f && f->skip && strcmp(f->skip, name) == 0))                                                          \
+        kvt_random_tensor(g, name, (f && f->widen && strcmp(f->widen, name) == 0) ? (d0) + 32 : (d0), d1, type,  \
+                          scale, off, &seed)
         KVT_T("attn_norm.weight", D, 1, 0, 0.1f, 1.0f);
         KVT_T("attn_q.weight", D, D, 3, 0.4f, 0.0f);
         KVT_T("attn_k.weight", D, KV, 3, 0.4f, 0.0f);
@@ -411,6 +419,11 @@ static inline void kvt_tiny_weights(kvt_gguf *g, uint64_t seed)
 #undef KVT_T
     }
     kvt_random_tensor(g, "output_norm.weight", D, 1, 0, 0.1f, 1.0f, &seed);
+}
+
+static inline void kvt_tiny_weights(kvt_gguf *g, uint64_t seed)
+{
+    kvt_tiny_weights_faulty(g, seed, NULL);
 }
 
 /* The whole tiny model as a file image (caller frees). */
