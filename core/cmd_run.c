@@ -1,17 +1,152 @@
-/* cmd_run.c — `kvsim run` and `kvsim validate` (being written by the lead). */
+/* cmd_run.c — `kvsim run`, `kvsim validate` and `kvsim help`: load a scenario, run every policy, report. */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
+#include "core/alloc.h"
 #include "core/commands.h"
+#include "core/engine.h"
+#include "core/metrics.h"
+#include "core/report.h"
+#include "core/scenario.h"
+#include "core/study.h"
+
+typedef struct run_args {
+    const char *scenario;
+    const char **sets; /* "key=value" overrides, in order */
+    int n_sets;
+    const char *out_dir;
+    int quiet;
+} run_args;
+
+static void run_usage(FILE *out, const char *cmd)
+{
+    fprintf(out,
+            "usage: kvsim %s SCENARIO [--set key.path=value]... [--seed N]%s\n"
+            "  --set key.path=value  override any scenario key (YAML value: 4, true, [a, b], {k: v})\n"
+            "  --seed N              same as --set seed=N\n"
+            "%s",
+            cmd, strcmp(cmd, "run") == 0 ? " [--out DIR] [--quiet]" : "",
+            strcmp(cmd, "run") == 0 ? "  --out DIR             write results.json, requests.csv, trace.json there\n"
+                                      "  --quiet               no table on stdout\n"
+                                    : "");
+}
+
+/* Parses the arguments; returns 0, or 2 after printing the problem. */
+static int parse(int argc, char **argv, run_args *a, char **seed_set)
+{
+    memset(a, 0, sizeof *a);
+    a->sets = kv_calloc((size_t)argc + 1, sizeof *a->sets);
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        int has_value = i + 1 < argc;
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+            run_usage(stdout, argv[0]);
+            return -1;
+        } else if (strcmp(arg, "--set") == 0 && has_value) {
+            a->sets[a->n_sets++] = argv[++i];
+        } else if (strncmp(arg, "--set=", 6) == 0) {
+            a->sets[a->n_sets++] = arg + 6;
+        } else if (strcmp(arg, "--seed") == 0 && has_value) {
+            const char *v = argv[++i];
+            char *end = NULL;
+            long seed = strtol(v, &end, 10);
+            if (*v == '\0' || *end != '\0' || seed < 0 || seed > 2147483647) {
+                fprintf(stderr, "kvsim %s: --seed: expected a whole number 0..2147483647, got '%s'\n", argv[0], v);
+                return 2;
+            }
+            size_t len = strlen(v) + 8;
+            *seed_set = kv_malloc(len);
+            snprintf(*seed_set, len, "seed=%s", v);
+            a->sets[a->n_sets++] = *seed_set;
+        } else if (strcmp(arg, "--out") == 0 && has_value && strcmp(argv[0], "run") == 0) {
+            a->out_dir = argv[++i];
+        } else if (strcmp(arg, "--quiet") == 0 && strcmp(argv[0], "run") == 0) {
+            a->quiet = 1;
+        } else if (arg[0] == '-') {
+            fprintf(stderr, "kvsim %s: unknown or incomplete option '%s'\n", argv[0], arg);
+            run_usage(stderr, argv[0]);
+            return 2;
+        } else if (!a->scenario) {
+            a->scenario = arg;
+        } else {
+            fprintf(stderr, "kvsim %s: one scenario at a time (got '%s' and '%s')\n", argv[0], a->scenario, arg);
+            return 2;
+        }
+    }
+    if (!a->scenario) {
+        run_usage(stderr, argv[0]);
+        return 2;
+    }
+    return 0;
+}
+
+static int run_or_validate(int argc, char **argv, int validate_only)
+{
+    run_args a;
+    char *seed_set = NULL;
+    int rc = parse(argc, argv, &a, &seed_set);
+    if (rc) {
+        kv_free(a.sets);
+        kv_free(seed_set);
+        return rc < 0 ? 0 : rc;
+    }
+    kv_error err = {0};
+    kv_scenario *s = NULL;
+    kv_study *study = NULL;
+    rc = kv_scenario_load(a.scenario, a.sets, a.n_sets, &s, &err);
+    if (!rc)
+        rc = kv_study_prepare(s, &study, &err);
+    if (!rc && validate_only) {
+        printf("ok: %s: %s, %zu requests, policies:", a.scenario, s->model_card.name, kv_study_request_count(study));
+        for (size_t i = 0; i < s->policies.count; i++)
+            printf(" %s", s->policies.items[i]);
+        printf("\n");
+    }
+    if (!rc && !validate_only) {
+        rc = kv_study_run(study, &err);
+        if (!rc && !a.quiet)
+            kv_study_print(study, stdout);
+        const char *dir = a.out_dir ? a.out_dir : s->out_dir;
+        if (!rc && dir && dir[0]) {
+            rc = kv_study_write(study, dir, &err);
+            if (!rc && !a.quiet)
+                printf("wrote %s/\n", dir);
+        }
+    }
+    if (rc)
+        fprintf(stderr, "kvsim %s: %s\n", argv[0], err.msg);
+    kv_study_destroy(study);
+    kv_scenario_destroy(s);
+    kv_free(a.sets);
+    kv_free(seed_set);
+    return rc;
+}
 
 int kv_cmd_run(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "kvsim run: the engine is being written in this commit series\n");
-    return 1;
+    return run_or_validate(argc, argv, 0);
 }
 
 int kv_cmd_validate(int argc, char **argv)
 {
-    return kv_cmd_run(argc, argv);
+    return run_or_validate(argc, argv, 1);
+}
+
+int kv_cmd_help(int argc, char **argv)
+{
+    const char *topic = argc > 1 ? argv[1] : "";
+    if (strcmp(topic, "scenario") == 0) {
+        kv_scenario_print_reference(stdout);
+        return 0;
+    }
+    if (strcmp(topic, "cards") == 0) {
+        kv_cards_print_reference(stdout);
+        return 0;
+    }
+    fprintf(topic[0] ? stderr : stdout, "usage: kvsim help scenario | cards\n"
+                                        "  scenario  every scenario key with its default and meaning\n"
+                                        "  cards     the keys of model cards and device profiles\n");
+    return topic[0] ? 2 : 0;
 }

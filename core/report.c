@@ -1,0 +1,268 @@
+/* report.c — comparison table, JSON and CSV outputs (deterministic formatting). */
+#include "core/report.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "core/afile.h"
+#include "core/alloc.h"
+#include "core/json.h"
+
+static void cell(FILE *out, double v, int width, int prec)
+{
+    if (isnan(v))
+        fprintf(out, " %*s", width, "-");
+    else
+        fprintf(out, " %*.*f", width, prec, v);
+}
+
+void kv_report_table(FILE *out, const kv_scenario *s, const kv_policy_outcome *o, size_t n)
+{
+    fprintf(out, "\n%s — %s, %d prefill + %d decode x %s (tp %d), network %s %.0f Gbit/s, %zu requests, seed %d\n",
+            s->name, s->model_card.name, s->prefill.nodes, s->decode.nodes, s->decode_device.name, s->decode.tp,
+            n ? o[0].run.network : s->net_model, s->nic_bandwidth_gbps, n ? o[0].run.n_requests : 0, s->seed);
+    char ttkt[32];
+    snprintf(ttkt, sizeof ttkt, "ttkt@%d", s->ttkt_k);
+    fprintf(out, "%-10s %9s %6s %9s %9s %9s %9s %9s %8s %9s %8s %7s\n", "policy", "KV MB/req", "ratio", "xfer ms",
+            "ttft_spec", "ttft ms", "p99 ttft", ttkt, "tpot ms", "e2el ms", "req/s", "accept");
+    for (size_t i = 0; i < n; i++) {
+        const kv_summary *m = &o[i].summary;
+        fprintf(out, "%-10.10s", o[i].name);
+        cell(out, m->mean_kv_wire_bytes / 1e6, 9, 1);
+        cell(out, m->compression_ratio, 6, 2);
+        cell(out, m->transfer_ms.mean, 9, 2);
+        cell(out, m->ttft_spec_ms.mean, 9, 2);
+        cell(out, m->ttft_ms.mean, 9, 2);
+        cell(out, m->ttft_ms.p99, 9, 2);
+        cell(out, m->ttkt_ms.mean, 9, 2);
+        cell(out, m->tpot_ms.mean, 8, 3);
+        cell(out, m->e2el_ms.mean, 9, 1);
+        cell(out, m->request_throughput, 8, 3);
+        cell(out, m->spec_accept_rate, 7, 3);
+        fputc('\n', out);
+    }
+    fprintf(out, "(ms are means over requests unless p99; ttft_spec = first speculative token, ttft = first "
+                 "committed token,\n ttkt@K = K-th committed token; accept = accepted / speculated; timing: %s)\n", n ? o[0].run.timing_source : "model");
+}
+
+static void jkey(FILE *out, const char *key)
+{
+    kv_json_string(out, key);
+    fputc(':', out);
+}
+
+static void jnum(FILE *out, const char *key, double v, int comma)
+{
+    jkey(out, key);
+    kv_json_number(out, v);
+    if (comma)
+        fputc(',', out);
+}
+
+static void jstat(FILE *out, const char *name, const kv_stat *st)
+{
+    char key[64];
+    snprintf(key, sizeof key, "mean_%s", name);
+    jnum(out, key, st->mean, 1);
+    snprintf(key, sizeof key, "median_%s", name);
+    jnum(out, key, st->median, 1);
+    snprintf(key, sizeof key, "p90_%s", name);
+    jnum(out, key, st->p90, 1);
+    snprintf(key, sizeof key, "p99_%s", name);
+    jnum(out, key, st->p99, 1);
+    fputc('\n', out);
+}
+
+void kv_report_json(FILE *out, const kv_scenario *s, const kv_policy_outcome *o, size_t n)
+{
+    fputs("{\n", out);
+    jkey(out, "kvsim_version");
+    kv_json_string(out, KV_VERSION);
+    fputs(",\n", out);
+    jkey(out, "scenario");
+    fputs("{", out);
+    jkey(out, "name");
+    kv_json_string(out, s->name);
+    fputc(',', out);
+    jkey(out, "path");
+    kv_json_string(out, s->path);
+    fputc(',', out);
+    jnum(out, "seed", s->seed, 1);
+    jkey(out, "model");
+    kv_json_string(out, s->model_card.name);
+    fputc(',', out);
+    jkey(out, "decode_device");
+    kv_json_string(out, s->decode_device.name);
+    fputc(',', out);
+    jkey(out, "prefill_device");
+    kv_json_string(out, s->prefill_device.name);
+    fputc(',', out);
+    jnum(out, "prefill_nodes", s->prefill.nodes, 1);
+    jnum(out, "decode_nodes", s->decode.nodes, 1);
+    jnum(out, "nic_bandwidth_gbps", s->nic_bandwidth_gbps, 1);
+    jkey(out, "lynx_acceptance_from");
+    kv_json_string(out, s->lynx_from);
+    fputc(',', out);
+    jkey(out, "diffkv_tiers_from");
+    kv_json_string(out, s->diffkv_from);
+    fputs("},\n", out);
+    jkey(out, "policies");
+    fputs("[\n", out);
+    for (size_t i = 0; i < n; i++) {
+        const kv_summary *m = &o[i].summary;
+        const kv_run_result *r = &o[i].run;
+        fputs("{", out);
+        jkey(out, "name");
+        kv_json_string(out, o[i].name);
+        fputc(',', out);
+        jkey(out, "file");
+        kv_json_string(out, o[i].file);
+        fputc(',', out);
+        jkey(out, "network");
+        kv_json_string(out, r->network);
+        fputc(',', out);
+        jkey(out, "timing_source");
+        kv_json_string(out, r->timing_source);
+        fputs(",\n", out);
+        jnum(out, "completed", (double)m->completed, 1);
+        jnum(out, "duration", m->duration_s, 1);
+        jnum(out, "request_throughput", m->request_throughput, 1);
+        jnum(out, "output_throughput", m->output_throughput, 1);
+        fputc('\n', out);
+        jstat(out, "ttft_ms", &m->ttft_ms);
+        jstat(out, "ttft_spec_ms", &m->ttft_spec_ms);
+        jstat(out, "ttkt_ms", &m->ttkt_ms);
+        jstat(out, "tpot_ms", &m->tpot_ms);
+        jstat(out, "itl_ms", &m->itl_ms);
+        jstat(out, "e2el_ms", &m->e2el_ms);
+        jstat(out, "transfer_ms", &m->transfer_ms);
+        jstat(out, "anchor_transfer_ms", &m->anchor_transfer_ms);
+        jstat(out, "queue_ms", &m->queue_ms);
+        jnum(out, "ttkt_k", s->ttkt_k, 1);
+        jnum(out, "kv_wire_bytes", m->kv_wire_bytes, 1);
+        jnum(out, "mean_kv_wire_bytes", m->mean_kv_wire_bytes, 1);
+        jnum(out, "anchor_bytes", m->mean_anchor_bytes, 1);
+        jnum(out, "residual_bytes", m->mean_residual_bytes, 1);
+        jnum(out, "compression_ratio", m->compression_ratio, 1);
+        jnum(out, "kept_tokens_fraction", m->kept_tokens_fraction, 1);
+        fputc('\n', out);
+        jnum(out, "spec_tokens", m->spec_tokens, 1);
+        jnum(out, "accepted_tokens", m->accepted_tokens, 1);
+        jnum(out, "wasted_tokens", m->wasted_tokens, 1);
+        jnum(out, "spec_accept_rate", m->spec_accept_rate, 1);
+        jnum(out, "kv_mem_peak_bytes", m->kv_mem_peak_bytes, 1);
+        jnum(out, "kv_mem_capacity_bytes", r->kv_mem_capacity_bytes, 1);
+        jnum(out, "max_decode_batch", m->max_decode_batch, 1);
+        jnum(out, "decode_steps", (double)r->decode_steps, 1);
+        fputc('\n', out);
+        jkey(out, "links");
+        fputc('[', out);
+        size_t shown = 0;
+        for (size_t l = 0; l < r->n_links; l++) {
+            if (r->links[l].bytes == 0)
+                continue; /* idle links would drown the file on large topologies */
+            fputs(shown++ ? ",\n" : "\n", out);
+            fputc('{', out);
+            jkey(out, "name");
+            kv_json_string(out, r->links[l].name);
+            fputc(',', out);
+            jnum(out, "bytes", (double)r->links[l].bytes, 1);
+            jnum(out, "busy_s", r->links[l].busy_s, 1);
+            jnum(out, "bandwidth_gbps", r->links[l].bandwidth_gbps, 1);
+            jnum(out, "utilisation", m->duration_s > 0 ? r->links[l].busy_s / m->duration_s : NAN, 0);
+            fputc('}', out);
+        }
+        fputs("]}", out);
+        fputs(i + 1 < n ? ",\n" : "\n", out);
+    }
+    fputs("]\n}\n", out);
+}
+
+static void csv_num(FILE *out, double v)
+{
+    fputc(',', out);
+    if (isfinite(v))
+        kv_json_number(out, v);
+}
+
+static void csv_ms(FILE *out, double from, double to)
+{
+    csv_num(out, from >= 0 && to >= 0 ? (to - from) * 1e3 : NAN);
+}
+
+void kv_report_csv(FILE *out, const kv_policy_outcome *o, size_t n)
+{
+    fputs("policy,id,arrival_s,prompt_tokens,output_tokens,prefill_node,decode_node,prefill_start_s,prefill_end_s,"
+          "encode_end_s,anchor_arrived_s,kv_arrived_s,admitted_s,first_spec_s,first_token_s,kth_token_s,done_s,"
+          "ttft_ms,ttft_spec_ms,ttkt_ms,tpot_ms,e2el_ms,anchor_bytes,residual_bytes,kept_tokens_fraction,"
+          "spec_tokens,accepted_tokens,verifications\n",
+          out);
+    for (size_t p = 0; p < n; p++) {
+        for (size_t i = 0; i < o[p].run.n_requests; i++) {
+            const kv_request_result *q = &o[p].run.requests[i];
+            fprintf(out, "%s,%llu", o[p].name, (unsigned long long)q->id);
+            csv_num(out, q->arrival_s);
+            fprintf(out, ",%d,%d,%d,%d", q->prompt_tokens, q->output_tokens, q->prefill_node, q->decode_node);
+            const double times[] = {q->prefill_start_s, q->prefill_end_s, q->encode_end_s, q->anchor_arrived_s,
+                                    q->kv_arrived_s, q->admitted_s, q->first_spec_s, q->first_token_s,
+                                    q->kth_token_s, q->done_s};
+            for (size_t t = 0; t < sizeof times / sizeof times[0]; t++)
+                csv_num(out, times[t] >= 0 ? times[t] : NAN);
+            csv_ms(out, q->arrival_s, q->first_token_s);
+            csv_ms(out, q->arrival_s, q->first_spec_s);
+            csv_ms(out, q->arrival_s, q->kth_token_s);
+            csv_num(out, q->output_tokens > 1 && q->done_s >= 0
+                             ? (q->done_s - q->first_token_s) * 1e3 / (q->output_tokens - 1)
+                             : NAN);
+            csv_ms(out, q->arrival_s, q->done_s);
+            csv_num(out, q->anchor_bytes);
+            csv_num(out, q->residual_bytes);
+            csv_num(out, q->kept_tokens_fraction);
+            fprintf(out, ",%d,%d,%d\n", q->spec_tokens, q->accepted_tokens, q->verifications);
+        }
+    }
+}
+
+typedef enum { OUT_JSON, OUT_CSV, OUT_TRACE } out_kind;
+
+static int write_one(const char *dir, const char *name, out_kind kind, const kv_scenario *s,
+                     const kv_policy_outcome *o, size_t n, const kv_timeline *tl, kv_afile *a, kv_error *err)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int rc = kv_afile_open(a, path, err);
+    if (rc)
+        return rc;
+    if (kind == OUT_JSON)
+        kv_report_json(a->f, s, o, n);
+    else if (kind == OUT_CSV)
+        kv_report_csv(a->f, o, n);
+    else
+        kv_timeline_write(tl, a->f);
+    return KV_OK;
+}
+
+int kv_report_write(const char *dir, const kv_scenario *s, const kv_policy_outcome *o, size_t n,
+                    const kv_timeline *tl, kv_error *err)
+{
+    int rc = kv_mkdirs(dir, err);
+    if (rc)
+        return rc;
+    /* Write every file to its temporary first; rename them only when all succeeded. */
+    kv_afile files[3];
+    memset(files, 0, sizeof files);
+    size_t nf = 0;
+    if (s->out_json)
+        rc = write_one(dir, "results.json", OUT_JSON, s, o, n, tl, &files[nf++], err);
+    if (!rc && s->out_csv)
+        rc = write_one(dir, "requests.csv", OUT_CSV, s, o, n, tl, &files[nf++], err);
+    if (!rc && s->out_trace && tl)
+        rc = write_one(dir, "trace.json", OUT_TRACE, s, o, n, tl, &files[nf++], err);
+    for (size_t i = 0; i < nf; i++) {
+        if (!rc)
+            rc = kv_afile_commit(&files[i], err);
+        else
+            kv_afile_abort(&files[i]);
+    }
+    return rc;
+}

@@ -1,0 +1,29 @@
+/* report.h — what a run shows and writes: the terminal table, results.json, requests.csv, trace.json. */
+#ifndef KV_REPORT_H
+#define KV_REPORT_H
+
+#include <stdio.h>
+
+#include "core/engine.h"
+#include "core/metrics.h"
+#include "core/scenario.h"
+#include "core/timeline.h"
+
+/* One compared policy's outcome. */
+typedef struct kv_policy_outcome {
+    const char *name;   /* as listed in the scenario */
+    const char *file;   /* the Lua file it came from */
+    kv_run_result run;
+    kv_summary summary;
+} kv_policy_outcome;
+
+void kv_report_table(FILE *out, const kv_scenario *s, const kv_policy_outcome *o, size_t n);
+void kv_report_json(FILE *out, const kv_scenario *s, const kv_policy_outcome *o, size_t n);
+void kv_report_csv(FILE *out, const kv_policy_outcome *o, size_t n);
+
+/* Writes results.json, requests.csv and trace.json (as the scenario asks) into dir,
+   each atomically. On failure no file is left half written. */
+int kv_report_write(const char *dir, const kv_scenario *s, const kv_policy_outcome *o, size_t n,
+                    const kv_timeline *tl, kv_error *err);
+
+#endif

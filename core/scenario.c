@@ -1,0 +1,326 @@
+/* scenario.c — the scenario's keys (one documented table), loading, overrides and checks. */
+#include "core/scenario.h"
+
+#include <libgen.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/alloc.h"
+
+#ifndef KV_DATA_DIR
+#define KV_DATA_DIR "."
+#endif
+
+#define S(f) offsetof(kv_scenario, f)
+#define BIG 1e18
+/* Every scenario key. Order is the order of the printed reference. */
+static const kv_key_spec scenario_keys[] = {
+    {"name", KV_KEY_STRING, S(name), "scenario", 0, 0, NULL, "name shown in outputs"},
+    {"description", KV_KEY_STRING, S(description), "\"\"", 0, 0, NULL, "what the scenario asks"},
+    {"seed", KV_KEY_INT, S(seed), "1", 0, 2147483647, NULL, "random seed; same seed, same results"},
+    {"model", KV_KEY_STRING, S(model), NULL, 0, 0, NULL, "model card: a name under scenarios/models or a path"},
+
+    {"cluster", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "prefill and decode pools"},
+    {"cluster.prefill", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "the nodes that run prefill"},
+    {"cluster.prefill.nodes", KV_KEY_INT, S(prefill.nodes), "1", 1, 100000, NULL, "nodes"},
+    {"cluster.prefill.device", KV_KEY_STRING, S(prefill.device), "h100-sxm", 0, 0, NULL,
+     "device profile: a name under scenarios/devices or a path"},
+    {"cluster.prefill.tp", KV_KEY_INT, S(prefill.tp), "1", 1, 1024, NULL, "tensor-parallel degree (devices per node)"},
+    {"cluster.prefill.max_batch_tokens", KV_KEY_INT, S(prefill.max_batch_tokens), "16384", 1, 1 << 30, NULL,
+     "prompt tokens one prefill batch may hold (a longer prompt runs alone)"},
+    {"cluster.prefill.max_batch", KV_KEY_INT, S(prefill.max_batch), "64", 1, 1 << 20, NULL,
+     "requests one prefill batch may hold"},
+    {"cluster.prefill.memory_fraction", KV_KEY_POSITIVE, S(prefill.memory_fraction), "0.9", 0, 1, NULL,
+     "share of device memory usable for weights and KV"},
+    {"cluster.decode", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "the nodes that run decode"},
+    {"cluster.decode.nodes", KV_KEY_INT, S(decode.nodes), "1", 1, 100000, NULL, "nodes"},
+    {"cluster.decode.device", KV_KEY_STRING, S(decode.device), "h100-sxm", 0, 0, NULL, "device profile"},
+    {"cluster.decode.tp", KV_KEY_INT, S(decode.tp), "1", 1, 1024, NULL, "tensor-parallel degree"},
+    {"cluster.decode.max_batch_tokens", KV_KEY_INT, S(decode.max_batch_tokens), "16384", 1, 1 << 30, NULL,
+     "tokens a verification/prefill chunk may hold on a decode node"},
+    {"cluster.decode.max_batch", KV_KEY_INT, S(decode.max_batch), "256", 1, 1 << 20, NULL,
+     "requests in one continuous decode batch"},
+    {"cluster.decode.memory_fraction", KV_KEY_POSITIVE, S(decode.memory_fraction), "0.9", 0, 1, NULL,
+     "share of device memory usable for weights and KV"},
+    {"cluster.colocated", KV_KEY_BOOL, S(colocated), "false", 0, 0, NULL,
+     "prefill and decode on the same nodes (the decode pool), no KV transfer"},
+
+    {"network", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "the cluster network (docs/network.md)"},
+    {"network.model", KV_KEY_ENUM, S(net_model), "simgrid", 0, 0, "simgrid|ideal",
+     "simgrid (contention, topology) or ideal (latency + bytes/bandwidth)"},
+    {"network.topology", KV_KEY_ENUM, S(topology), "star", 0, 0, "star|fat-tree|torus|dragonfly|platform",
+     "how hosts connect"},
+    {"network.nic_bandwidth_gbps", KV_KEY_POSITIVE, S(nic_bandwidth_gbps), "100", 0, 1e7, NULL,
+     "per-node NIC bandwidth, Gbit/s, each direction"},
+    {"network.nic_latency_us", KV_KEY_DOUBLE, S(nic_latency_us), "2", 0, 1e9, NULL, "per-NIC link latency, us"},
+    {"network.switch_bandwidth_gbps", KV_KEY_DOUBLE, S(switch_bandwidth_gbps), "0", 0, 1e9, NULL,
+     "switch/uplink bandwidth, Gbit/s (0: not limiting)"},
+    {"network.switch_latency_us", KV_KEY_DOUBLE, S(switch_latency_us), "0", 0, 1e9, NULL, "switch latency, us"},
+    {"network.hosts_per_leaf", KV_KEY_INT, S(hosts_per_leaf), "8", 1, 1 << 20, NULL, "fat-tree: hosts per leaf"},
+    {"network.oversubscription", KV_KEY_POSITIVE, S(oversubscription), "1", 0, 1e6, NULL,
+     "fat-tree: leaf down/up bandwidth ratio"},
+    {"network.split_duplex", KV_KEY_BOOL, S(split_duplex), "true", 0, 0, NULL,
+     "separate up and down links per NIC (no cross-traffic penalty)"},
+    {"network.platform_file", KV_KEY_STRING, S(platform_file), "\"\"", 0, 0, NULL,
+     "topology: platform — a SimGrid platform XML"},
+    {"network.simgrid", KV_KEY_FREEMAP, S(simgrid_options), NULL, 0, 0, NULL,
+     "SimGrid options passed through, e.g. {network/model: CM02}"},
+
+    {"workload", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "the requests"},
+    {"workload.requests", KV_KEY_INT, S(requests), "100", 0, 100000000, NULL,
+     "requests to simulate (trace: cap on rows, 0 = all)"},
+    {"workload.arrival", KV_KEY_ENUM, S(arrival), "poisson", 0, 0, "poisson|gamma|fixed", "arrival process"},
+    {"workload.rate_per_s", KV_KEY_DOUBLE, S(rate_per_s), "1", 0, 1e9, NULL,
+     "mean arrivals per second (fixed with 0: all at time 0)"},
+    {"workload.burstiness", KV_KEY_POSITIVE, S(burstiness), "1", 0, 1e6, NULL,
+     "gamma shape: < 1 is burstier than Poisson"},
+    {"workload.prompt", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "prompt length distribution"},
+    {"workload.prompt.dist", KV_KEY_ENUM, S(prompt.dist), "fixed", 0, 0, "fixed|uniform|lognormal|empirical",
+     "distribution"},
+    {"workload.prompt.value", KV_KEY_POSITIVE, S(prompt.value), "1024", 0, 1e9, NULL,
+     "fixed: the length; lognormal: the median"},
+    {"workload.prompt.sigma", KV_KEY_DOUBLE, S(prompt.sigma), "0.5", 0, 100, NULL, "lognormal sigma"},
+    {"workload.prompt.min", KV_KEY_INT, S(prompt.min), "1", 1, 1 << 30, NULL, "smallest length"},
+    {"workload.prompt.max", KV_KEY_INT, S(prompt.max), "1048576", 1, 1 << 30, NULL, "largest length"},
+    {"workload.prompt.samples", KV_KEY_INTLIST, S(prompt.samples), "[]", 1, 1 << 30, NULL,
+     "empirical: lengths drawn with equal weight"},
+    {"workload.output", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "output length distribution"},
+    {"workload.output.dist", KV_KEY_ENUM, S(output.dist), "fixed", 0, 0, "fixed|uniform|lognormal|empirical",
+     "distribution"},
+    {"workload.output.value", KV_KEY_POSITIVE, S(output.value), "128", 0, 1e9, NULL, "as for prompt"},
+    {"workload.output.sigma", KV_KEY_DOUBLE, S(output.sigma), "0.5", 0, 100, NULL, "lognormal sigma"},
+    {"workload.output.min", KV_KEY_INT, S(output.min), "1", 1, 1 << 30, NULL, "smallest length"},
+    {"workload.output.max", KV_KEY_INT, S(output.max), "1048576", 1, 1 << 30, NULL, "largest length"},
+    {"workload.output.samples", KV_KEY_INTLIST, S(output.samples), "[]", 1, 1 << 30, NULL, "empirical samples"},
+    {"workload.trace", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "replay a trace instead of synthetic arrivals"},
+    {"workload.trace.format", KV_KEY_ENUM, S(trace_format), "none", 0, 0, "none|azure|mooncake|burstgpt",
+     "trace format"},
+    {"workload.trace.path", KV_KEY_STRING, S(trace_path), "\"\"", 0, 0, NULL,
+     "trace file (relative to the scenario or kvsim's folder)"},
+    {"workload.trace.time_scale", KV_KEY_POSITIVE, S(trace_time_scale), "1", 0, 1e9, NULL,
+     "multiply trace times by this (0.5 = twice the rate)"},
+    {"workload.trace.repeat", KV_KEY_INT, S(trace_repeat), "1", 1, 1000000, NULL,
+     "tile the trace this many times end to end"},
+
+    {"timing", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "where operation times come from"},
+    {"timing.source", KV_KEY_ENUM, S(timing_source), "model", 0, 0, "model|measured",
+     "model: roofline over device profiles; measured: run the kernels on a backend"},
+    {"timing.backend", KV_KEY_STRING, S(timing_backend), "cpu", 0, 0, NULL, "backend for measured kernels"},
+    {"timing.calibration", KV_KEY_STRING, S(timing_calibration), "\"\"", 0, 0, NULL,
+     "a kvsim bench kernels --json file whose efficiencies scale kernel costs"},
+    {"timing.samples", KV_KEY_INT, S(timing_samples), "3", 1, 1000, NULL, "measured: runs per kernel size"},
+
+    {"policies", KV_KEY_STRLIST, S(policies), "[bf16, int8, int4]", 0, 0, NULL,
+     "policies to compare, one table row each (policies/<name>.lua)"},
+    {"policy", KV_KEY_FREEMAP, S(policy_settings), NULL, 0, 0, NULL,
+     "per-policy settings: policy.<name>.file and policy.<name>.<param>"},
+
+    {"lynx", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "speculative decoding on anchor-only KV"},
+    {"lynx.from", KV_KEY_ENUM, S(lynx_from), "scenario", 0, 0, "scenario|reference-model",
+     "where acceptance rates come from"},
+    {"lynx.acceptance", KV_KEY_DOUBLE, S(lynx_acceptance), "0.9", 0, 1, NULL,
+     "probability a speculated token is accepted (each position)"},
+    {"lynx.acceptance_per_position", KV_KEY_DOUBLELIST, S(lynx_acceptance_per_position), "[]", 0, 1, NULL,
+     "per-position acceptance, overrides lynx.acceptance"},
+    {"lynx.ttkt_k", KV_KEY_INT, S(ttkt_k), "10", 1, 1 << 30, NULL, "K of ttkt_ms (time to the K-th committed token)"},
+
+    {"diffkv", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "DiffKV tier fractions when not from the reference model"},
+    {"diffkv.from", KV_KEY_ENUM, S(diffkv_from), "scenario", 0, 0, "scenario|reference-model",
+     "where tier fractions come from"},
+    {"diffkv.high_fraction", KV_KEY_DOUBLE, S(diffkv_high_fraction), "0.3", 0, 1, NULL,
+     "share of tokens kept in the high tier (outside the recent window)"},
+    {"diffkv.low_fraction", KV_KEY_DOUBLE, S(diffkv_low_fraction), "0.5", 0, 1, NULL,
+     "share in the low tier; the rest is pruned"},
+
+    {"outputs", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "what a run writes"},
+    {"outputs.dir", KV_KEY_STRING, S(out_dir), "\"\"", 0, 0, NULL, "output folder (--out overrides; empty: none)"},
+    {"outputs.json", KV_KEY_BOOL, S(out_json), "true", 0, 0, NULL, "results.json"},
+    {"outputs.csv", KV_KEY_BOOL, S(out_csv), "true", 0, 0, NULL, "requests.csv"},
+    {"outputs.trace", KV_KEY_BOOL, S(out_trace), "true", 0, 0, NULL, "trace.json (Perfetto timeline)"},
+    {"outputs.progress", KV_KEY_BOOL, S(progress), "true", 0, 0, NULL, "progress line when stderr is a terminal"},
+};
+#undef S
+
+static const kv_schema scenario_schema = {"scenario", scenario_keys, sizeof scenario_keys / sizeof scenario_keys[0]};
+
+void kv_scenario_print_reference(FILE *out)
+{
+    fprintf(out, "# kvsim scenario reference: every key, its default, what it means.\n");
+    kv_schema_print(&scenario_schema, out);
+}
+
+const char *kv_scenario_where(const kv_scenario *s, const char *dotted, char *buf, size_t size)
+{
+    const kv_ynode *n = kv_ytree_path(s->tree, dotted);
+    if (n)
+        return kv_ytree_where(n, buf, size);
+    snprintf(buf, size, "%s", s->path);
+    return buf;
+}
+
+int kv_scenario_find_file(const kv_scenario *s, const char *name, const char *key, char *path, size_t size,
+                          kv_error *err)
+{
+    char w[512];
+    if (name[0] == '/') {
+        snprintf(path, size, "%s", name);
+    } else {
+        snprintf(path, size, "%s/%s", s->dir, name);
+        if (access(path, R_OK) != 0)
+            snprintf(path, size, "%s/%s", s->data_dir, name);
+    }
+    if (access(path, R_OK) == 0)
+        return KV_OK;
+    return kv_error_set(err, KV_EINPUT, "%s: %s: file '%s' not found (relative to %s or %s)",
+                        kv_scenario_where(s, key, w, sizeof w), key, name, s->dir, s->data_dir);
+}
+
+/* Applies one "a.b.c=value" override to the tree. */
+static int apply_override(kv_ynode *tree, const char *text, kv_error *err)
+{
+    const char *eq = strchr(text, '=');
+    if (!eq || eq == text)
+        return kv_error_set(err, KV_EINPUT, "--set %s: expected key.path=value", text);
+    char *key = kv_strndup(text, (size_t)(eq - text));
+    char origin[600];
+    snprintf(origin, sizeof origin, "--set %s", key);
+    kv_ynode *value = NULL;
+    int rc = kv_ytree_load_string(eq + 1, origin, &value, err);
+    if (!rc && value->kind == KV_YMAP && value->count == 0 && eq[1] != '{') {
+        /* An empty value ("key=") is the empty string, not an empty mapping. */
+        kv_ytree_free(value);
+        rc = kv_ytree_load_string("\"\"", origin, &value, err);
+    }
+    if (!rc)
+        rc = kv_ytree_set(tree, key, value, err);
+    kv_free(key);
+    return rc;
+}
+
+static int check(kv_scenario *s, kv_error *err)
+{
+    char w[512];
+    if (s->policies.count == 0)
+        return kv_error_set(err, KV_EINPUT, "%s: policies: name at least one policy to compare",
+                            kv_scenario_where(s, "policies", w, sizeof w));
+    for (size_t i = 0; i < s->policies.count; i++)
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(s->policies.items[i], s->policies.items[j]) == 0)
+                return kv_error_set(err, KV_EINPUT, "%s: policies: '%s' is listed twice",
+                                    kv_scenario_where(s, "policies", w, sizeof w), s->policies.items[i]);
+    if (s->prompt.min > s->prompt.max)
+        return kv_error_set(err, KV_EINPUT, "%s: workload.prompt: min (%d) is larger than max (%d)",
+                            kv_scenario_where(s, "workload.prompt", w, sizeof w), s->prompt.min, s->prompt.max);
+    if (s->output.min > s->output.max)
+        return kv_error_set(err, KV_EINPUT, "%s: workload.output: min (%d) is larger than max (%d)",
+                            kv_scenario_where(s, "workload.output", w, sizeof w), s->output.min, s->output.max);
+    if (strcmp(s->prompt.dist, "empirical") == 0 && s->prompt.samples.count == 0)
+        return kv_error_set(err, KV_EINPUT, "%s: workload.prompt.samples: empirical needs at least one sample",
+                            kv_scenario_where(s, "workload.prompt", w, sizeof w));
+    if (strcmp(s->output.dist, "empirical") == 0 && s->output.samples.count == 0)
+        return kv_error_set(err, KV_EINPUT, "%s: workload.output.samples: empirical needs at least one sample",
+                            kv_scenario_where(s, "workload.output", w, sizeof w));
+    if (strcmp(s->trace_format, "none") != 0 && s->trace_path[0] == '\0')
+        return kv_error_set(err, KV_EINPUT, "%s: workload.trace.path: a trace format needs a path",
+                            kv_scenario_where(s, "workload.trace.format", w, sizeof w));
+    if (strcmp(s->trace_format, "none") == 0 && s->trace_path[0] != '\0')
+        return kv_error_set(err, KV_EINPUT, "%s: workload.trace.format: say which format the trace is in "
+                            "(azure, mooncake, burstgpt)", kv_scenario_where(s, "workload.trace.path", w, sizeof w));
+    if (strcmp(s->trace_format, "none") == 0 && s->requests == 0)
+        return kv_error_set(err, KV_EINPUT, "%s: workload.requests: a synthetic workload needs at least 1 request",
+                            kv_scenario_where(s, "workload.requests", w, sizeof w));
+    if (strcmp(s->arrival, "fixed") != 0 && !(s->rate_per_s > 0) && strcmp(s->trace_format, "none") == 0)
+        return kv_error_set(err, KV_EINPUT, "%s: workload.rate_per_s: %s arrivals need a rate > 0",
+                            kv_scenario_where(s, "workload.rate_per_s", w, sizeof w), s->arrival);
+    if (s->diffkv_high_fraction + s->diffkv_low_fraction > 1.0 + 1e-12)
+        return kv_error_set(err, KV_EINPUT, "%s: diffkv: high_fraction + low_fraction must not exceed 1",
+                            kv_scenario_where(s, "diffkv", w, sizeof w));
+    if (strcmp(s->topology, "platform") == 0 && s->platform_file[0] == '\0')
+        return kv_error_set(err, KV_EINPUT, "%s: network.platform_file: topology 'platform' needs a file",
+                            kv_scenario_where(s, "network.topology", w, sizeof w));
+    if (s->policy_settings && s->policy_settings->kind == KV_YMAP) {
+        /* Settings for a policy that is not compared are almost always a typo. */
+        const kv_ynode *ps = s->policy_settings;
+        for (size_t i = 0; i < ps->count; i++) {
+            bool listed = false;
+            for (size_t j = 0; j < s->policies.count; j++)
+                listed |= strcmp(ps->keys[i], s->policies.items[j]) == 0;
+            if (!listed) {
+                const char *hint = kv_did_you_mean(ps->keys[i], (const char *const *)s->policies.items,
+                                                   s->policies.count);
+                return kv_error_set(err, KV_EINPUT, "%s:%d:%d: policy.%s: '%s' is not in policies [...]%s%s%s",
+                                    ps->file, ps->key_lines[i], ps->key_cols[i], ps->keys[i], ps->keys[i],
+                                    hint ? " (did you mean '" : "", hint ? hint : "", hint ? "'?)" : "");
+            }
+            if (ps->items[i]->kind != KV_YMAP)
+                return kv_error_set(err, KV_EINPUT, "%s:%d:%d: policy.%s: expected a mapping of settings",
+                                    ps->file, ps->key_lines[i], ps->key_cols[i], ps->keys[i]);
+        }
+    }
+    return KV_OK;
+}
+
+int kv_scenario_load(const char *path, const char *const *overrides, int n_overrides, kv_scenario **out,
+                     kv_error *err)
+{
+    *out = NULL;
+    kv_scenario *s = kv_calloc(1, sizeof *s);
+    s->path = kv_strdup(path);
+    char *tmp = kv_strdup(path);
+    s->dir = kv_strdup(dirname(tmp));
+    kv_free(tmp);
+    const char *env = getenv("KVSIM_DATA");
+    s->data_dir = kv_strdup(env && env[0] ? env : KV_DATA_DIR);
+
+    int rc = kv_ytree_load_file(path, &s->tree, err);
+    if (!rc && s->tree->kind != KV_YMAP)
+        rc = kv_error_set(err, KV_EINPUT, "%s:%d:%d: a scenario is a mapping of keys (name:, model:, ...)", path,
+                          s->tree->line, s->tree->col);
+    for (int i = 0; !rc && i < n_overrides; i++)
+        rc = apply_override(s->tree, overrides[i], err);
+    if (!rc)
+        rc = kv_schema_bind(&scenario_schema, s->tree, s, err);
+    if (!rc)
+        rc = check(s, err);
+
+    /* Cards: the scenario's folder, its parent (for scenarios/tutorial/...), kvsim's own. */
+    char parent[4096];
+    snprintf(parent, sizeof parent, "%s/..", s->dir);
+    char data_scen[4096];
+    snprintf(data_scen, sizeof data_scen, "%s/scenarios", s->data_dir);
+    const char *dirs[] = {s->dir, parent, data_scen};
+    char w[512];
+    if (!rc)
+        rc = kv_model_card_load(s->model, dirs, 3, kv_scenario_where(s, "model", w, sizeof w), &s->model_card, err);
+    if (!rc)
+        rc = kv_device_profile_load(s->prefill.device, dirs, 3,
+                                    kv_scenario_where(s, "cluster.prefill.device", w, sizeof w), &s->prefill_device,
+                                    err);
+    if (!rc)
+        rc = kv_device_profile_load(s->decode.device, dirs, 3,
+                                    kv_scenario_where(s, "cluster.decode.device", w, sizeof w), &s->decode_device,
+                                    err);
+    if (rc) {
+        kv_scenario_destroy(s);
+        return rc;
+    }
+    *out = s;
+    return KV_OK;
+}
+
+void kv_scenario_destroy(kv_scenario *s)
+{
+    if (!s)
+        return;
+    kv_schema_free(&scenario_schema, s);
+    kv_model_card_free(&s->model_card);
+    kv_device_profile_free(&s->prefill_device);
+    kv_device_profile_free(&s->decode_device);
+    kv_ytree_free(s->tree);
+    kv_free(s->path);
+    kv_free(s->dir);
+    kv_free(s->data_dir);
+    kv_free(s);
+}

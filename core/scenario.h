@@ -1,0 +1,98 @@
+/* scenario.h — a scenario file, bound and checked: cluster, model, network, workload, policies, outputs. */
+#ifndef KV_SCENARIO_H
+#define KV_SCENARIO_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "core/cards.h"
+#include "core/error.h"
+#include "core/schema.h"
+#include "core/ytree.h"
+
+typedef struct kv_pool_config {
+    int nodes;             /* nodes in the pool */
+    char *device;          /* device profile name or path */
+    int tp;                /* tensor-parallel degree: devices per node */
+    int max_batch_tokens;  /* prefill: tokens per batch */
+    int max_batch;         /* decode: requests per batch */
+    double memory_fraction;/* share of device memory usable for weights + KV */
+} kv_pool_config;
+
+typedef struct kv_length_config {
+    char *dist;            /* fixed | uniform | lognormal | empirical */
+    double value, sigma;
+    int min, max;
+    kv_intlist samples;
+} kv_length_config;
+
+typedef struct kv_scenario {
+    /* Bound keys (see the table in scenario.c for docs and defaults). */
+    char *name;
+    char *description;
+    int seed;
+    char *model;
+    kv_pool_config prefill, decode;
+    bool colocated;
+
+    char *net_model, *topology, *platform_file;
+    double nic_bandwidth_gbps, nic_latency_us, switch_bandwidth_gbps, switch_latency_us, oversubscription;
+    int hosts_per_leaf;
+    bool split_duplex;
+    const kv_ynode *simgrid_options;
+
+    int requests;
+    char *arrival;
+    double rate_per_s, burstiness;
+    kv_length_config prompt, output;
+    char *trace_format, *trace_path;
+    double trace_time_scale;
+    int trace_repeat;
+
+    char *timing_source, *timing_backend, *timing_calibration;
+    int timing_samples;
+
+    kv_strlist policies;
+    const kv_ynode *policy_settings;
+
+    char *lynx_from;
+    double lynx_acceptance;
+    kv_doublelist lynx_acceptance_per_position;
+    int ttkt_k;
+
+    char *diffkv_from;
+    double diffkv_high_fraction, diffkv_low_fraction;
+
+    char *out_dir;
+    bool out_json, out_csv, out_trace;
+    bool progress;
+
+    /* Derived at load time. */
+    kv_ynode *tree;        /* the YAML with --set applied (owned) */
+    char *path;            /* scenario file as given */
+    char *dir;             /* its folder */
+    char *data_dir;        /* kvsim's own scenarios/ folder, for cards by name */
+    kv_model_card model_card;
+    kv_device_profile prefill_device, decode_device;
+} kv_scenario;
+
+/* Loads, applies overrides ("a.b=value", YAML values), binds, checks and
+   loads the cards. KV_EINPUT with file:line:col and key on bad input. */
+int kv_scenario_load(const char *path, const char *const *overrides, int n_overrides, kv_scenario **out,
+                     kv_error *err);
+void kv_scenario_destroy(kv_scenario *s); /* NULL is fine */
+
+/* Resolves a file named in the scenario (trace, policy, platform): absolute,
+   relative to the scenario's folder, or to kvsim's source tree. Writes into
+   path; KV_EINPUT naming `key` when it does not exist. */
+int kv_scenario_find_file(const kv_scenario *s, const char *name, const char *key, char *path, size_t size,
+                          kv_error *err);
+
+/* "file:line:col" of a key in the scenario, or the file name if the key is absent. */
+const char *kv_scenario_where(const kv_scenario *s, const char *dotted, char *buf, size_t size);
+
+/* The scenario reference (every key, default, doc). */
+void kv_scenario_print_reference(FILE *out);
+
+#endif

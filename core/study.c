@@ -1,0 +1,209 @@
+/* study.c — prepare a scenario's workload and policies, run each policy, hand results to the reports. */
+#include "core/study.h"
+
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/engine.h"
+#include "core/measure.h"
+#include "core/metrics.h"
+#include "core/policy.h"
+#include "core/rng.h"
+#include "core/timeline.h"
+#include "core/workload.h"
+
+struct kv_study {
+    const kv_scenario *s;
+    kv_workload *workload;
+    kv_policy **policies;     /* [n] in scenario order */
+    char **files;             /* [n] resolved Lua paths */
+    kv_policy_outcome *outcomes;
+    size_t n;
+    kv_timeline *timeline;
+    kv_kernel_costs *costs;   /* [n] per policy */
+    int ran;
+};
+
+static int length_kind(const char *dist)
+{
+    if (strcmp(dist, "uniform") == 0)
+        return KV_LEN_UNIFORM;
+    if (strcmp(dist, "lognormal") == 0)
+        return KV_LEN_LOGNORMAL;
+    if (strcmp(dist, "empirical") == 0)
+        return KV_LEN_EMPIRICAL;
+    return KV_LEN_FIXED;
+}
+
+static kv_length_dist length_dist(const kv_length_config *c)
+{
+    return (kv_length_dist){.kind = (kv_length_kind)length_kind(c->dist), .value = c->value, .sigma = c->sigma,
+                            .min = c->min, .max = c->max, .samples = c->samples.items,
+                            .n_samples = c->samples.count};
+}
+
+static int make_workload(kv_study *st, kv_error *err)
+{
+    const kv_scenario *s = st->s;
+    kv_workload_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.requests = s->requests;
+    cfg.arrival = strcmp(s->arrival, "gamma") == 0   ? KV_ARRIVAL_GAMMA
+                  : strcmp(s->arrival, "fixed") == 0 ? KV_ARRIVAL_FIXED
+                                                     : KV_ARRIVAL_POISSON;
+    cfg.rate_per_s = s->rate_per_s;
+    cfg.burstiness = s->burstiness;
+    cfg.prompt = length_dist(&s->prompt);
+    cfg.output = length_dist(&s->output);
+    cfg.time_scale = s->trace_time_scale;
+    cfg.repeat = s->trace_repeat;
+    cfg.max_prompt_tokens = s->model_card.max_context;
+    char path[4096];
+    int fmt = kv_trace_format_parse(s->trace_format);
+    if (fmt > 0) {
+        int rc = kv_scenario_find_file(s, s->trace_path, "workload.trace.path", path, sizeof path, err);
+        if (rc)
+            return rc;
+        cfg.trace_format = (kv_trace_format)fmt;
+        cfg.trace_path = path;
+    }
+    kv_rng rng;
+    kv_rng_seed(&rng, (uint64_t)s->seed);
+    int rc = kv_workload_create(&cfg, &rng, &st->workload, err);
+    if (rc && fmt <= 0) {
+        /* Configuration errors name the key; point at the section in the file too. */
+        char w[512];
+        kv_error_prefix(err, "%s: ", kv_scenario_where(s, "workload", w, sizeof w));
+    }
+    return rc;
+}
+
+/* Collects policy.<name>.* (except `file`) as parameters for the policy host. */
+static int load_policy(kv_study *st, size_t i, kv_error *err)
+{
+    const kv_scenario *s = st->s;
+    const char *name = s->policies.items[i];
+    const kv_ynode *settings = s->policy_settings ? kv_ytree_get(s->policy_settings, name, NULL) : NULL;
+    const kv_ynode *file_node = settings ? kv_ytree_get(settings, "file", NULL) : NULL;
+    char rel[1024], path[4096], w[512];
+    if (file_node && file_node->kind != KV_YSCALAR)
+        return kv_error_set(err, KV_EINPUT, "%s: policy.%s.file: expected a path",
+                            kv_ytree_where(file_node, w, sizeof w), name);
+    snprintf(rel, sizeof rel, "%s", file_node ? file_node->value : "");
+    if (!file_node)
+        snprintf(rel, sizeof rel, "policies/%s.lua", name);
+    char key[300];
+    snprintf(key, sizeof key, file_node ? "policy.%s.file" : "policies", name);
+    int rc = kv_scenario_find_file(s, rel, key, path, sizeof path, err);
+    if (rc)
+        return rc;
+    size_t n_params = settings ? settings->count : 0;
+    kv_policy_param *params = kv_calloc(n_params + 1, sizeof *params);
+    char (*where)[512] = kv_calloc(n_params + 1, sizeof *where);
+    int np = 0;
+    for (size_t k = 0; k < n_params; k++) {
+        if (strcmp(settings->keys[k], "file") == 0)
+            continue;
+        const kv_ynode *v = settings->items[k];
+        snprintf(where[np], sizeof where[np], "%s:%d:%d", settings->file, settings->key_lines[k],
+                 settings->key_cols[k]);
+        if (v->kind != KV_YSCALAR) {
+            rc = kv_error_set(err, KV_EINPUT, "%s: policy.%s.%s: expected a number, boolean or string", where[np],
+                              name, settings->keys[k]);
+            break;
+        }
+        params[np++] = (kv_policy_param){settings->keys[k], v->value, where[np]};
+    }
+    if (!rc)
+        rc = kv_policy_load(name, path, params, np, NULL, &st->policies[i], err);
+    kv_free(params);
+    kv_free(where);
+    if (!rc)
+        st->files[i] = kv_strdup(path);
+    return rc;
+}
+
+int kv_study_prepare(const kv_scenario *s, kv_study **out, kv_error *err)
+{
+    *out = NULL;
+    kv_study *st = kv_calloc(1, sizeof *st);
+    st->s = s;
+    st->n = s->policies.count;
+    st->policies = kv_calloc(st->n, sizeof *st->policies);
+    st->files = kv_calloc(st->n, sizeof *st->files);
+    st->outcomes = kv_calloc(st->n, sizeof *st->outcomes);
+    st->costs = kv_calloc(st->n, sizeof *st->costs);
+    int rc = make_workload(st, err);
+    for (size_t i = 0; !rc && i < st->n; i++)
+        rc = load_policy(st, i, err);
+    size_t n_req = st->workload ? kv_workload_count(st->workload) : 0;
+    int first_prompt = n_req ? kv_workload_get(st->workload, 0)->prompt_tokens : 1;
+    for (size_t i = 0; !rc && i < st->n; i++)
+        rc = kv_measure_costs(s, st->policies[i], first_prompt, &st->costs[i], err);
+    if (rc) {
+        kv_study_destroy(st);
+        return rc;
+    }
+    *out = st;
+    return KV_OK;
+}
+
+void kv_study_destroy(kv_study *st)
+{
+    if (!st)
+        return;
+    for (size_t i = 0; i < st->n; i++) {
+        kv_policy_destroy(st->policies[i]);
+        kv_free(st->files[i]);
+        kv_run_result_free(&st->outcomes[i].run);
+    }
+    kv_free(st->policies);
+    kv_free(st->files);
+    kv_free(st->outcomes);
+    kv_free(st->costs);
+    kv_workload_destroy(st->workload);
+    kv_timeline_destroy(st->timeline);
+    kv_free(st);
+}
+
+size_t kv_study_request_count(const kv_study *st)
+{
+    return kv_workload_count(st->workload);
+}
+
+int kv_study_run(kv_study *st, kv_error *err)
+{
+    const kv_scenario *s = st->s;
+    if (s->out_trace && !st->timeline)
+        st->timeline = kv_timeline_create();
+    int model = strcmp(s->net_model, "ideal") == 0 ? KV_NET_IDEAL : KV_NET_SIMGRID;
+    double bf16_per_token = kv_model_kv_values_per_token(&s->model_card) * 2.0;
+    for (size_t i = 0; i < st->n; i++) {
+        kv_run_inputs in = {s, st->policies[i], st->workload, &st->costs[i], st->timeline, model};
+        kv_policy_outcome *o = &st->outcomes[i];
+        o->name = s->policies.items[i];
+        o->file = st->files[i];
+        int rc = kv_engine_run(&in, &o->run, err);
+        if (rc)
+            return kv_error_prefix(err, "policy %s: ", o->name);
+        kv_summary_compute(&o->run, bf16_per_token, &o->summary);
+    }
+    st->ran = 1;
+    return KV_OK;
+}
+
+const kv_policy_outcome *kv_study_outcomes(const kv_study *st, size_t *n)
+{
+    *n = st->ran ? st->n : 0;
+    return st->outcomes;
+}
+
+void kv_study_print(const kv_study *st, FILE *out)
+{
+    kv_report_table(out, st->s, st->outcomes, st->ran ? st->n : 0);
+}
+
+int kv_study_write(const kv_study *st, const char *dir, kv_error *err)
+{
+    return kv_report_write(dir, st->s, st->outcomes, st->ran ? st->n : 0, st->timeline, err);
+}
