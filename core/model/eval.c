@@ -114,8 +114,20 @@ static void make_needle(const evaluator *ev, int i, const int32_t *filler, size_
 
 /* ---- Stores -------------------------------------------------------------------------------- */
 
-/* Exact prefill of a prompt; *first receives the greedy next token. */
-static int prefill(evaluator *ev, const prompt *p, kv_kvstore **out, int32_t *first, kv_error *err)
+/* Prompt lengths at which Lynx speculation is sampled: the full prompt and
+   prefixes spread over its second half. */
+static int spec_points(const evaluator *ev, const prompt *p, int *lens)
+{
+    int n = ev->cfg->speculation_points > 0 ? ev->cfg->speculation_points : 1;
+    for (int i = 0; i < n; i++)
+        lens[i] = p->n - (int)((double)i * (p->n / 2) / n);
+    return n;
+}
+
+/* Exact prefill of a prompt; *first receives the greedy next token, and
+   spec_first[i] the one after the prefix of spec_len[i] tokens. */
+static int prefill(evaluator *ev, const prompt *p, kv_kvstore **out, int32_t *first, const int *spec_len,
+                   int n_spec, int32_t *spec_first, kv_error *err)
 {
     kv_kvstore_shape sh = kv_model_kv_shape(ev->m);
     kv_kvstore *s;
@@ -127,8 +139,29 @@ static int prefill(evaluator *ev, const prompt *p, kv_kvstore **out, int32_t *fi
     for (int i = 0; i < p->n; i++)
         pos[i] = i;
     want[p->n - 1] = 1;
+    for (int i = 0; i < n_spec; i++)
+        want[spec_len[i] - 1] = 1;
+    int n_want = 0;
+    for (int i = 0; i < p->n; i++)
+        n_want += want[i];
+    float *logits = kv_malloc((size_t)n_want * (size_t)ev->c->vocab * sizeof *logits);
     kv_batch b = {p->n, p->tokens, pos, seq, want};
-    rc = kv_model_forward(ev->m, &b, &s, ev->logits, err);
+    rc = kv_model_forward(ev->m, &b, &s, logits, err);
+    if (rc == KV_OK) {
+        /* Rows come back in position order. */
+        int row = 0;
+        for (int i = 0; i < p->n; i++) {
+            if (!want[i])
+                continue;
+            int32_t tok = kv_argmax(logits + (size_t)row++ * ev->c->vocab, ev->c->vocab);
+            if (i == p->n - 1)
+                *first = tok;
+            for (int j = 0; j < n_spec; j++)
+                if (spec_len[j] - 1 == i)
+                    spec_first[j] = tok;
+        }
+    }
+    kv_free(logits);
     kv_free(pos);
     kv_free(seq);
     kv_free(want);
@@ -136,7 +169,6 @@ static int prefill(evaluator *ev, const prompt *p, kv_kvstore **out, int32_t *fi
         kv_kvstore_destroy(s);
         return rc;
     }
-    *first = kv_argmax(ev->logits, ev->c->vocab);
     *out = s;
     return KV_OK;
 }
@@ -294,32 +326,33 @@ static int generate(evaluator *ev, const prompt *p, const kv_kvstore *prefilled,
 
 /* Lynx: k greedy tokens on anchor-only KV, then verification on merged KV;
    the longest agreeing prefix is accepted. */
-static int speculate(evaluator *ev, int r, const prompt *p, const kv_kvstore *prefilled, int32_t first,
+static int speculate(evaluator *ev, int r, int n_prompt, const kv_kvstore *prefilled, int32_t first,
                      kv_error *err)
 {
     kv_eval_row *row = &ev->res->rows[r];
     int k = row->spec_k, V = ev->c->vocab;
-    if (p->n + k > ev->c->context_length)
+    if (n_prompt + k > ev->c->context_length)
         return KV_OK;
     kv_kvstore *s;
     int rc = kv_kvstore_clone(prefilled, ev->enc[r], 0, &s, err);
     if (rc)
         return rc;
-    kv_kvstore_seal(s); /* the anchor has arrived, the residual has not */
+    kv_kvstore_truncate(s, n_prompt); /* the prefill of a prefix is the prefix of the prefill */
+    kv_kvstore_seal(s);               /* the anchor has arrived, the residual has not */
     int32_t *in = kv_malloc((size_t)k * sizeof *in), *spec = kv_malloc((size_t)k * sizeof *spec);
     int32_t *pos = kv_malloc((size_t)k * sizeof *pos), *seq = kv_calloc((size_t)k, sizeof *seq);
     float *logits = kv_malloc((size_t)k * V * sizeof *logits);
     int32_t tok = first;
     for (int j = 0; j < k && rc == KV_OK; j++) {
         in[j] = tok;
-        pos[j] = p->n + j;
+        pos[j] = n_prompt + j;
         kv_batch b = {1, &in[j], &pos[j], seq, NULL};
         rc = kv_model_forward(ev->m, &b, &s, logits, err);
         tok = spec[j] = kv_argmax(logits, V);
     }
     if (rc == KV_OK) {
         /* The residual arrives: merge, and verify every speculated position at once. */
-        kv_kvstore_truncate(s, p->n);
+        kv_kvstore_truncate(s, n_prompt);
         kv_kvstore_set_residual(s, true);
         kv_batch b = {k, in, pos, seq, NULL};
         rc = kv_model_forward(ev->m, &b, &s, logits, err);
@@ -346,15 +379,21 @@ static int run_prompt(evaluator *ev, const prompt *p, kv_error *err)
     if (ev->cfg->progress)
         fprintf(ev->cfg->progress, "kvsim eval: %s\n", p->label);
     kv_kvstore *pre = NULL;
-    int32_t first = 0;
-    int rc = prefill(ev, p, &pre, &first, err);
+    int32_t first = 0, spec_first[64];
+    int spec_len[64], n_spec = 0;
+    bool any_spec = false;
+    for (int r = 0; r < ev->res->n_rows; r++)
+        any_spec |= ev->res->rows[r].spec_k > 0;
+    if (any_spec)
+        n_spec = spec_points(ev, p, spec_len);
+    int rc = prefill(ev, p, &pre, &first, spec_len, n_spec, spec_first, err);
     if (!rc && p->cont)
         rc = score_text(ev, p, pre, err);
     if (!rc)
         rc = generate(ev, p, pre, first, err);
     for (int r = 0; r < ev->res->n_rows && !rc; r++)
-        if (ev->res->rows[r].spec_k > 0)
-            rc = speculate(ev, r, p, pre, first, err);
+        for (int i = 0; i < n_spec && !rc && ev->res->rows[r].spec_k > 0; i++)
+            rc = speculate(ev, r, spec_len[i], pre, spec_first[i], err);
     kv_kvstore_destroy(pre);
     return rc;
 }
@@ -409,8 +448,10 @@ int kv_eval_run(kv_model *m, const kv_eval_config *cfg, const kv_eval_policy *po
         return kv_error_set(err, KV_EINPUT,
                             "accuracy.needle.context_tokens: %d (+ generate_tokens %d) must be in 64..%d", 
                             cfg->needle_context_tokens, cfg->generate_tokens, c->context_length);
-    if (cfg->generate_tokens < 0 || cfg->speculative_positions < 0 || cfg->speculative_positions > 256)
-        return kv_error_set(err, KV_EINPUT, "accuracy: generate_tokens must be >= 0 and speculative_positions 0..256");
+    if (cfg->generate_tokens < 0 || cfg->speculative_positions < 0 || cfg->speculative_positions > 256 ||
+        cfg->speculation_points < 0 || cfg->speculation_points > 64)
+        return kv_error_set(err, KV_EINPUT, "accuracy: generate_tokens must be >= 0, speculative_positions 0..256, "
+                                            "speculation_points 0..64");
 
     evaluator ev = {.m = m, .c = c, .cfg = cfg};
     kv_eval_result *res = kv_calloc(1, sizeof *res);
@@ -654,7 +695,7 @@ void kv_eval_print(FILE *f, const kv_eval_result *r)
         const kv_eval_row *row = &r->rows[i];
         if (!row->spec_k)
             continue;
-        fprintf(f, "\nLynx acceptance per speculative position, %s (%ld prompts; P(first j tokens accepted)):\n",
+        fprintf(f, "\nLynx acceptance per speculative position, %s (%ld speculations; P(first j tokens accepted)):\n",
                 row->name, row->spec_samples);
         fprintf(f, "  j   ");
         for (int j = 1; j <= row->spec_k; j++)

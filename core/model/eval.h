@@ -10,7 +10,9 @@
  *    positions equal to the reference's output, and the identical prefix;
  *  - needles: whether the policy's own greedy answer contains the number;
  *  - Lynx acceptance per speculative position: greedy decoding on anchor-only
- *    KV for k tokens, then one verification pass on merged KV;
+ *    KV for k tokens, then one verification pass on merged KV; sampled at
+ *    speculation_points prompt lengths per prompt (a causal model's prefill
+ *    of a prefix is the prefix of its prefill, so one prefill serves all);
  *  - per layer: stored bytes against bf16 (compression ratio), DiffKV tier
  *    fractions, and the relative error of the attention output against the
  *    same queries over bf16 KV.
@@ -45,6 +47,7 @@ typedef struct kv_eval_config {
     int needle_count;          /* synthetic needle prompts */
     int needle_context_tokens; /* their length */
     int speculative_positions; /* k for acceptance; 0: each policy's own speculate */
+    int speculation_points;    /* Lynx samples per prompt: prompt prefixes spread over its second half */
     uint64_t seed;             /* needle numbers and depths */
     FILE *progress;            /* one line per prompt; NULL: quiet */
 } kv_eval_config;
@@ -62,8 +65,8 @@ typedef struct kv_eval_row {
     long prefix_count;
     long needle_hits, needle_total;
     int spec_k;                /* speculative positions measured (0: none) */
-    long *accepted;            /* [spec_k]: prompts whose first j+1 speculated tokens were accepted */
-    long spec_samples;         /* prompts speculated on */
+    long *accepted;            /* [spec_k]: speculations whose first j+1 tokens were accepted */
+    long spec_samples;         /* speculations (prompt prefixes) measured */
     kv_kvstore_layer_stats *layers; /* [n_layers], summed over prompts */
 } kv_eval_row;
 

@@ -579,53 +579,64 @@ static int visible(const lane *L, int32_t p)
     return lo;
 }
 
-/* Exact prefill attention through OpenBLAS, query blocks of QB rows. DiffKV
-   lanes gather the probabilities of the last PREFILL_SCORE_QUERIES queries. */
+/* Exact prefill attention through OpenBLAS. For each KV head and block of QB
+   query rows, the rows of the G query heads that share the KV head are
+   gathered into one matrix, so each block is two sgemm calls:
+   S = Q K^T (scaled), row softmax over the visible keys, O = S V.
+   DiffKV lanes (or KV_KVSTORE_SCORES) gather the probabilities the last
+   PREFILL_SCORE_QUERIES queries give each token: summed over queries per
+   head, then the maximum over the heads of the group. */
 static void attention_exact(kv_kvstore *s, int layer, const float *q, const int32_t *pos, int T, float *out)
 {
-    enum { QB = 64 };
+    enum { QB = 128 };
     int H = s->shape.n_heads, KVH = s->shape.n_kv_heads, hd = s->shape.head_dim, G = H / KVH;
     float scale = 1.0f / sqrtf((float)hd);
-    int ld = H * hd;
+    size_t ld = (size_t)H * hd, GR = (size_t)G * QB;
+    float *Qg = kv_malloc(GR * hd * sizeof *Qg), *Og = kv_malloc(GR * hd * sizeof *Og);
     for (int g = 0; g < KVH; g++) {
         size_t li = (size_t)layer * KVH + (size_t)g;
         lane *L = &s->lanes[li];
         bool scores = (s->flags & KV_KVSTORE_SCORES) || (s->enc && s->enc[li].diffkv);
         int first_scored = T - PREFILL_SCORE_QUERIES < 0 ? 0 : T - PREFILL_SCORE_QUERIES;
         int nk_all = visible(L, pos[T - 1]);
-        float *S = kv_malloc((size_t)QB * (size_t)(nk_all ? nk_all : 1) * sizeof *S);
-        float *acc = scores ? kv_calloc((size_t)G * (size_t)(nk_all ? nk_all : 1), sizeof *acc) : NULL;
-        for (int hh = 0; hh < G; hh++) {
-            int h = g * G + hh;
-            for (int r0 = 0; r0 < T; r0 += QB) {
-                int rows = T - r0 < QB ? T - r0 : QB;
-                int nk = visible(L, pos[r0 + rows - 1]);
-                if (nk == 0) {
-                    for (int r = 0; r < rows; r++)
-                        memset(out + (size_t)(r0 + r) * ld + (size_t)h * hd, 0, (size_t)hd * sizeof(float));
-                    continue;
-                }
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, nk, hd, scale,
-                            q + (size_t)r0 * ld + (size_t)h * hd, ld, L->k, hd, 0.0f, S, nk);
+        size_t nka = (size_t)(nk_all ? nk_all : 1);
+        float *S = kv_malloc(GR * nka * sizeof *S);
+        float *acc = scores ? kv_calloc((size_t)G * nka, sizeof *acc) : NULL;
+        for (int r0 = 0; r0 < T; r0 += QB) {
+            int rows = T - r0 < QB ? T - r0 : QB;
+            int nk = visible(L, pos[r0 + rows - 1]);
+            if (nk == 0) {
+                for (int r = 0; r < rows; r++)
+                    memset(out + (size_t)(r0 + r) * ld + (size_t)g * G * hd, 0, (size_t)G * hd * sizeof(float));
+                continue;
+            }
+            for (int hh = 0; hh < G; hh++)
+                for (int r = 0; r < rows; r++)
+                    memcpy(Qg + ((size_t)hh * rows + r) * hd, q + (size_t)(r0 + r) * ld + (size_t)(g * G + hh) * hd,
+                           (size_t)hd * sizeof(float));
+            int M = G * rows;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, nk, hd, scale, Qg, hd, L->k, hd, 0.0f, S, nk);
+            for (int hh = 0; hh < G; hh++)
                 for (int r = 0; r < rows; r++) {
-                    float *row = S + (size_t)r * nk;
+                    float *row = S + ((size_t)hh * rows + r) * nk;
                     int m = visible(L, pos[r0 + r]);
                     softmax(row, m);
-                    for (int j = m; j < nk; j++)
-                        row[j] = 0.0f;
+                    memset(row + m, 0, (size_t)(nk - m) * sizeof *row);
                     if (scores && r0 + r >= first_scored)
                         for (int j = 0; j < m; j++)
-                            acc[(size_t)hh * nk_all + j] += row[j];
+                            acc[(size_t)hh * nka + j] += row[j];
                 }
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, nk, 1.0f, S, nk, L->v, hd, 0.0f,
-                            out + (size_t)r0 * ld + (size_t)h * hd, ld);
-            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hd, nk, 1.0f, S, nk, L->v, hd, 0.0f, Og, hd);
+            for (int hh = 0; hh < G; hh++)
+                for (int r = 0; r < rows; r++)
+                    memcpy(out + (size_t)(r0 + r) * ld + (size_t)(g * G + hh) * hd, Og + ((size_t)hh * rows + r) * hd,
+                           (size_t)hd * sizeof(float));
         }
         if (scores)
             for (int j = 0; j < nk_all; j++) {
                 float best = 0.0f;
                 for (int hh = 0; hh < G; hh++)
-                    best = acc[(size_t)hh * nk_all + j] > best ? acc[(size_t)hh * nk_all + j] : best;
+                    best = acc[(size_t)hh * nka + j] > best ? acc[(size_t)hh * nka + j] : best;
                 L->sig[j] += best;
                 for (int r = first_scored; r < T; r++)
                     L->sig_n[j] += pos[r] >= L->pos[j] ? 1.0f : 0.0f;
@@ -633,6 +644,8 @@ static void attention_exact(kv_kvstore *s, int layer, const float *q, const int3
         kv_free(S);
         kv_free(acc);
     }
+    kv_free(Qg);
+    kv_free(Og);
 }
 
 /* Attention of one query row over rows K, V [m][hd] (BLAS sgemv); p [m] scratch
