@@ -5,7 +5,7 @@
 #include "core/commands.h"
 
 static const kv_command commands[] = {
-    {"run", "SCENARIO [--set key.path=value]... [--seed N] [--out DIR] [--ideal]",
+    {"run", "SCENARIO [--set key.path=value]... [--seed N] [--out DIR] [--quiet]",
      "simulate a scenario and print the comparison table", kv_cmd_run},
     {"validate", "SCENARIO [--set key.path=value]...", "check a scenario without running it", kv_cmd_validate},
     {"eval", "SCENARIO [--out DIR] [--model PATH] [--quiet]",
