@@ -15,6 +15,8 @@ static const kv_command benches[] = {
      "wall time and transfers/s of the SimGrid network on 10,000 KV transfers", kv_cmd_bench_net},
     {"policy", "[--policy FILE] [--calls N]", "Lua policy hook calls per second, cached and uncached",
      kv_cmd_bench_policy},
+    {"model", "[--model PATH] [--prompt N] [--decode N]",
+     "reference model (SmolLM2-135M) prefill and decode tokens/s, beside sgemm and memcpy rates", kv_cmd_bench_model},
     {NULL, NULL, NULL, NULL},
 };
 

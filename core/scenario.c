@@ -151,6 +151,9 @@ static const kv_key_spec scenario_keys[] = {
     {"diffkv.low_fraction", KV_KEY_DOUBLE, S(diffkv_low_fraction), "0.5", 0, 1, NULL,
      "share in the low tier; the rest is pruned"},
 
+    {"accuracy", KV_KEY_FREEMAP, S(accuracy), NULL, 0, 0, NULL,
+     "the reference model's accuracy study (kvsim eval; keys in docs/accuracy.md)"},
+
     {"outputs", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "what a run writes"},
     {"outputs.dir", KV_KEY_STRING, S(out_dir), "\"\"", 0, 0, NULL, "output folder (--out overrides; empty: none)"},
     {"outputs.json", KV_KEY_BOOL, S(out_json), "true", 0, 0, NULL, "results.json"},

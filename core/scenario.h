@@ -68,6 +68,8 @@ typedef struct kv_scenario {
     char *diffkv_from;
     double diffkv_high_fraction, diffkv_low_fraction;
 
+    const kv_ynode *accuracy;  /* the accuracy: section, checked by core/model/eval_config.c */
+
     char *out_dir;
     bool out_json, out_csv, out_trace;
     bool progress;
