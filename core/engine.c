@@ -123,7 +123,8 @@ typedef struct engine {
     int n_pnodes, n_dnodes;
     bool colocated;
     double accept_p;        /* lynx.acceptance */
-    const kv_doublelist *accept_pos;
+    const double *accept_pos; /* per-position conditional acceptance, or NULL */
+    size_t n_accept_pos;
     int ttkt_k;
     kv_tier_split tiers;
     kv_kernel_costs costs;  /* zeroes: roofline */
@@ -257,9 +258,8 @@ static void commit_tokens(engine *e, request *r, int n, double t)
 /* Conditional acceptance of speculative position i (0-based). */
 static double accept_probability(const engine *e, int i)
 {
-    const kv_doublelist *l = e->accept_pos;
-    if (l && l->count > 0)
-        return l->items[(size_t)i < l->count ? (size_t)i : l->count - 1];
+    if (e->n_accept_pos > 0)
+        return e->accept_pos[(size_t)i < e->n_accept_pos ? (size_t)i : e->n_accept_pos - 1];
     return e->accept_p;
 }
 
@@ -728,9 +728,24 @@ static int setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_erro
     e->tl = in->timeline;
     e->colocated = s->colocated;
     e->accept_p = s->lynx_acceptance;
-    e->accept_pos = &s->lynx_acceptance_per_position;
+    e->accept_pos = s->lynx_acceptance_per_position.items;
+    e->n_accept_pos = s->lynx_acceptance_per_position.count;
+    snprintf(out->acceptance_source, sizeof out->acceptance_source, "scenario (lynx.acceptance%s)",
+             e->n_accept_pos ? "_per_position" : "");
+    if (in->accept_conditional && in->accept_positions > 0) {
+        e->accept_pos = in->accept_conditional;
+        e->n_accept_pos = (size_t)in->accept_positions;
+        snprintf(out->acceptance_source, sizeof out->acceptance_source, "%s",
+                 in->feed_source ? in->feed_source : "reference model");
+    }
     e->ttkt_k = s->ttkt_k;
     e->tiers = (kv_tier_split){s->diffkv_high_fraction, s->diffkv_low_fraction};
+    snprintf(out->tiers_source, sizeof out->tiers_source, "scenario (diffkv.high_fraction, low_fraction)");
+    if (in->tiers) {
+        e->tiers = (kv_tier_split){in->tiers[0], in->tiers[1]};
+        snprintf(out->tiers_source, sizeof out->tiers_source, "%s",
+                 in->feed_source ? in->feed_source : "reference model");
+    }
     const kv_model_card *m = &s->model_card;
     e->model = (kv_policy_model){m->name, m->layers, m->heads, m->kv_heads, m->head_dim};
     kv_timing_init(&e->prefill_timing, m, &s->prefill_device, s->prefill.tp);

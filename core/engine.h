@@ -29,6 +29,10 @@ typedef struct kv_run_inputs {
     const kv_kernel_costs *costs;  /* may be NULL */
     kv_timeline *timeline;         /* may be NULL */
     int network_model;             /* kv_net_model: scenario's unless overridden */
+    const double *accept_conditional; /* measured per-position acceptance (NULL: the scenario's) */
+    int accept_positions;
+    const double *tiers;           /* measured DiffKV {high, low} fractions (NULL: the scenario's) */
+    const char *feed_source;       /* what measured them, for results.json */
 } kv_run_inputs;
 
 /* What happened to one request; times are simulated seconds from the start,
@@ -62,6 +66,8 @@ typedef struct kv_run_result {
     size_t n_links;
     char network[32];            /* "simgrid" or "ideal" */
     char timing_source[160];
+    char acceptance_source[256];   /* where Lynx acceptance came from */
+    char tiers_source[256];        /* where DiffKV tier fractions came from */
     double makespan_s;           /* last completion */
     double kv_mem_peak_bytes;    /* max over decode nodes of KV bytes held */
     double kv_mem_capacity_bytes;/* per decode node, after weights */
