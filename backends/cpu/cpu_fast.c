@@ -161,7 +161,7 @@ static void decode_group_generic(const uint8_t *ain, const uint8_t *rin, uint32_
 /* ---- AVX-512 (with BMI2 for pext/pdep) -------------------------------------- */
 
 #ifdef KV_HAVE_X86
-#define KV_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,bmi2,fma")))
+#define KV_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,bmi2,fma,f16c")))
 
 static inline uint64_t lane_mask(unsigned w) /* low w bits of each of four 16-bit lanes */
 {
@@ -288,6 +288,181 @@ KV_AVX512 static void decode_group_avx512(const uint8_t *ain, const uint8_t *rin
         _mm512_mask_storeu_ps(out + i, m, _mm512_fmadd_ps(f, vs, vz));
     }
 }
+
+/* ---- AVX-512 batches: 16 full groups at a time --------------------------------
+ * For the common layout — token groups, cols a multiple of G, G a multiple of
+ * 16 — the groups are contiguous runs of G values and their streams are
+ * contiguous runs of G*w/8 bytes. The metadata of 16 groups is computed in
+ * one vector (vcvtps2ph rounds to nearest even like kv_f16_from_f32, with
+ * subnormals and overflow to Inf, which is then saturated as N2 says), and
+ * codes are written straight from registers: 16 codes of w bits are always
+ * exactly 2w bytes. */
+
+/* Any width: 16 codes fill exactly 2w bytes, as two runs of 8 codes of w
+   bytes each; pext gathers the low w bits of four 16-bit lanes at a time.
+   Masked byte stores and loads never touch a byte past the 2w. */
+KV_AVX512 static inline void emit16_any(__m512i q, unsigned w, uint8_t *out)
+{
+    uint64_t lanes[4], m = lane_mask(w);
+    _mm256_storeu_si256((__m256i *)lanes, _mm512_cvtepi32_epi16(q));
+    __mmask16 keep = (__mmask16)((1u << w) - 1u);
+    for (int h = 0; h < 2; h++) {
+        unsigned __int128 v = (unsigned __int128)_pext_u64(lanes[2 * h], m) |
+                              (unsigned __int128)_pext_u64(lanes[2 * h + 1], m) << (4 * w);
+        __m128i x = _mm_set_epi64x((long long)(uint64_t)(v >> 64), (long long)(uint64_t)v);
+        _mm_mask_storeu_epi8(out + h * w, keep, x);
+    }
+}
+
+KV_AVX512 static inline __m512i load16_any(const uint8_t *in, unsigned w)
+{
+    uint64_t lanes[4], m = lane_mask(w);
+    uint64_t low = w * 4 == 64 ? ~0ull : (1ull << (4 * w)) - 1;
+    __mmask16 keep = (__mmask16)((1u << w) - 1u);
+    for (int h = 0; h < 2; h++) {
+        uint64_t part[2];
+        _mm_storeu_si128((__m128i *)part, _mm_maskz_loadu_epi8(keep, in + h * w));
+        unsigned __int128 v = (unsigned __int128)part[1] << 64 | part[0];
+        lanes[2 * h] = _pdep_u64((uint64_t)v & low, m);
+        lanes[2 * h + 1] = _pdep_u64((uint64_t)(v >> (4 * w)) & low, m);
+    }
+    return _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)lanes));
+}
+
+/* 16 codes (one per dword) of width w → 2w bytes at out. */
+KV_AVX512 static inline void emit16(__m512i q, unsigned w, uint8_t *out)
+{
+    if (w == 8) {
+        _mm_storeu_si128((__m128i *)out, _mm512_cvtepi32_epi8(q));
+    } else if (w == 16) {
+        _mm256_storeu_si256((__m256i *)out, _mm512_cvtepi32_epi16(q));
+    } else if (w == 4) { /* qword k holds code 2k in its low dword and 2k+1 in its high dword */
+        __m512i v = _mm512_or_si512(q, _mm512_srli_epi64(q, 28));
+        _mm_storel_epi64((__m128i *)out, _mm512_cvtepi64_epi8(v));
+    } else {
+        emit16_any(q, w, out);
+    }
+}
+
+/* 2w bytes at in → 16 codes of width w, one per dword. */
+KV_AVX512 static inline __m512i load16(const uint8_t *in, unsigned w)
+{
+    if (w == 8)
+        return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)in));
+    if (w == 16)
+        return _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)in));
+    if (w != 4)
+        return load16_any(in, w);
+    __m128i b = _mm_loadl_epi64((const __m128i *)in);
+    __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0f));
+    __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f));
+    return _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi));
+}
+
+/* fp16 bits with ±Inf replaced by ±65504 (N2). */
+KV_AVX512 static inline __m256i saturate_f16(__m256i h)
+{
+    __mmask16 inf = _mm256_cmpeq_epi16_mask(_mm256_and_si256(h, _mm256_set1_epi16(0x7fff)), _mm256_set1_epi16(0x7c00));
+    return _mm256_mask_sub_epi16(h, inf, h, _mm256_set1_epi16(1)); /* 0x7c00 − 1 = 0x7bff, sign kept */
+}
+
+/* Encodes `count` (1..16) consecutive full groups of G values (G % 16 == 0). */
+KV_AVX512 static void encode_batch_avx512(const float *x, uint32_t count, uint32_t G, unsigned bits, unsigned abits,
+                                          uint8_t *aout, uint8_t *rout, uint16_t *scale, uint16_t *zero, scratch *s)
+{
+    const __m512 zero_v = _mm512_setzero_ps();
+    float mn[16], mx[16], sv[16], zv[16];
+    for (uint32_t j = 0; j < 16; j++) {
+        if (j >= count) {
+            mn[j] = __builtin_inff();
+            mx[j] = -__builtin_inff();
+            continue;
+        }
+        __m512 vmn = _mm512_set1_ps(__builtin_inff()), vmx = _mm512_set1_ps(-__builtin_inff());
+        for (uint32_t i = 0; i < G; i += 16) {
+            __m512 v = _mm512_loadu_ps(x + (size_t)j * G + i);
+            __mmask16 fin = _mm512_cmp_ps_mask(_mm512_sub_ps(v, v), zero_v, _CMP_EQ_OQ);
+            vmn = _mm512_mask_min_ps(vmn, fin, vmn, v);
+            vmx = _mm512_mask_max_ps(vmx, fin, vmx, v);
+        }
+        mn[j] = _mm512_reduce_min_ps(vmn);
+        mx[j] = _mm512_reduce_max_ps(vmx);
+    }
+    /* the metadata of all 16 groups at once, as kv_quant_params does it */
+    __m512 vmn = _mm512_loadu_ps(mn), vmx = _mm512_loadu_ps(mx);
+    __mmask16 have = _mm512_cmp_ps_mask(vmn, vmx, _CMP_LE_OQ);
+    vmn = _mm512_add_ps(vmn, zero_v); /* N3 */
+    vmx = _mm512_add_ps(vmx, zero_v);
+    __m512 range = _mm512_div_ps(_mm512_sub_ps(vmx, vmn), _mm512_set1_ps((float)kv_code_max(bits)));
+    __m256i sh = saturate_f16(_mm512_cvtps_ph(range, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    __m256i zh = saturate_f16(_mm512_cvtps_ph(vmn, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    sh = _mm256_maskz_mov_epi16(have, sh);
+    zh = _mm256_maskz_mov_epi16(have, zh);
+    __mmask16 live = (__mmask16)(count >= 16 ? 0xffffu : (1u << count) - 1u);
+    _mm256_mask_storeu_epi16(scale, live, sh);
+    _mm256_mask_storeu_epi16(zero, live, zh);
+    _mm512_storeu_ps(sv, _mm512_cvtph_ps(sh));
+    _mm512_storeu_ps(zv, _mm512_cvtph_ps(zh));
+
+    unsigned r = abits ? bits - abits : 0, aw = abits ? abits : bits;
+    size_t abytes = (size_t)G * aw / 8, rbytes = (size_t)G * r / 8;
+    const __m512 vmax = _mm512_set1_ps((float)kv_code_max(bits));
+    const __m128i rshift = _mm_cvtsi32_si128((int)r);
+    const __m512i rmask = _mm512_set1_epi32((int)kv_code_max(r ? r : 1));
+    for (uint32_t j = 0; j < count; j++) {
+        const float *xj = x + (size_t)j * G;
+        uint8_t *ao = aout + j * abytes, *ro = abits ? rout + j * rbytes : NULL;
+        int constant = sv[j] == 0.0f;
+        if (constant) /* scale 0: the scalar rule (N4), codes to scratch */
+            for (uint32_t i = 0; i < G; i++)
+                s->a[i] = kv_quant_code(xj[i], sv[j], zv[j], bits);
+        const __m512 vz = _mm512_set1_ps(zv[j]), vs = _mm512_set1_ps(sv[j]);
+        for (uint32_t i = 0; i < G; i += 16) {
+            __m512i q;
+            if (constant) {
+                q = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(s->a + i)));
+            } else {
+                __m512 v = _mm512_div_ps(_mm512_sub_ps(_mm512_loadu_ps(xj + i), vz), vs);
+                v = _mm512_min_ps(_mm512_max_ps(v, zero_v), vmax); /* NaN → 0 */
+                q = _mm512_cvtps_epi32(v);
+            }
+            emit16(abits ? _mm512_srl_epi32(q, rshift) : q, aw, ao + (size_t)i * aw / 8);
+            if (abits)
+                emit16(_mm512_and_si512(q, rmask), r, ro + (size_t)i * r / 8);
+        }
+    }
+}
+
+/* Decodes `count` (1..16) consecutive full groups of G values (G % 16 == 0). */
+KV_AVX512 static void decode_batch_avx512(const uint8_t *ain, const uint8_t *rin, uint32_t count, uint32_t G,
+                                          unsigned bits, unsigned abits, const uint16_t *scale, const uint16_t *zero,
+                                          float *out)
+{
+    float sv[16], zv[16];
+    __mmask16 live = (__mmask16)(count >= 16 ? 0xffffu : (1u << count) - 1u);
+    _mm512_storeu_ps(sv, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, scale)));
+    _mm512_storeu_ps(zv, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, zero)));
+    unsigned r = abits ? bits - abits : 0, aw = abits ? abits : bits;
+    size_t abytes = (size_t)G * aw / 8, rbytes = (size_t)G * r / 8;
+    const __m128i shift = _mm_cvtsi32_si128((int)r);
+    const __m512 mid = _mm512_set1_ps(abits && !rin ? (float)kv_code_max(r) / 2.0f : 0.0f);
+    for (uint32_t j = 0; j < count; j++) {
+        const __m512 vs = _mm512_set1_ps(sv[j]), vz = _mm512_set1_ps(zv[j]);
+        const uint8_t *ai = ain + j * abytes, *ri = rin ? rin + j * rbytes : NULL;
+        float *o = out + (size_t)j * G;
+        for (uint32_t i = 0; i < G; i += 16) {
+            __m512i q = load16(ai + (size_t)i * aw / 8, aw);
+            __m512 f;
+            if (!abits)
+                f = _mm512_cvtepi32_ps(q);
+            else if (!ri)
+                f = _mm512_add_ps(_mm512_cvtepi32_ps(_mm512_sll_epi32(q, shift)), mid); /* exact */
+            else
+                f = _mm512_cvtepi32_ps(_mm512_or_si512(_mm512_sll_epi32(q, shift), load16(ri + (size_t)i * r / 8, r)));
+            _mm512_storeu_ps(o + i, _mm512_fmadd_ps(f, vs, vz));
+        }
+    }
+}
 #endif
 
 /* ---- Dispatch --------------------------------------------------------------- */
@@ -298,10 +473,17 @@ const char *kv_cpu_fast_isa(void)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-        __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("fma"))
+        __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
         return "avx512";
 #endif
     return "generic";
+}
+
+/* Token groups that tile the rows exactly, 16 values at a time: group g is
+   x[g*G, (g+1)*G) and its stream starts at g*G*w/8. */
+static int regular(const kv_quant_layout *l)
+{
+    return l->grouping == KV_GROUP_TOKEN && l->group_size % 16 == 0 && l->cols % l->group_size == 0;
 }
 
 static int use_avx512(const char *isa)
@@ -321,6 +503,18 @@ void kv_cpu_fast_encode(const char *isa, const kv_quant_layout *l, unsigned bits
     scratch own, *sp = scratch_get(given, &own, l->group_size), s = *sp;
     unsigned aw = anchor_bits ? anchor_bits : bits, rw = bits - anchor_bits;
     int fast = use_avx512(isa);
+#ifdef KV_HAVE_X86
+    if (fast && regular(l)) {
+        uint32_t G = l->group_size;
+        for (size_t g = g0; g < g1; g += 16) {
+            uint32_t count = g1 - g < 16 ? (uint32_t)(g1 - g) : 16;
+            encode_batch_avx512(x + g * G, count, G, bits, anchor_bits, anchor + g * G * aw / 8,
+                                anchor_bits ? residual + g * G * rw / 8 : NULL, scale + g, zero + g, &s);
+        }
+        scratch_put(sp, &own);
+        return;
+    }
+#endif
     for (size_t g = g0; g < g1; g++) {
         cpu_group_view v = cpu_group_at(l, g);
         const float *xs = gather(x, v, &s);
@@ -342,9 +536,20 @@ void kv_cpu_fast_decode(const char *isa, const kv_quant_layout *l, unsigned bits
                         const uint8_t *anchor, const uint8_t *residual, const uint16_t *scale,
                         const uint16_t *zero, float *out, size_t g0, size_t g1, kv_cpu_scratch *given)
 {
-    scratch own, *sp = scratch_get(given, &own, l->group_size), s = *sp;
     unsigned aw = anchor_bits ? anchor_bits : bits, rw = bits - anchor_bits;
     int fast = use_avx512(isa);
+#ifdef KV_HAVE_X86
+    if (fast && regular(l)) {
+        uint32_t G = l->group_size;
+        for (size_t g = g0; g < g1; g += 16) {
+            uint32_t count = g1 - g < 16 ? (uint32_t)(g1 - g) : 16;
+            decode_batch_avx512(anchor + g * G * aw / 8, anchor_bits && residual ? residual + g * G * rw / 8 : NULL,
+                                count, G, bits, anchor_bits, scale + g, zero + g, out + g * G);
+        }
+        return;
+    }
+#endif
+    scratch own, *sp = scratch_get(given, &own, l->group_size), s = *sp;
     for (size_t g = g0; g < g1; g++) {
         cpu_group_view v = cpu_group_at(l, g);
         const uint8_t *ai = anchor + kv_layout_group_offset(l, aw, g);
