@@ -291,16 +291,18 @@ static float dot_generic(const float *a, const float *b, uint32_t n)
     return (s0 + s1) + (s2 + s3);
 }
 
-static void axpy_generic(float *y, float p, const float *x, uint32_t n)
+/* y (double) += p * x: the weighted sum of V over a whole KV head is kept in
+   double so that long contexts stay within the 1e-5 tolerance. */
+static void axpy_generic(double *y, float p, const float *x, uint32_t n)
 {
     for (uint32_t d = 0; d < n; d++)
-        y[d] += p * x[d];
+        y[d] += (double)(p * x[d]);
 }
 
-/* exp(x) for x <= 0 over a row; exact 0 where x == -Inf. Returns the sum. */
-static float exp_row_generic(float *x, size_t n, float mx)
+/* exp(x − mx) over a row; exact 0 where x == -Inf. Returns the sum (in double). */
+static double exp_row_generic(float *x, size_t n, float mx)
 {
-    float sum = 0.0f;
+    double sum = 0.0;
     for (size_t i = 0; i < n; i++) {
         x[i] = x[i] == -INFINITY ? 0.0f : expf(x[i] - mx);
         sum += x[i];
@@ -357,8 +359,7 @@ static void fast_item(void *arg, size_t i0, size_t i1, int worker)
                     memset(row, 0, T * sizeof *row);
                     continue;
                 }
-                float sum = exp_row_generic(row, T, mx);
-                float inv = 1.0f / sum;
+                float inv = (float)(1.0 / exp_row_generic(row, T, mx));
                 for (size_t i = 0; i < T; i++)
                     row[i] *= inv;
                 if (w->score_acc)
@@ -366,7 +367,8 @@ static void fast_item(void *arg, size_t i0, size_t i1, int worker)
                         w->score_acc[(r % G) * T + i] += row[i];
             }
             /* pass 3: weighted sum of V */
-            memset(w->acc, 0, (size_t)nq * hd * sizeof(float));
+            double *acc = (double *)w->acc; /* w->acc has room for doubles (attention_fast) */
+            memset(acc, 0, (size_t)nq * hd * sizeof(double));
             base = 0;
             for (uint32_t p = pfirst; p < pend; p++) {
                 const kv_page_desc *pg = &t->pages[p];
@@ -379,14 +381,16 @@ static void fast_item(void *arg, size_t i0, size_t i1, int worker)
                         float pr = w->logits[r * T + base + i];
                         if (pr == 0.0f)
                             continue;
-                        axpy_generic(w->acc + (size_t)r * hd, pr, v, hd);
+                        axpy_generic(acc + (size_t)r * hd, pr, v, hd);
                     }
                 }
                 base += pg->ntokens;
             }
-            for (uint32_t r = 0; r < nq; r++)
-                memcpy(t->out + ((size_t)(q0 + r / G) * a->n_heads + kh * G + r % G) * hd, w->acc + (size_t)r * hd,
-                       hd * sizeof(float));
+            for (uint32_t r = 0; r < nq; r++) {
+                float *out = t->out + ((size_t)(q0 + r / G) * a->n_heads + kh * G + r % G) * hd;
+                for (uint32_t d = 0; d < hd; d++)
+                    out[d] = (float)acc[(size_t)r * hd + d];
+            }
         }
         if (w->score_acc) {
             float *sc = t->scores + (size_t)kh * a->score_stride;

@@ -46,6 +46,8 @@ typedef struct src {
     float mid;               /* anchor-only: (2^r − 1) / 2 */
     uint32_t G;              /* elements per group (head_dim for f32/bf16) */
     uint32_t gpt;            /* groups per token */
+    float lut_base[16];      /* SRC_Q4P: the reconstruction point of each code before scaling:
+                                i, or (i << r) + mid for anchors */
 } src;
 
 static int is_quant(int kind)
@@ -75,10 +77,11 @@ KV_AVX512 static KV_INLINE void load_values(const src *p, int kind, int anchor, 
         *v0 = dequant(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p->data + e))), anchor, p, S, Z);
     } else if (kind == SRC_Q16) {
         *v0 = dequant(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p->data + 2 * e))), anchor, p, S, Z);
-    } else if (kind == SRC_Q4P) {
+    } else if (kind == SRC_Q4P) { /* S holds the group's 16 dequantized values; vpermps reads index bits 0-3 */
         __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p->data + e / 2)));
-        *v0 = dequant(_mm512_and_si512(d, _mm512_set1_epi32(15)), anchor, p, S, Z);
-        *v1 = dequant(_mm512_srli_epi32(d, 4), anchor, p, S, Z);
+        (void)Z;
+        *v0 = _mm512_permutexvar_ps(d, S);
+        *v1 = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), S);
     } else { /* any width: 16 codes are 2w bytes, two runs of 8 codes in w bytes */
         const uint8_t *at = p->data + e * p->w / 8;
         uint64_t lanes[4], m = kv_code_max(p->w);
@@ -123,6 +126,8 @@ KV_AVX512 static void src_prepare(const attn *t, fast_ws *w, const kv_page_desc 
     o->mid = o->anchor_only ? (float)kv_code_max(o->r) / 2.0f : 0.0f;
     o->G = f->group_size;
     o->gpt = hd / f->group_size;
+    for (uint32_t i = 0; i < 16; i++) /* (float)(i << r) + mid is exact, as in dequant() */
+        o->lut_base[i] = o->anchor_only ? (float)(i << o->r) + o->mid : (float)i;
     size_t groups = (size_t)pg->ntokens * o->gpt;
     const uint16_t *meta = (const uint16_t *)(t->kv + (value ? pg->value_meta : pg->key_meta));
     float *s = w->sz, *z = w->sz + groups;
@@ -161,6 +166,8 @@ KV_AVX512 static KV_INLINE void k_pass(const src *p, int kind, int anchor, uint3
             if (is_quant(kind)) {
                 S = _mm512_set1_ps(p->s[(size_t)t * p->gpt + gi]);
                 Z = _mm512_set1_ps(p->z[(size_t)t * p->gpt + gi]);
+                if (kind == SRC_Q4P) /* the group's 16 possible values, exactly as dequant() forms them */
+                    S = _mm512_fmadd_ps(_mm512_loadu_ps(p->lut_base), S, Z);
             }
             for (uint32_t e = gi * p->G; e < (gi + 1) * p->G; e += step) {
                 load_values(p, kind, anchor, (size_t)t * hd + e, S, Z, &v0, &v1);
@@ -202,6 +209,8 @@ KV_AVX512 static KV_INLINE void v_pass(const src *p, int kind, int anchor, uint3
                 if (is_quant(kind)) {
                     S = _mm512_set1_ps(p->s[(size_t)t * p->gpt + gi]);
                     Z = _mm512_set1_ps(p->z[(size_t)t * p->gpt + gi]);
+                    if (kind == SRC_Q4P)
+                        S = _mm512_fmadd_ps(_mm512_loadu_ps(p->lut_base), S, Z);
                 }
                 load_values(p, kind, anchor, (size_t)t * hd + e, S, Z, &v0, &v1);
                 const float *pt = P + 4 * (size_t)t;

@@ -427,7 +427,8 @@ static int cpu_device_count(kv_error *err)
     return 2; /* 0: fast, 1: reference */
 }
 
-/* Threads for device 0: KVSIM_CPU_THREADS if set (1..256), else the online cores. */
+/* Threads for device 0: KVSIM_CPU_THREADS if set (1..256), else the online cores.
+   (KVSIM_CPU_ISA=generic, read at open, forces the portable code paths.) */
 static int cpu_thread_count(void)
 {
     const char *env = getenv("KVSIM_CPU_THREADS");
@@ -456,6 +457,10 @@ static int cpu_open(int index, const kv_backend_i **iface, void **ctx, kv_error 
         c->pool = c->threads > 1 ? kv_cpu_pool_create(c->threads) : NULL;
         c->threads = kv_cpu_pool_threads(c->pool);
         c->isa = kv_cpu_fast_isa();
+        /* KVSIM_CPU_ISA=generic forces the portable fast paths (tests run both) */
+        const char *force = getenv("KVSIM_CPU_ISA");
+        if (force && strcmp(force, "generic") == 0)
+            c->isa = "generic";
         *iface = &cpu_iface;
     }
     *ctx = c;
