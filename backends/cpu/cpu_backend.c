@@ -117,14 +117,21 @@ static void job_quantize(void *arg, size_t g0, size_t g1, int worker)
 {
     const qjob *j = arg;
     (void)worker;
-    kv_cpu_ref_quantize(j->l, j->bits, j->x, j->codes, j->scale, j->zero, g0, g1);
+    if (j->c->reference)
+        kv_cpu_ref_quantize(j->l, j->bits, j->x, j->codes, j->scale, j->zero, g0, g1);
+    else
+        kv_cpu_fast_quantize(j->c->isa, j->l, j->bits, j->x, j->codes, j->scale, j->zero, g0, g1);
 }
 
 static void job_dequantize(void *arg, size_t g0, size_t g1, int worker)
 {
     const qjob *j = arg;
     (void)worker;
-    kv_cpu_ref_dequantize(j->l, j->bits, j->anchor_bits, j->codes, j->scale, j->zero, j->out, g0, g1);
+    if (j->c->reference)
+        kv_cpu_ref_dequantize(j->l, j->bits, j->anchor_bits, j->codes, j->scale, j->zero, j->out, g0, g1);
+    else
+        kv_cpu_fast_dequantize(j->c->isa, j->l, j->bits, j->anchor_bits, j->codes, j->scale, j->zero, j->out, g0,
+                               g1);
 }
 
 static void job_pack(void *arg, size_t g0, size_t g1, int worker)
@@ -134,7 +141,7 @@ static void job_pack(void *arg, size_t g0, size_t g1, int worker)
     if (j->c->reference)
         kv_cpu_ref_pack(j->l, j->bits, j->codes, j->packed, g0, g1);
     else
-        kv_cpu_fast_pack(j->l, j->bits, j->codes, j->packed, g0, g1);
+        kv_cpu_fast_pack(j->c->isa, j->l, j->bits, j->codes, j->packed, g0, g1);
 }
 
 static void job_unpack(void *arg, size_t g0, size_t g1, int worker)
@@ -144,7 +151,7 @@ static void job_unpack(void *arg, size_t g0, size_t g1, int worker)
     if (j->c->reference)
         kv_cpu_ref_unpack(j->l, j->bits, j->packed, j->codes, g0, g1);
     else
-        kv_cpu_fast_unpack(j->l, j->bits, j->packed, j->codes, g0, g1);
+        kv_cpu_fast_unpack(j->c->isa, j->l, j->bits, j->packed, j->codes, g0, g1);
 }
 
 static void job_split(void *arg, size_t i0, size_t i1, int worker)

@@ -366,9 +366,12 @@ KV_AVX512 static inline __m256i saturate_f16(__m256i h)
     return _mm256_mask_sub_epi16(h, inf, h, _mm256_set1_epi16(1)); /* 0x7c00 − 1 = 0x7bff, sign kept */
 }
 
-/* Encodes `count` (1..16) consecutive full groups of G values (G % 16 == 0). */
+/* Encodes `count` (1..16) consecutive full groups of G values (G % 16 == 0).
+   codes16 (with abits 0): write the codes unpacked, as u16, to aout (the
+   quantize kernel: a 16-bit stream is the u16 array). */
 KV_AVX512 static void encode_batch_avx512(const float *x, uint32_t count, uint32_t G, unsigned bits, unsigned abits,
-                                          uint8_t *aout, uint8_t *rout, uint16_t *scale, uint16_t *zero, scratch *s)
+                                          int codes16, uint8_t *aout, uint8_t *rout, uint16_t *scale, uint16_t *zero,
+                                          scratch *s)
 {
     const __m512 zero_v = _mm512_setzero_ps();
     float mn[16], mx[16], sv[16], zv[16];
@@ -404,7 +407,7 @@ KV_AVX512 static void encode_batch_avx512(const float *x, uint32_t count, uint32
     _mm512_storeu_ps(sv, _mm512_cvtph_ps(sh));
     _mm512_storeu_ps(zv, _mm512_cvtph_ps(zh));
 
-    unsigned r = abits ? bits - abits : 0, aw = abits ? abits : bits;
+    unsigned r = abits ? bits - abits : 0, aw = codes16 ? 16 : abits ? abits : bits;
     size_t abytes = (size_t)G * aw / 8, rbytes = (size_t)G * r / 8;
     const __m512 vmax = _mm512_set1_ps((float)kv_code_max(bits));
     const __m128i rshift = _mm_cvtsi32_si128((int)r);
@@ -433,17 +436,20 @@ KV_AVX512 static void encode_batch_avx512(const float *x, uint32_t count, uint32
     }
 }
 
-/* Decodes `count` (1..16) consecutive full groups of G values (G % 16 == 0). */
+/* Decodes `count` (1..16) consecutive full groups of G values (G % 16 == 0).
+   codes16 (rin NULL): ain holds u16 codes, masked to their width (the
+   dequantize kernel). */
 KV_AVX512 static void decode_batch_avx512(const uint8_t *ain, const uint8_t *rin, uint32_t count, uint32_t G,
-                                          unsigned bits, unsigned abits, const uint16_t *scale, const uint16_t *zero,
-                                          float *out)
+                                          unsigned bits, unsigned abits, int codes16, const uint16_t *scale,
+                                          const uint16_t *zero, float *out)
 {
     float sv[16], zv[16];
     __mmask16 live = (__mmask16)(count >= 16 ? 0xffffu : (1u << count) - 1u);
     _mm512_storeu_ps(sv, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, scale)));
     _mm512_storeu_ps(zv, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, zero)));
-    unsigned r = abits ? bits - abits : 0, aw = abits ? abits : bits;
+    unsigned r = abits ? bits - abits : 0, aw = codes16 ? 16 : abits ? abits : bits;
     size_t abytes = (size_t)G * aw / 8, rbytes = (size_t)G * r / 8;
+    const __m512i width_mask = _mm512_set1_epi32((int)kv_code_max(abits ? abits : bits));
     const __m128i shift = _mm_cvtsi32_si128((int)r);
     const __m512 mid = _mm512_set1_ps(abits && !rin ? (float)kv_code_max(r) / 2.0f : 0.0f);
     for (uint32_t j = 0; j < count; j++) {
@@ -452,6 +458,8 @@ KV_AVX512 static void decode_batch_avx512(const uint8_t *ain, const uint8_t *rin
         float *o = out + (size_t)j * G;
         for (uint32_t i = 0; i < G; i += 16) {
             __m512i q = load16(ai + (size_t)i * aw / 8, aw);
+            if (codes16)
+                q = _mm512_and_si512(q, width_mask);
             __m512 f;
             if (!abits)
                 f = _mm512_cvtepi32_ps(q);
@@ -508,7 +516,7 @@ void kv_cpu_fast_encode(const char *isa, const kv_quant_layout *l, unsigned bits
         uint32_t G = l->group_size;
         for (size_t g = g0; g < g1; g += 16) {
             uint32_t count = g1 - g < 16 ? (uint32_t)(g1 - g) : 16;
-            encode_batch_avx512(x + g * G, count, G, bits, anchor_bits, anchor + g * G * aw / 8,
+            encode_batch_avx512(x + g * G, count, G, bits, anchor_bits, 0, anchor + g * G * aw / 8,
                                 anchor_bits ? residual + g * G * rw / 8 : NULL, scale + g, zero + g, &s);
         }
         scratch_put(sp, &own);
@@ -544,7 +552,7 @@ void kv_cpu_fast_decode(const char *isa, const kv_quant_layout *l, unsigned bits
         for (size_t g = g0; g < g1; g += 16) {
             uint32_t count = g1 - g < 16 ? (uint32_t)(g1 - g) : 16;
             decode_batch_avx512(anchor + g * G * aw / 8, anchor_bits && residual ? residual + g * G * rw / 8 : NULL,
-                                count, G, bits, anchor_bits, scale + g, zero + g, out + g * G);
+                                count, G, bits, anchor_bits, 0, scale + g, zero + g, out + g * G);
         }
         return;
     }
@@ -571,9 +579,73 @@ void kv_cpu_fast_decode(const char *isa, const kv_quant_layout *l, unsigned bits
     scratch_put(sp, &own);
 }
 
-void kv_cpu_fast_pack(const kv_quant_layout *l, unsigned bits, const uint16_t *codes, uint8_t *packed, size_t g0,
-                      size_t g1)
+#ifdef KV_HAVE_X86
+/* Regular layouts: the codes of groups [g0, g1) are codes[g0*G, g1*G) and
+   their streams packed[g0*G*w/8, ...): 16 codes at a time. */
+KV_AVX512 static void pack_regular_avx512(const uint16_t *codes, uint8_t *packed, size_t e0, size_t e1, unsigned w)
 {
+    const __m512i mask = _mm512_set1_epi32((int)kv_code_max(w));
+    for (size_t e = e0; e < e1; e += 16)
+        emit16(_mm512_and_si512(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(codes + e))), mask), w,
+               packed + e * w / 8);
+}
+
+KV_AVX512 static void unpack_regular_avx512(const uint8_t *packed, uint16_t *codes, size_t e0, size_t e1, unsigned w)
+{
+    for (size_t e = e0; e < e1; e += 16)
+        _mm256_storeu_si256((__m256i *)(codes + e), _mm512_cvtepi32_epi16(load16(packed + e * w / 8, w)));
+}
+#endif
+
+void kv_cpu_fast_quantize(const char *isa, const kv_quant_layout *l, unsigned bits, const float *x, uint16_t *codes,
+                          uint16_t *scale, uint16_t *zero, size_t g0, size_t g1)
+{
+#ifdef KV_HAVE_X86
+    if (use_avx512(isa) && regular(l)) {
+        scratch own, *sp = scratch_get(NULL, &own, l->group_size);
+        uint32_t G = l->group_size;
+        for (size_t g = g0; g < g1; g += 16) {
+            uint32_t count = g1 - g < 16 ? (uint32_t)(g1 - g) : 16;
+            encode_batch_avx512(x + g * G, count, G, bits, 0, 1, (uint8_t *)(codes + g * G), NULL, scale + g,
+                                zero + g, sp);
+        }
+        scratch_put(sp, &own);
+        return;
+    }
+#endif
+    (void)isa;
+    kv_cpu_ref_quantize(l, bits, x, codes, scale, zero, g0, g1);
+}
+
+void kv_cpu_fast_dequantize(const char *isa, const kv_quant_layout *l, unsigned bits, unsigned anchor_bits,
+                            const uint16_t *codes, const uint16_t *scale, const uint16_t *zero, float *out, size_t g0,
+                            size_t g1)
+{
+#ifdef KV_HAVE_X86
+    if (use_avx512(isa) && regular(l)) {
+        uint32_t G = l->group_size;
+        for (size_t g = g0; g < g1; g += 16) {
+            uint32_t count = g1 - g < 16 ? (uint32_t)(g1 - g) : 16;
+            decode_batch_avx512((const uint8_t *)(codes + g * G), NULL, count, G, bits, anchor_bits, 1, scale + g,
+                                zero + g, out + g * G);
+        }
+        return;
+    }
+#endif
+    (void)isa;
+    kv_cpu_ref_dequantize(l, bits, anchor_bits, codes, scale, zero, out, g0, g1);
+}
+
+void kv_cpu_fast_pack(const char *isa, const kv_quant_layout *l, unsigned bits, const uint16_t *codes,
+                      uint8_t *packed, size_t g0, size_t g1)
+{
+#ifdef KV_HAVE_X86
+    if (use_avx512(isa) && regular(l)) {
+        pack_regular_avx512(codes, packed, g0 * l->group_size, g1 * l->group_size, bits);
+        return;
+    }
+#endif
+    (void)isa;
     scratch own, *sp = scratch_get(NULL, &own, l->group_size), s = *sp;
     for (size_t g = g0; g < g1; g++) {
         cpu_group_view v = cpu_group_at(l, g);
@@ -584,9 +656,16 @@ void kv_cpu_fast_pack(const kv_quant_layout *l, unsigned bits, const uint16_t *c
     scratch_put(sp, &own);
 }
 
-void kv_cpu_fast_unpack(const kv_quant_layout *l, unsigned bits, const uint8_t *packed, uint16_t *codes,
-                        size_t g0, size_t g1)
+void kv_cpu_fast_unpack(const char *isa, const kv_quant_layout *l, unsigned bits, const uint8_t *packed,
+                        uint16_t *codes, size_t g0, size_t g1)
 {
+#ifdef KV_HAVE_X86
+    if (use_avx512(isa) && regular(l)) {
+        unpack_regular_avx512(packed, codes, g0 * l->group_size, g1 * l->group_size, bits);
+        return;
+    }
+#endif
+    (void)isa;
     scratch own, *sp = scratch_get(NULL, &own, l->group_size), s = *sp;
     for (size_t g = g0; g < g1; g++) {
         cpu_group_view v = cpu_group_at(l, g);
