@@ -366,6 +366,9 @@ KV_AVX512 static inline __m256i saturate_f16(__m256i h)
     return _mm256_mask_sub_epi16(h, inf, h, _mm256_set1_epi16(1)); /* 0x7c00 − 1 = 0x7bff, sign kept */
 }
 
+KV_AVX512 static void params16(__m512 vmn, __m512 vmx, unsigned bits, __mmask16 live, uint16_t *scale,
+                               uint16_t *zero, __m512 *S, __m512 *Z);
+
 /* Encodes `count` (1..16) consecutive full groups of G values (G % 16 == 0).
    codes16 (with abits 0): write the codes unpacked, as u16, to aout (the
    quantize kernel: a 16-bit stream is the u16 array). */
@@ -391,21 +394,12 @@ KV_AVX512 static void encode_batch_avx512(const float *x, uint32_t count, uint32
         mn[j] = _mm512_reduce_min_ps(vmn);
         mx[j] = _mm512_reduce_max_ps(vmx);
     }
-    /* the metadata of all 16 groups at once, as kv_quant_params does it */
-    __m512 vmn = _mm512_loadu_ps(mn), vmx = _mm512_loadu_ps(mx);
-    __mmask16 have = _mm512_cmp_ps_mask(vmn, vmx, _CMP_LE_OQ);
-    vmn = _mm512_add_ps(vmn, zero_v); /* N3 */
-    vmx = _mm512_add_ps(vmx, zero_v);
-    __m512 range = _mm512_div_ps(_mm512_sub_ps(vmx, vmn), _mm512_set1_ps((float)kv_code_max(bits)));
-    __m256i sh = saturate_f16(_mm512_cvtps_ph(range, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    __m256i zh = saturate_f16(_mm512_cvtps_ph(vmn, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    sh = _mm256_maskz_mov_epi16(have, sh);
-    zh = _mm256_maskz_mov_epi16(have, zh);
-    __mmask16 live = (__mmask16)(count >= 16 ? 0xffffu : (1u << count) - 1u);
-    _mm256_mask_storeu_epi16(scale, live, sh);
-    _mm256_mask_storeu_epi16(zero, live, zh);
-    _mm512_storeu_ps(sv, _mm512_cvtph_ps(sh));
-    _mm512_storeu_ps(zv, _mm512_cvtph_ps(zh));
+    /* the metadata of all 16 groups at once */
+    __m512 S, Z;
+    params16(_mm512_loadu_ps(mn), _mm512_loadu_ps(mx), bits, (__mmask16)(count >= 16 ? 0xffffu : (1u << count) - 1u),
+             scale, zero, &S, &Z);
+    _mm512_storeu_ps(sv, S);
+    _mm512_storeu_ps(zv, Z);
 
     unsigned r = abits ? bits - abits : 0, aw = codes16 ? 16 : abits ? abits : bits;
     size_t abytes = (size_t)G * aw / 8, rbytes = (size_t)G * r / 8;
@@ -471,6 +465,243 @@ KV_AVX512 static void decode_batch_avx512(const uint8_t *ain, const uint8_t *rin
         }
     }
 }
+
+/* ---- AVX-512 channel groups (KIVI keys): 16 columns at a time -----------------
+ * A block of G rows by 16 columns is 16 groups whose values arrive row by row
+ * as one vector: min/max and codes need no horizontal work. Each column's
+ * stream is built in a 64-bit word per lane and scattered when a word fills;
+ * the last, partial word is written bytewise. Readers gather the same way and
+ * never touch a byte past a stream's end. */
+
+typedef struct lanes_io {
+    __m512i lo, hi;     /* columns 0-7 and 8-15: the current word of each stream */
+    unsigned pos;       /* bits of the current word already used */
+    size_t word;        /* index of the current word */
+    unsigned w;         /* bits per code */
+    uint8_t *base;      /* stream of the first column (writer); const for readers */
+    size_t stride;      /* bytes from one column's stream to the next */
+    size_t bytes;       /* bytes of each stream */
+    __mmask16 live;     /* columns that exist */
+    int need_load;      /* reader: the current word is not loaded yet */
+} lanes_io;
+
+KV_AVX512 static inline __m512i lane_index(const lanes_io *io, int half)
+{
+    __m512i k = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
+    k = _mm512_add_epi64(k, _mm512_set1_epi64(half * 8));
+    return _mm512_add_epi64(_mm512_mullo_epi64(k, _mm512_set1_epi64((long long)io->stride)),
+                            _mm512_set1_epi64((long long)(io->word * 8)));
+}
+
+KV_AVX512 static void lanes_flush_word(lanes_io *io)
+{
+    _mm512_mask_i64scatter_epi64(io->base, (__mmask8)io->live, lane_index(io, 0), io->lo, 1);
+    _mm512_mask_i64scatter_epi64(io->base, (__mmask8)(io->live >> 8), lane_index(io, 1), io->hi, 1);
+    io->word++;
+}
+
+/* Appends 16 codes (one per dword, below 2^w). */
+KV_AVX512 static inline void lanes_put(lanes_io *io, __m512i q)
+{
+    __m512i lo = _mm512_cvtepu32_epi64(_mm512_castsi512_si256(q));
+    __m512i hi = _mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(q, 1));
+    __m128i sh = _mm_cvtsi32_si128((int)io->pos);
+    io->lo = _mm512_or_si512(io->lo, _mm512_sll_epi64(lo, sh));
+    io->hi = _mm512_or_si512(io->hi, _mm512_sll_epi64(hi, sh));
+    if (io->pos + io->w < 64) {
+        io->pos += io->w;
+        return;
+    }
+    lanes_flush_word(io);
+    __m128i used = _mm_cvtsi32_si128((int)(64 - io->pos)); /* bits of q that went into the flushed word */
+    io->lo = _mm512_srl_epi64(lo, used);                     /* shifts of 64 or more give 0 */
+    io->hi = _mm512_srl_epi64(hi, used);
+    io->pos = io->pos + io->w - 64;
+}
+
+KV_AVX512 static void lanes_finish(lanes_io *io)
+{
+    if (io->pos == 0)
+        return;
+    uint64_t tmp[16];
+    _mm512_storeu_si512(tmp, io->lo);
+    _mm512_storeu_si512(tmp + 8, io->hi);
+    size_t n = (io->pos + 7) / 8;
+    for (int k = 0; k < 16; k++)
+        if (io->live >> k & 1)
+            memcpy(io->base + k * io->stride + io->word * 8, &tmp[k], n);
+}
+
+/* The stream words `word` of every live column (bytes past a stream's end read as 0). */
+KV_AVX512 static void lanes_load(const lanes_io *io, size_t word, __m512i *lo, __m512i *hi)
+{
+    if (word * 8 + 8 <= io->bytes) {
+        lanes_io at = *io;
+        at.word = word;
+        *lo = _mm512_mask_i64gather_epi64(_mm512_setzero_si512(), (__mmask8)io->live, lane_index(&at, 0), io->base, 1);
+        *hi = _mm512_mask_i64gather_epi64(_mm512_setzero_si512(), (__mmask8)(io->live >> 8), lane_index(&at, 1),
+                                          io->base, 1);
+        return;
+    }
+    uint64_t tmp[16] = {0};
+    size_t n = io->bytes > word * 8 ? io->bytes - word * 8 : 0;
+    for (int k = 0; k < 16; k++)
+        if (io->live >> k & 1)
+            memcpy(&tmp[k], io->base + k * io->stride + word * 8, n);
+    *lo = _mm512_loadu_si512(tmp);
+    *hi = _mm512_loadu_si512(tmp + 8);
+}
+
+/* The next 16 codes, one per dword. */
+KV_AVX512 static inline __m512i lanes_get(lanes_io *io)
+{
+    if (io->need_load) {
+        lanes_load(io, io->word, &io->lo, &io->hi);
+        io->need_load = 0;
+    }
+    __m128i sh = _mm_cvtsi32_si128((int)io->pos);
+    __m512i lo = _mm512_srl_epi64(io->lo, sh), hi = _mm512_srl_epi64(io->hi, sh);
+    int spill = io->pos + io->w > 64;
+    __m512i nlo = lo, nhi = hi;
+    if (spill) {
+        lanes_load(io, io->word + 1, &nlo, &nhi);
+        __m128i back = _mm_cvtsi32_si128((int)(64 - io->pos));
+        lo = _mm512_or_si512(lo, _mm512_sll_epi64(nlo, back));
+        hi = _mm512_or_si512(hi, _mm512_sll_epi64(nhi, back));
+    }
+    __m512i m = _mm512_set1_epi64((long long)kv_code_max(io->w));
+    lo = _mm512_and_si512(lo, m);
+    hi = _mm512_and_si512(hi, m);
+    io->pos += io->w;
+    if (io->pos >= 64) {
+        io->pos -= 64;
+        io->word++;
+        if (spill) {
+            io->lo = nlo;
+            io->hi = nhi;
+        } else {
+            io->need_load = 1;
+        }
+    }
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi64_epi32(lo)), _mm512_cvtepi64_epi32(hi), 1);
+}
+
+/* Metadata of 16 groups from their finite min and max vectors (as
+   kv_quant_params); stores the live ones, returns s and z. */
+KV_AVX512 static void params16(__m512 vmn, __m512 vmx, unsigned bits, __mmask16 live, uint16_t *scale,
+                               uint16_t *zero, __m512 *S, __m512 *Z)
+{
+    const __m512 zero_v = _mm512_setzero_ps();
+    __mmask16 have = _mm512_cmp_ps_mask(vmn, vmx, _CMP_LE_OQ);
+    vmn = _mm512_add_ps(vmn, zero_v); /* N3 */
+    vmx = _mm512_add_ps(vmx, zero_v);
+    __m512 range = _mm512_div_ps(_mm512_sub_ps(vmx, vmn), _mm512_set1_ps((float)kv_code_max(bits)));
+    __m256i sh = saturate_f16(_mm512_cvtps_ph(range, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    __m256i zh = saturate_f16(_mm512_cvtps_ph(vmn, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    sh = _mm256_maskz_mov_epi16(have, sh);
+    zh = _mm256_maskz_mov_epi16(have, zh);
+    _mm256_mask_storeu_epi16(scale, live, sh);
+    _mm256_mask_storeu_epi16(zero, live, zh);
+    *S = _mm512_cvtph_ps(sh);
+    *Z = _mm512_cvtph_ps(zh);
+}
+
+/* Encodes the groups of block b, columns [c0, c0 + 16) ∩ live. */
+KV_AVX512 static void encode_channel_avx512(const kv_quant_layout *l, uint32_t b, uint32_t c0, __mmask16 live,
+                                            unsigned bits, unsigned abits, const float *x, uint8_t *aplane,
+                                            uint8_t *rplane, uint16_t *scale, uint16_t *zero)
+{
+    const __m512 zero_v = _mm512_setzero_ps(), pinf = _mm512_set1_ps(__builtin_inff());
+    uint32_t C = l->cols, G = l->group_size;
+    size_t g = (size_t)b * C + c0;
+    uint32_t n = kv_layout_group_len(l, g);
+    const float *x0 = x + (size_t)b * G * C + c0;
+    __m512 vmn = pinf, vmx = _mm512_set1_ps(-__builtin_inff());
+    for (uint32_t i = 0; i < n; i++) {
+        __m512 v = _mm512_maskz_loadu_ps(live, x0 + (size_t)i * C);
+        __mmask16 fin = _mm512_mask_cmp_ps_mask(live, _mm512_sub_ps(v, v), zero_v, _CMP_EQ_OQ);
+        vmn = _mm512_mask_min_ps(vmn, fin, vmn, v);
+        vmx = _mm512_mask_max_ps(vmx, fin, vmx, v);
+    }
+    __m512 S, Z;
+    params16(vmn, vmx, bits, live, scale + g, zero + g, &S, &Z);
+    unsigned r = abits ? bits - abits : 0, aw = abits ? abits : bits;
+    lanes_io wa = {_mm512_setzero_si512(), _mm512_setzero_si512(), 0, 0, aw, aplane + kv_layout_group_offset(l, aw, g),
+                   ((size_t)n * aw + 7) / 8, ((size_t)n * aw + 7) / 8, live, 0};
+    lanes_io wr = wa;
+    if (abits) {
+        wr.w = r;
+        wr.base = rplane + kv_layout_group_offset(l, r, g);
+        wr.stride = wr.bytes = ((size_t)n * r + 7) / 8;
+    }
+    const __m512 vmax = _mm512_set1_ps((float)kv_code_max(bits));
+    const __m512i qmax = _mm512_set1_epi32((int)kv_code_max(bits)), rmask = _mm512_set1_epi32((int)kv_code_max(r ? r : 1));
+    const __m128i rshift = _mm_cvtsi32_si128((int)r);
+    __mmask16 s0 = _mm512_cmp_ps_mask(S, zero_v, _CMP_EQ_OQ);
+    for (uint32_t i = 0; i < n; i++) {
+        __m512 v = _mm512_maskz_loadu_ps(live, x0 + (size_t)i * C);
+        __m512 t = _mm512_div_ps(_mm512_sub_ps(v, Z), S); /* lanes with s == 0 are replaced below */
+        t = _mm512_min_ps(_mm512_max_ps(t, zero_v), vmax);
+        __m512i q = _mm512_cvtps_epi32(t);
+        /* N4 for s == 0: 0, except +Inf → 2^b − 1 */
+        __mmask16 is_pinf = _mm512_cmp_ps_mask(v, pinf, _CMP_EQ_OQ);
+        q = _mm512_mask_mov_epi32(q, s0, _mm512_maskz_mov_epi32(is_pinf, qmax));
+        lanes_put(&wa, abits ? _mm512_srl_epi32(q, rshift) : q);
+        if (abits)
+            lanes_put(&wr, _mm512_and_si512(q, rmask));
+    }
+    lanes_finish(&wa);
+    if (abits)
+        lanes_finish(&wr);
+}
+
+KV_AVX512 static void decode_channel_avx512(const kv_quant_layout *l, uint32_t b, uint32_t c0, __mmask16 live,
+                                            unsigned bits, unsigned abits, const uint8_t *aplane,
+                                            const uint8_t *rplane, const uint16_t *scale, const uint16_t *zero,
+                                            float *out)
+{
+    uint32_t C = l->cols, G = l->group_size;
+    size_t g = (size_t)b * C + c0;
+    uint32_t n = kv_layout_group_len(l, g);
+    __m512 S = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, scale + g));
+    __m512 Z = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, zero + g));
+    unsigned r = abits ? bits - abits : 0, aw = abits ? abits : bits;
+    lanes_io ra = {_mm512_setzero_si512(), _mm512_setzero_si512(), 0, 0, aw,
+                   (uint8_t *)(uintptr_t)(aplane + kv_layout_group_offset(l, aw, g)), ((size_t)n * aw + 7) / 8,
+                   ((size_t)n * aw + 7) / 8, live, 1};
+    lanes_io rr = ra;
+    if (abits && rplane) {
+        rr.w = r;
+        rr.base = (uint8_t *)(uintptr_t)(rplane + kv_layout_group_offset(l, r, g));
+        rr.stride = rr.bytes = ((size_t)n * r + 7) / 8;
+    }
+    const __m128i shift = _mm_cvtsi32_si128((int)r);
+    const __m512 mid = _mm512_set1_ps(abits && !rplane ? (float)kv_code_max(r) / 2.0f : 0.0f);
+    float *o0 = out + (size_t)b * G * C + c0;
+    for (uint32_t i = 0; i < n; i++) {
+        __m512i q = lanes_get(&ra);
+        __m512 f;
+        if (!abits)
+            f = _mm512_cvtepi32_ps(q);
+        else if (!rplane)
+            f = _mm512_add_ps(_mm512_cvtepi32_ps(_mm512_sll_epi32(q, shift)), mid); /* exact */
+        else
+            f = _mm512_cvtepi32_ps(_mm512_or_si512(_mm512_sll_epi32(q, shift), lanes_get(&rr)));
+        _mm512_mask_storeu_ps(o0 + (size_t)i * C, live, _mm512_fmadd_ps(f, S, Z));
+    }
+}
+
+/* Runs fn over groups [g0, g1) of a channel layout as (block, 16 columns) pieces. */
+#define KV_FOR_CHANNEL_PIECES(l, g0, g1, BODY)                                                               \
+    for (size_t g_ = (g0); g_ < (g1);) {                                                                      \
+        uint32_t b_ = (uint32_t)(g_ / (l)->cols), c_ = (uint32_t)(g_ % (l)->cols);                            \
+        size_t left_ = (g1) - g_, row_left_ = (l)->cols - c_;                                                 \
+        uint32_t k_ = (uint32_t)(left_ < row_left_ ? left_ : row_left_);                                      \
+        k_ = k_ < 16 ? k_ : 16;                                                                               \
+        __mmask16 live_ = (__mmask16)((1u << k_) - 1u);                                                      \
+        BODY;                                                                                                  \
+        g_ += k_;                                                                                              \
+    }
 #endif
 
 /* ---- Dispatch --------------------------------------------------------------- */
@@ -522,6 +753,13 @@ void kv_cpu_fast_encode(const char *isa, const kv_quant_layout *l, unsigned bits
         scratch_put(sp, &own);
         return;
     }
+    if (fast && l->grouping == KV_GROUP_CHANNEL) {
+        KV_FOR_CHANNEL_PIECES(l, g0, g1,
+                              encode_channel_avx512(l, b_, c_, live_, bits, anchor_bits, x, anchor, residual, scale,
+                                                    zero));
+        scratch_put(sp, &own);
+        return;
+    }
 #endif
     for (size_t g = g0; g < g1; g++) {
         cpu_group_view v = cpu_group_at(l, g);
@@ -554,6 +792,12 @@ void kv_cpu_fast_decode(const char *isa, const kv_quant_layout *l, unsigned bits
             decode_batch_avx512(anchor + g * G * aw / 8, anchor_bits && residual ? residual + g * G * rw / 8 : NULL,
                                 count, G, bits, anchor_bits, 0, scale + g, zero + g, out + g * G);
         }
+        return;
+    }
+    if (fast && l->grouping == KV_GROUP_CHANNEL) {
+        KV_FOR_CHANNEL_PIECES(l, g0, g1,
+                              decode_channel_avx512(l, b_, c_, live_, bits, anchor_bits, anchor,
+                                                    anchor_bits ? residual : NULL, scale, zero, out));
         return;
     }
 #endif
