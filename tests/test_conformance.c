@@ -494,6 +494,8 @@ static const attn_case attn_cases[] = {
     {"verify k=4 causal", 4, 8, 2, 64, 120, 16, {Q(8, 32), Q(4, 32)}, {Q(4, 32), Q(2, 32)}, 2, 1, 0},
     {"prefill causal", 48, 4, 1, 32, 48, 16, {Q(8, 16)}, {Q(8, 16)}, 1, 1, 1},
     {"mha no gqa, b=16 and b=1", 2, 3, 3, 16, 40, 8, {Q(16, 8), Q(1, 4)}, {Q(1, 16), Q(16, 3)}, 2, 1, 0},
+    {"2-bit and 2-bit-anchor pages, head_dim 128, G 32", 2, 8, 2, 128, 70, 16, {Q(2, 32), QA(4, 2, 32), Q(4, 32)},
+     {QA(6, 2, 32), Q(2, 32), Q(2, 128)}, 3, 1, 0},
 };
 #define N_ATTN (sizeof attn_cases / sizeof attn_cases[0])
 

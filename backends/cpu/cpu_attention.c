@@ -432,9 +432,9 @@ static int attention_fast(const attn *t)
         w->score_acc = t->scores ? kv_malloc((size_t)t->group * T * sizeof(float)) : NULL;
         kv_cpu_scratch_init(&w->dec, max_group);
         size_t rows4 = ((size_t)block * t->group + 3) / 4 * 4;
-        w->qpad = kv_calloc(2 * rows4 * a->head_dim, sizeof(float)); /* natural and even/odd order */
+        w->qpad = kv_calloc(3 * rows4 * a->head_dim, sizeof(float)); /* AVX-512: q in 3 element orders */
         w->logits = kv_realloc(w->logits, rows4 * T * sizeof(float));
-        w->acc = kv_realloc(w->acc, 2 * rows4 * a->head_dim * sizeof(double)); /* AVX-512: 2 x doubles */
+        w->acc = kv_realloc(w->acc, 3 * rows4 * a->head_dim * sizeof(double)); /* AVX-512: 3 orders, doubles */
         w->sz = kv_malloc(((size_t)t->max_page_tokens * a->head_dim + 16) * 2 * sizeof(float));
     }
     size_t items = j.per_head ? a->n_kv_heads : (size_t)a->n_kv_heads * j.blocks;

@@ -30,11 +30,37 @@
 #define KV_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,bmi2,fma,f16c")))
 #define KV_INLINE inline __attribute__((always_inline))
 
-/* Page readers, each specialised: f32, bf16, 8-bit and 16-bit codes, 4-bit
-   codes read 32 at a time ("paired": one 16-byte load gives the even elements
-   in the low nibbles and the odd ones in the high nibbles, so q and the V
-   accumulators use an even/odd order within each 32), any other width. */
-enum { SRC_F32, SRC_BF16, SRC_Q8, SRC_Q16, SRC_Q4P, SRC_QANY };
+/* Page readers, each specialised: f32, bf16, 8-bit and 16-bit codes, any
+   width (pdep), and two that read many small codes per load and dequantize
+   them by table lookup (vpermps on the group's 2^w possible values, formed
+   exactly as dequant() forms them):
+   - SRC_Q4P: 4-bit codes, 32 at a time: one 16-byte load gives the even
+     elements in the low nibbles and the odd ones in the high nibbles, so q
+     and the V accumulators use an even/odd order within each 32 (order 1);
+   - SRC_Q2Q: 2-bit codes, 64 at a time: vector j holds elements 4k + j
+     (order 2); the two halves of 64 may belong to two groups of 32, so the
+     lookup is a two-table vpermt2ps. */
+enum { SRC_F32, SRC_BF16, SRC_Q8, SRC_Q16, SRC_Q4P, SRC_Q2Q, SRC_QANY };
+
+static int step_of(int kind) /* elements per load */
+{
+    return kind == SRC_Q4P ? 32 : kind == SRC_Q2Q ? 64 : 16;
+}
+
+static int order_of(int kind) /* 0 natural, 1 even/odd in 32s, 2 j-major in 64s */
+{
+    return kind == SRC_Q4P ? 1 : kind == SRC_Q2Q ? 2 : 0;
+}
+
+/* Where element d of a head_dim vector goes in order `o`. */
+static uint32_t order_index(int o, uint32_t d)
+{
+    if (o == 1)
+        return d / 32 * 32 + (d % 2) * 16 + d % 32 / 2;
+    if (o == 2)
+        return d / 64 * 64 + (d % 4) * 16 + d % 64 / 4;
+    return d;
+}
 
 typedef struct src {
     int kind;                /* SRC_* */
@@ -46,8 +72,9 @@ typedef struct src {
     float mid;               /* anchor-only: (2^r − 1) / 2 */
     uint32_t G;              /* elements per group (head_dim for f32/bf16) */
     uint32_t gpt;            /* groups per token */
-    float lut_base[16];      /* SRC_Q4P: the reconstruction point of each code before scaling:
-                                i, or (i << r) + mid for anchors */
+    float lut_base[16];      /* table lookups: the reconstruction point of each code before
+                                scaling: i, or (i << r) + mid for anchors */
+    uint16_t chunk_group[256]; /* quantized: group within the token of elements [16c, 16c + 16) */
 } src;
 
 static int is_quant(int kind)
@@ -63,11 +90,13 @@ KV_AVX512 static KV_INLINE __m512 dequant(__m512i q, int anchor, const src *p, _
     return _mm512_fmadd_ps(f, S, Z);
 }
 
-/* The values of elements [e, e + 16) (or [e, e + 32) for SRC_Q4P, into v0
-   and v1 in even/odd order) of the page's row-major [ntokens][head_dim]. */
+/* The values of elements [e, e + step) of the page's row-major
+   [ntokens][head_dim], in the reader's order, 16 per vector. S and Z are the
+   group's scale and zero, or for the table kinds its table(s) (tables()). */
 KV_AVX512 static KV_INLINE void load_values(const src *p, int kind, int anchor, size_t e, __m512 S, __m512 Z,
-                                            __m512 *v0, __m512 *v1)
+                                            __m512 *v)
 {
+    __m512 *v0 = &v[0], *v1 = &v[1];
     if (kind == SRC_F32) {
         *v0 = _mm512_loadu_ps((const float *)p->data + e);
     } else if (kind == SRC_BF16) {
@@ -82,6 +111,14 @@ KV_AVX512 static KV_INLINE void load_values(const src *p, int kind, int anchor, 
         (void)Z;
         *v0 = _mm512_permutexvar_ps(d, S);
         *v1 = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), S);
+    } else if (kind == SRC_Q2Q) { /* S, Z: tables of the groups of elements [e, e+32) and [e+32, e+64) */
+        __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p->data + e / 4)));
+        const __m512i upper = _mm512_set_epi32(16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0);
+        const __m512i three = _mm512_set1_epi32(3);
+        for (int j = 0; j < 4; j++) { /* index = ((d >> 2j) & 3) | (16 for lanes 8-15) */
+            __m512i idx = _mm512_ternarylogic_epi32(_mm512_srli_epi32(d, 2 * j), three, upper, 0xEA);
+            v[j] = _mm512_permutex2var_ps(S, idx, Z);
+        }
     } else { /* any width: 16 codes are 2w bytes, two runs of 8 codes in w bytes */
         const uint8_t *at = p->data + e * p->w / 8;
         uint64_t lanes[4], m = kv_code_max(p->w);
@@ -113,19 +150,25 @@ KV_AVX512 static void src_prepare(const attn *t, fast_ws *w, const kv_page_desc 
         o->kind = f->kind == KV_STORE_F32 ? SRC_F32 : SRC_BF16;
         return;
     }
-    if (f->grouping != KV_GROUP_TOKEN || f->group_size % 16 != 0 || hd % f->group_size != 0) {
+    if (f->grouping != KV_GROUP_TOKEN || f->group_size % 16 != 0 || hd % f->group_size != 0 || hd / 16 > 256) {
         kv_cpu_page_tile(t, pg, value, w->tile, NULL, &w->dec);
         o->kind = SRC_F32;
         o->data = (const uint8_t *)w->tile;
         return;
     }
     o->w = f->anchor_bits ? f->anchor_bits : f->bits;
-    o->kind = o->w == 8 ? SRC_Q8 : o->w == 16 ? SRC_Q16 : o->w == 4 && f->group_size % 32 == 0 ? SRC_Q4P : SRC_QANY;
+    o->kind = o->w == 8                                              ? SRC_Q8
+              : o->w == 16                                           ? SRC_Q16
+              : o->w == 4 && f->group_size % 32 == 0                 ? SRC_Q4P
+              : o->w == 2 && f->group_size % 32 == 0 && hd % 64 == 0 ? SRC_Q2Q
+                                                                     : SRC_QANY;
     o->anchor_only = f->anchor_bits > 0;
     o->r = f->anchor_bits ? (unsigned)(f->bits - f->anchor_bits) : 0;
     o->mid = o->anchor_only ? (float)kv_code_max(o->r) / 2.0f : 0.0f;
     o->G = f->group_size;
     o->gpt = hd / f->group_size;
+    for (uint32_t c = 0; c < hd / 16; c++)
+        o->chunk_group[c] = (uint16_t)(c * 16 / f->group_size);
     for (uint32_t i = 0; i < 16; i++) /* (float)(i << r) + mid is exact, as in dequant() */
         o->lut_base[i] = o->anchor_only ? (float)(i << o->r) + o->mid : (float)i;
     size_t groups = (size_t)pg->ntokens * o->gpt;
@@ -151,6 +194,26 @@ KV_AVX512 static KV_INLINE __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m51
     return _mm_add_ps(_mm256_castps256_ps128(d), _mm256_extractf128_ps(d, 1));
 }
 
+/* The scale and zero of the group holding element e of token t, or for the
+   table kinds the group's table(s) of dequantized values. */
+KV_AVX512 static KV_INLINE void tables(const src *p, int kind, uint32_t t, uint32_t e, __m512 *S, __m512 *Z)
+{
+    if (!is_quant(kind))
+        return;
+    size_t g = (size_t)t * p->gpt + p->chunk_group[e / 16];
+    __m512 s = _mm512_set1_ps(p->s[g]), z = _mm512_set1_ps(p->z[g]);
+    if (kind == SRC_Q4P) {
+        *S = _mm512_fmadd_ps(_mm512_loadu_ps(p->lut_base), s, z);
+    } else if (kind == SRC_Q2Q) {
+        size_t g2 = (size_t)t * p->gpt + p->chunk_group[e / 16 + 2];
+        *S = _mm512_fmadd_ps(_mm512_loadu_ps(p->lut_base), s, z);
+        *Z = _mm512_fmadd_ps(_mm512_loadu_ps(p->lut_base), _mm512_set1_ps(p->s[g2]), _mm512_set1_ps(p->z[g2]));
+    } else {
+        *S = s;
+        *Z = z;
+    }
+}
+
 /* Logits of 4 rows (q4: [4][hd], in the reader's element order) for the
    page's tokens → L[token][4]; -Inf where a row does not see the token (its
    position is above the row's query position, or the row is padding). */
@@ -159,28 +222,18 @@ KV_AVX512 static KV_INLINE void k_pass(const src *p, int kind, int anchor, uint3
                                        __mmask8 valid, float *L)
 {
     const __m128 ninf = _mm_set1_ps(-INFINITY), vscale = _mm_set1_ps(scale);
-    const uint32_t step = kind == SRC_Q4P ? 32 : 16;
+    const uint32_t step = (uint32_t)step_of(kind), nv = step / 16;
     for (uint32_t t = 0; t < ntok; t++) {
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, S = a0, Z = a0, v0, v1 = a0;
-        for (uint32_t gi = 0; gi < p->gpt; gi++) {
-            if (is_quant(kind)) {
-                S = _mm512_set1_ps(p->s[(size_t)t * p->gpt + gi]);
-                Z = _mm512_set1_ps(p->z[(size_t)t * p->gpt + gi]);
-                if (kind == SRC_Q4P) /* the group's 16 possible values, exactly as dequant() forms them */
-                    S = _mm512_fmadd_ps(_mm512_loadu_ps(p->lut_base), S, Z);
-            }
-            for (uint32_t e = gi * p->G; e < (gi + 1) * p->G; e += step) {
-                load_values(p, kind, anchor, (size_t)t * hd + e, S, Z, &v0, &v1);
-                a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q4 + e), v0, a0);
-                a1 = _mm512_fmadd_ps(_mm512_loadu_ps(q4 + hd + e), v0, a1);
-                a2 = _mm512_fmadd_ps(_mm512_loadu_ps(q4 + 2 * hd + e), v0, a2);
-                a3 = _mm512_fmadd_ps(_mm512_loadu_ps(q4 + 3 * hd + e), v0, a3);
-                if (kind == SRC_Q4P) {
-                    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q4 + e + 16), v1, a0);
-                    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(q4 + hd + e + 16), v1, a1);
-                    a2 = _mm512_fmadd_ps(_mm512_loadu_ps(q4 + 2 * hd + e + 16), v1, a2);
-                    a3 = _mm512_fmadd_ps(_mm512_loadu_ps(q4 + 3 * hd + e + 16), v1, a3);
-                }
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, S = a0, Z = a0, v[4];
+        for (uint32_t e = 0; e < hd; e += step) {
+            tables(p, kind, t, e, &S, &Z);
+            load_values(p, kind, anchor, (size_t)t * hd + e, S, Z, v);
+            for (uint32_t j = 0; j < nv; j++) {
+                const float *q = q4 + e + 16 * j;
+                a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q), v[j], a0);
+                a1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + hd), v[j], a1);
+                a2 = _mm512_fmadd_ps(_mm512_loadu_ps(q + 2 * hd), v[j], a2);
+                a3 = _mm512_fmadd_ps(_mm512_loadu_ps(q + 3 * hd), v[j], a3);
             }
         }
         __m128 l = _mm_mul_ps(reduce4(a0, a1, a2, a3), vscale);
@@ -200,44 +253,28 @@ KV_AVX512 static KV_INLINE void acc_add(double *d, __m512 v)
 KV_AVX512 static KV_INLINE void v_pass(const src *p, int kind, int anchor, uint32_t ntok, uint32_t hd,
                                        const float *P, double *acc)
 {
-    const uint32_t step = kind == SRC_Q4P ? 32 : 16;
-    for (uint32_t gi = 0; gi < p->gpt; gi++)
-        for (uint32_t e = gi * p->G; e < (gi + 1) * p->G; e += step) {
-            __m512 o0 = _mm512_setzero_ps(), o1 = o0, o2 = o0, o3 = o0, h0 = o0, h1 = o0, h2 = o0, h3 = o0;
-            __m512 S = o0, Z = o0, v0, v1 = o0;
-            for (uint32_t t = 0; t < ntok; t++) {
-                if (is_quant(kind)) {
-                    S = _mm512_set1_ps(p->s[(size_t)t * p->gpt + gi]);
-                    Z = _mm512_set1_ps(p->z[(size_t)t * p->gpt + gi]);
-                    if (kind == SRC_Q4P)
-                        S = _mm512_fmadd_ps(_mm512_loadu_ps(p->lut_base), S, Z);
-                }
-                load_values(p, kind, anchor, (size_t)t * hd + e, S, Z, &v0, &v1);
-                const float *pt = P + 4 * (size_t)t;
-                __m512 p0 = _mm512_set1_ps(pt[0]), p1 = _mm512_set1_ps(pt[1]), p2 = _mm512_set1_ps(pt[2]),
-                       p3 = _mm512_set1_ps(pt[3]);
-                o0 = _mm512_fmadd_ps(p0, v0, o0);
-                o1 = _mm512_fmadd_ps(p1, v0, o1);
-                o2 = _mm512_fmadd_ps(p2, v0, o2);
-                o3 = _mm512_fmadd_ps(p3, v0, o3);
-                if (kind == SRC_Q4P) {
-                    h0 = _mm512_fmadd_ps(p0, v1, h0);
-                    h1 = _mm512_fmadd_ps(p1, v1, h1);
-                    h2 = _mm512_fmadd_ps(p2, v1, h2);
-                    h3 = _mm512_fmadd_ps(p3, v1, h3);
-                }
-            }
-            acc_add(acc + e, o0);
-            acc_add(acc + hd + e, o1);
-            acc_add(acc + 2 * (size_t)hd + e, o2);
-            acc_add(acc + 3 * (size_t)hd + e, o3);
-            if (kind == SRC_Q4P) {
-                acc_add(acc + e + 16, h0);
-                acc_add(acc + hd + e + 16, h1);
-                acc_add(acc + 2 * (size_t)hd + e + 16, h2);
-                acc_add(acc + 3 * (size_t)hd + e + 16, h3);
+    const uint32_t step = (uint32_t)step_of(kind), nv = step / 16;
+    for (uint32_t e = 0; e < hd; e += step) {
+        __m512 o[4][4], S = _mm512_setzero_ps(), Z = S, v[4];
+        for (uint32_t j = 0; j < nv; j++)
+            o[0][j] = o[1][j] = o[2][j] = o[3][j] = _mm512_setzero_ps();
+        for (uint32_t t = 0; t < ntok; t++) {
+            tables(p, kind, t, e, &S, &Z);
+            load_values(p, kind, anchor, (size_t)t * hd + e, S, Z, v);
+            const float *pt = P + 4 * (size_t)t;
+            __m512 p0 = _mm512_set1_ps(pt[0]), p1 = _mm512_set1_ps(pt[1]), p2 = _mm512_set1_ps(pt[2]),
+                   p3 = _mm512_set1_ps(pt[3]);
+            for (uint32_t j = 0; j < nv; j++) {
+                o[0][j] = _mm512_fmadd_ps(p0, v[j], o[0][j]);
+                o[1][j] = _mm512_fmadd_ps(p1, v[j], o[1][j]);
+                o[2][j] = _mm512_fmadd_ps(p2, v[j], o[2][j]);
+                o[3][j] = _mm512_fmadd_ps(p3, v[j], o[3][j]);
             }
         }
+        for (uint32_t r = 0; r < 4; r++)
+            for (uint32_t j = 0; j < nv; j++)
+                acc_add(acc + (size_t)r * hd + e + 16 * j, o[r][j]);
+    }
 }
 
 /* One instance per (kind, anchor) so that the compiler hoists every test. */
@@ -251,6 +288,8 @@ KV_AVX512 static KV_INLINE void v_pass(const src *p, int kind, int anchor, uint3
     case SRC_Q16 * 2 + 1: call_k(SRC_Q16, 1); break;                                                           \
     case SRC_Q4P * 2: call_k(SRC_Q4P, 0); break;                                                               \
     case SRC_Q4P * 2 + 1: call_k(SRC_Q4P, 1); break;                                                           \
+    case SRC_Q2Q * 2: call_k(SRC_Q2Q, 0); break;                                                               \
+    case SRC_Q2Q * 2 + 1: call_k(SRC_Q2Q, 1); break;                                                           \
     case SRC_QANY * 2: call_k(SRC_QANY, 0); break;                                                             \
     default: call_k(SRC_QANY, 1); break;                                                                       \
     }
@@ -356,9 +395,9 @@ KV_AVX512 void kv_cpu_attention_item_avx512(void *arg, size_t i0, size_t i1, int
             uint32_t nq = (q1 - q0) * G, groups4 = (nq + 3) / 4; /* rows, and row groups of 4 */
             uint32_t qpos[1024 + 4];
             size_t rows4 = (size_t)groups4 * 4;
-            float *qnat = w->qpad, *qeo = w->qpad + rows4 * hd; /* natural and even/odd order */
+            float *qord[3] = {w->qpad, w->qpad + rows4 * hd, w->qpad + 2 * rows4 * hd}; /* the 3 orders */
             for (uint32_t r = 0; r < rows4; r++) {
-                float *dst = qnat + (size_t)r * hd, *eo = qeo + (size_t)r * hd;
+                float *dst = qord[0] + (size_t)r * hd, *eo = qord[1] + (size_t)r * hd, *jm = qord[2] + (size_t)r * hd;
                 if (r < nq) {
                     memcpy(dst, t->q + ((size_t)(q0 + r / G) * a->n_heads + kh * G + r % G) * hd, hd * sizeof(float));
                     qpos[r] = t->q_pos[q0 + r / G];
@@ -366,8 +405,11 @@ KV_AVX512 void kv_cpu_attention_item_avx512(void *arg, size_t i0, size_t i1, int
                     memset(dst, 0, hd * sizeof(float));
                     qpos[r] = 0;
                 }
-                for (uint32_t d = 0; d < hd; d++) /* within each 32: even elements, then odd ones */
-                    eo[d / 32 * 32 + (d % 2) * 16 + d % 32 / 2] = dst[d];
+                for (uint32_t d = 0; d < hd; d++) {
+                    eo[order_index(1, d)] = dst[d];
+                    if (hd % 64 == 0)
+                        jm[order_index(2, d)] = dst[d];
+                }
             }
             /* K pass: logits, token-major per row group */
             size_t base = 0;
@@ -378,7 +420,7 @@ KV_AVX512 void kv_cpu_attention_item_avx512(void *arg, size_t i0, size_t i1, int
                 src_prepare(t, w, pg, 0, &ks);
                 for (uint32_t g4 = 0; g4 < groups4; g4++) {
                     uint32_t live = nq - g4 * 4 >= 4 ? 4 : nq - g4 * 4;
-                    k_pass_any(&ks, pg->ntokens, hd, (ks.kind == SRC_Q4P ? qeo : qnat) + (size_t)g4 * 4 * hd, a->scale,
+                    k_pass_any(&ks, pg->ntokens, hd, qord[order_of(ks.kind)] + (size_t)g4 * 4 * hd, a->scale,
                                t->positions + pg->pos_index, _mm_loadu_si128((const __m128i *)(qpos + g4 * 4)),
                                (__mmask8)((1u << live) - 1u), w->logits + (size_t)g4 * 4 * T + 4 * base);
                 }
@@ -396,9 +438,9 @@ KV_AVX512 void kv_cpu_attention_item_avx512(void *arg, size_t i0, size_t i1, int
                     }
             }
             /* V pass */
-            /* [rows4][hd] doubles each, natural and even/odd order: w->acc has room (attention_fast) */
-            double *acc = (double *)w->acc, *acc_eo = acc + rows4 * hd;
-            memset(acc, 0, 2 * rows4 * hd * sizeof(double));
+            /* [rows4][hd] doubles in each of the 3 orders: w->acc has room (attention_fast) */
+            double *acc[3] = {(double *)w->acc, (double *)w->acc + rows4 * hd, (double *)w->acc + 2 * rows4 * hd};
+            memset(acc[0], 0, 3 * rows4 * hd * sizeof(double));
             base = 0;
             for (uint32_t p = pfirst; p < pend; p++) {
                 const kv_page_desc *pg = &t->pages[p];
@@ -407,14 +449,14 @@ KV_AVX512 void kv_cpu_attention_item_avx512(void *arg, size_t i0, size_t i1, int
                 src_prepare(t, w, pg, 1, &vs);
                 for (uint32_t g4 = 0; g4 < groups4; g4++)
                     v_pass_any(&vs, pg->ntokens, hd, w->logits + (size_t)g4 * 4 * T + 4 * base,
-                               (vs.kind == SRC_Q4P ? acc_eo : acc) + (size_t)g4 * 4 * hd);
+                               acc[order_of(vs.kind)] + (size_t)g4 * 4 * hd);
                 base += pg->ntokens;
             }
             for (uint32_t r = 0; r < nq; r++) {
                 float *out = t->out + ((size_t)(q0 + r / G) * a->n_heads + kh * G + r % G) * hd;
-                const double *nat = acc + (size_t)r * hd, *eo = acc_eo + (size_t)r * hd;
+                const double *nat = acc[0] + (size_t)r * hd, *eo = acc[1] + (size_t)r * hd, *jm = acc[2] + (size_t)r * hd;
                 for (uint32_t d = 0; d < hd; d++)
-                    out[d] = (float)(nat[d] + eo[d / 32 * 32 + (d % 2) * 16 + d % 32 / 2]);
+                    out[d] = (float)(nat[d] + eo[order_index(1, d)] + (hd % 64 == 0 ? jm[order_index(2, d)] : 0.0));
             }
         }
         if (w->score_acc) {
