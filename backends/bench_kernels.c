@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "backends/backend.h"
+#include "backends/cpu/cpu_internal.h"
 #include "backends/cpu/cpu_pool.h"
 #include "backends/kernel_fixture.h"
 #include "backends/kernel_time.h"
@@ -96,22 +97,29 @@ static void triad_destroy(triad *t)
     kv_cpu_pool_destroy(t->pool);
 }
 
-/* GB/s of one triad pass (STREAM counts 3 x 8 bytes an element, no write-allocate). */
-static double triad_once(triad *t)
+/* GB/s of one triad pass (STREAM counts 3 x 8 bytes an element, no
+   write-allocate), by wall time, and by on-CPU time in *oncpu_gbps (may be NULL). */
+static double triad_once(triad *t, double *oncpu_gbps)
 {
-    double t0 = kv_kernel_now_s();
+    kv_cpu_pool_cpu_reset(t->pool);
+    double c0 = kv_cpu_thread_cpu_s(), t0 = kv_kernel_now_s();
     kv_cpu_pool_run(t->pool, t->n, t->n / (size_t)(t->threads * 8) + 1, triad_range, t);
-    double dt = kv_kernel_now_s() - t0;
+    double dt = kv_kernel_now_s() - t0, dc = kv_cpu_thread_cpu_s() - c0;
+    double helpers = kv_cpu_pool_cpu_max_s(t->pool);
+    dc = helpers > dc ? helpers : dc;
     volatile double sink = t->a[t->n / 2];
     (void)sink;
-    return 3.0 * 8.0 * (double)t->n / dt / 1e9;
+    double bytes = 3.0 * 8.0 * (double)t->n;
+    if (oncpu_gbps)
+        *oncpu_gbps = dc > 0 ? bytes / dc / 1e9 : 0;
+    return bytes / dt / 1e9;
 }
 
 static double triad_best(triad *t, int repeats)
 {
     double best = 0;
     for (int i = 0; i < repeats; i++) {
-        double g = triad_once(t);
+        double g = triad_once(t, NULL);
         best = g > best ? g : best;
     }
     return best;
@@ -125,11 +133,15 @@ typedef struct run {
     double bw_gbps;      /* the bandwidth ratios are taken against (the session's best triad) */
     triad *tri;          /* cpu: a triad pass is run before each timed kernel run */
     double pair_bw_gbps; /* best triad GB/s of the pairs of the kernel being reported; 0: use bw_gbps */
+    double pair_bw_oncpu_gbps; /* the same by on-CPU time; 0 when not measured */
+    double oncpu_best_s;       /* the kernel's best on-CPU time; 0 when not measured */
+    double last_oncpu_ratio;   /* of the last report */
     sbuf *json;
     int entries;         /* JSON entries written for this backend */
     int failures;        /* results that disagree with the reference */
     /* for the targets */
-    double lynx_encode_ratio, int8_attn_ratio, int4_attn_ratio;
+    double lynx_encode_ratio, int8_attn_ratio, int4_attn_ratio;    /* wall time */
+    double lynx_encode_oncpu, int8_attn_oncpu, int4_attn_oncpu;    /* on-CPU time */
     uint32_t largest_context;
 } run;
 
@@ -139,16 +151,26 @@ static double report(run *r, const char *kernel, const char *calib, const char *
     double bw = r->pair_bw_gbps > 0 ? r->pair_bw_gbps : r->bw_gbps;
     double gbps = best > 0 ? (double)bytes / best / 1e9 : 0;
     double ratio = bw > 0 ? gbps / bw : 0;
-    printf("%-10s %-36s %6u %8.1f %8.3f %7.1f %7.1f %6.2f  %s\n", kernel, label, context, (double)bytes / 1e6,
-           best * 1e3, gbps, bw, ratio, check);
+    double cratio = r->oncpu_best_s > 0 && r->pair_bw_oncpu_gbps > 0
+                        ? (double)bytes / r->oncpu_best_s / 1e9 / r->pair_bw_oncpu_gbps
+                        : 0;
+    char cr[16] = "    -";
+    if (cratio > 0)
+        snprintf(cr, sizeof cr, "%6.2f", cratio);
+    printf("%-10s %-36s %6u %8.1f %8.3f %7.1f %7.1f %6.2f %s  %s\n", kernel, label, context, (double)bytes / 1e6,
+           best * 1e3, gbps, bw, ratio, cr, check);
     fflush(stdout);
     sb_printf(r->json,
               "%s\n      {\"kernel\": \"%s\", \"calib\": \"%s\", \"case\": \"%s\", \"context\": %u, "
               "\"bytes\": %llu, \"best_s\": %.9g, \"median_s\": %.9g, \"gbps\": %.6g, \"bandwidth_gbps\": %.6g, "
-              "\"ratio\": %.6g, \"check\": \"%s\"}",
+              "\"ratio\": %.6g, \"oncpu_best_s\": %.9g, \"oncpu_bandwidth_gbps\": %.6g, \"ratio_oncpu\": %.6g, "
+              "\"check\": \"%s\"}",
               r->entries++ ? "," : "", kernel, calib, label, context, (unsigned long long)bytes, best, median, gbps, bw,
-              ratio, check);
+              ratio, r->oncpu_best_s, r->pair_bw_oncpu_gbps, cratio, check);
+    r->last_oncpu_ratio = cratio;
     r->pair_bw_gbps = 0;
+    r->pair_bw_oncpu_gbps = 0;
+    r->oncpu_best_s = 0;
     if (strncmp(check, "exact", 5) != 0 && strncmp(check, "rel ", 4) != 0)
         r->failures++;
     return ratio;
@@ -166,16 +188,23 @@ static int time_kernel(run *r, int (*enqueue)(void *arg, kv_error *err), void *a
     int rc = enqueue(arg, err); /* warm-up */
     if (!rc)
         rc = kv_backend_synchronize(r->be, err);
-    double t[1000], bw = 0;
+    double t[1000], bw = 0, bwc = 0, cbest = 1e30;
     int n = r->o->repeats;
+    kv_cpu_pool *pool = kv_cpu_backend_pool(r->be);
     for (int i = 0; i < n && !rc; i++) {
-        double g = triad_once(r->tri);
+        double gc, g = triad_once(r->tri, &gc);
         bw = g > bw ? g : bw;
-        double t0 = kv_kernel_now_s();
+        bwc = gc > bwc ? gc : bwc;
+        kv_cpu_pool_cpu_reset(pool);
+        double c0 = kv_cpu_thread_cpu_s(), t0 = kv_kernel_now_s();
         rc = enqueue(arg, err);
         if (!rc)
             rc = kv_backend_synchronize(r->be, err);
         t[i] = kv_kernel_now_s() - t0;
+        /* on-CPU: the caller's own CPU time, or the busiest helper's, whichever is longer */
+        double c = kv_cpu_thread_cpu_s() - c0, h = kv_cpu_pool_cpu_max_s(pool);
+        c = h > c ? h : c;
+        cbest = c < cbest ? c : cbest;
     }
     if (rc)
         return rc;
@@ -188,6 +217,8 @@ static int time_kernel(run *r, int (*enqueue)(void *arg, kv_error *err), void *a
     *best = t[0];
     *median = n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
     r->pair_bw_gbps = bw;
+    r->pair_bw_oncpu_gbps = bwc;
+    r->oncpu_best_s = cbest;
     return KV_OK;
 }
 
@@ -406,8 +437,10 @@ static int bench_codec(run *r, const float *x, const kv_quant_layout *l, uint32_
         const char *calib = kind == 6 ? "bf16" : kind_names[kind];
         double ratio = report(r, kind_names[kind], calib, label, context,
                               kernel_bytes(kind, l, bits, abits, anchor_only), best, median, check);
-        if (kind == 0 && abits && bits == 8 && context == r->largest_context)
+        if (kind == 0 && abits && bits == 8 && context == r->largest_context) {
             r->lynx_encode_ratio = ratio;
+            r->lynx_encode_oncpu = r->last_oncpu_ratio;
+        }
     }
     planes_free(&pb);
     planes_free(&pr);
@@ -454,10 +487,14 @@ static int bench_attention(run *r, uint32_t context, uint32_t n_queries, const k
             snprintf(check, sizeof check, e <= 1e-5 ? "rel %.1e" : "OFF BY rel %.1e", e);
             double ratio = report(r, "attention", n_queries == 1 ? "attention_decode" : "attention_multi", label,
                                   context, kv_attn_problem_bytes(p), best, median, check);
-            if (context == r->largest_context && target == 8)
+            if (context == r->largest_context && target == 8) {
                 r->int8_attn_ratio = ratio;
-            if (context == r->largest_context && target == 4)
+                r->int8_attn_oncpu = r->last_oncpu_ratio;
+            }
+            if (context == r->largest_context && target == 4) {
                 r->int4_attn_ratio = ratio;
+                r->int4_attn_oncpu = r->last_oncpu_ratio;
+            }
         }
         kv_free(o1), kv_free(o2), kv_free(s1), kv_free(s2);
     }
@@ -621,7 +658,11 @@ static int bench_context(run *r, uint32_t context, kv_error *err)
 static int bench_backend(const opts *o, const char *name, triad *tri, double triad_gbps, sbuf *json, int first,
                          kv_error *err)
 {
-    run r = {o, NULL, NULL, name, 0, NULL, 0, json, 0, 0, 0, 0, 0, 0};
+    run r;
+    memset(&r, 0, sizeof r);
+    r.o = o;
+    r.name = name;
+    r.json = json;
     int triad_threads = tri->threads;
     int rc = kv_backend_open(name, 0, &r.be, err);
     if (!rc)
@@ -651,8 +692,8 @@ static int bench_backend(const opts *o, const char *name, triad *tri, double tri
     r.largest_context = contexts[n_ctx - 1];
     printf("\nbackend %s: %s\nbandwidth for the ratios: %.1f GB/s at the start (%s, %d threads)\n\n", name,
            props.device, r.bw_gbps, bw_source, triad_threads);
-    printf("%-10s %-36s %6s %8s %8s %7s %7s %6s  %s\n", "kernel", "case", "ctx", "MB", "best ms", "GB/s",
-           "BW GB/s", "ratio", "check vs cpu reference");
+    printf("%-10s %-36s %6s %8s %8s %7s %7s %6s %6s  %s\n", "kernel", "case", "ctx", "MB", "best ms", "GB/s",
+           "BW GB/s", "ratio", "on-CPU", "check vs cpu reference");
     sb_printf(json,
               "%s\n    {\"backend\": \"%s\", \"device\": \"%s\", \"bandwidth_gbps\": %.6g, \"bandwidth_source\": "
               "\"%s\", \"kernels\": [",
@@ -663,11 +704,16 @@ static int bench_backend(const opts *o, const char *name, triad *tri, double tri
         rc = bench_compact(&r, o->quick ? 4 : 64, err);
     sb_printf(json, "\n    ]}");
     if (!rc) {
-        printf("\ntargets (%s, %u tokens): quantize+split+pack (lynx b8/a4) %.2f of BW (target 0.5: %s); "
-               "decode attention int8 %.2f, int4 %.2f of roofline (target 0.4: %s, %s)\n",
-               name, r.largest_context, r.lynx_encode_ratio, r.lynx_encode_ratio >= 0.5 ? "met" : "NOT met",
-               r.int8_attn_ratio, r.int4_attn_ratio, r.int8_attn_ratio >= 0.4 ? "met" : "NOT met",
-               r.int4_attn_ratio >= 0.4 ? "met" : "NOT met");
+        printf("\ntargets (%s, %u tokens), wall-time ratio / on-CPU ratio:\n"
+               "  quantize+split+pack (lynx b8/a4) >= 0.5 of BW:  %.2f / %.2f  (%s)\n"
+               "  decode attention int8 >= 0.4 of roofline:      %.2f / %.2f  (%s)\n"
+               "  decode attention int4 >= 0.4 of roofline:      %.2f / %.2f  (%s)\n",
+               name, r.largest_context, r.lynx_encode_ratio, r.lynx_encode_oncpu,
+               r.lynx_encode_ratio >= 0.5 ? "met" : r.lynx_encode_oncpu >= 0.5 ? "met on-CPU only" : "NOT met",
+               r.int8_attn_ratio, r.int8_attn_oncpu,
+               r.int8_attn_ratio >= 0.4 ? "met" : r.int8_attn_oncpu >= 0.4 ? "met on-CPU only" : "NOT met",
+               r.int4_attn_ratio, r.int4_attn_oncpu,
+               r.int4_attn_ratio >= 0.4 ? "met" : r.int4_attn_oncpu >= 0.4 ? "met on-CPU only" : "NOT met");
         if (r.failures)
             rc = kv_error_set(err, KV_EFAIL, "%d result(s) on backend %s disagree with the CPU reference",
                               r.failures, name);
@@ -756,7 +802,9 @@ int kv_cmd_bench_kernels(int argc, char **argv)
     triad_create(&all, triad_n, threads);
     double triad = triad_best(&all, o.quick ? 3 : 10);
     printf("memory bandwidth, STREAM triad over 3 x %zu MiB: %.1f GB/s with %d threads, %.1f GB/s with 1\n"
-           "ratio = kernel GB/s / the best triad GB/s of the triad passes run just before its timed runs\n",
+           "ratio  = kernel GB/s / the best triad GB/s of the triad passes run just before its timed runs\n"
+           "on-CPU = the same with both timed by on-CPU time (the busiest worker thread), which leaves out\n"
+           "         the time other processes had the cores on this shared machine\n",
            triad_n * 8 >> 20, triad, threads, triad1);
 
     sbuf json = {0};

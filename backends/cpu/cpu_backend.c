@@ -480,6 +480,13 @@ static const kv_backend_reg cpu_reg = {
     .open = cpu_open,
 };
 
+kv_cpu_pool *kv_cpu_backend_pool(kv_backend *be)
+{
+    if (!be || be->reg != &cpu_reg)
+        return NULL;
+    return ((cpu_ctx *)be->ctx)->pool;
+}
+
 const kv_backend_reg *kv_backend_cpu_reg(void)
 {
     return &cpu_reg;

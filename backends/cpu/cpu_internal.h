@@ -94,6 +94,10 @@ int kv_cpu_attention(cpu_ctx *c, const kv_attention_args *a, kv_error *err);
 int kv_cpu_compact_alloc(cpu_ctx *c, const kv_compact_args *a, kv_error *err);
 int kv_cpu_compact_release(cpu_ctx *c, const kv_compact_args *a, kv_error *err);
 
+/* The worker pool of an opened CPU device (NULL for other backends, the
+   reference device, or one thread): `kvsim bench kernels` reads its on-CPU times. */
+kv_cpu_pool *kv_cpu_backend_pool(kv_backend *be);
+
 /* Resolves a[offset, offset + bytes) of a buffer, or fails with KV_EINPUT
    naming the kernel and the argument. */
 int kv_cpu_span(const kv_bref *r, size_t bytes, void **out, const char *kernel, const char *arg, kv_error *err);
