@@ -114,6 +114,22 @@ Test(cli, bad_set_is_exit_2_with_a_hint)
     free(dir);
 }
 
+Test(cli, scenario_param_error_names_file_line_col)
+{
+    char *dir = kvt_tempdir();
+    char *s = write_scenario(dir, "lynx", "policy:\n  lynx:\n    bits: 8\n    anchr_bits: 3\n");
+    char *out = NULL;
+    cr_expect_eq(run(s, dir, NULL, &out), 2, "%s", out);
+    char want[512];
+    snprintf(want, sizeof want, "%s:10:5: policy.lynx.anchr_bits: policy 'lynx'", s);
+    cr_expect(strstr(out, want), "expected \"%s\" in:\n%s", want, out);
+    cr_expect(strstr(out, "did you mean 'anchor_bits'?"), "got: %s", out);
+    free(out);
+    free(s);
+    kvt_rmtree(dir);
+    free(dir);
+}
+
 /* Runs a scenario comparing bf16 with the fixture `file` as policy 'bad'; expects exit 2 and `want`. */
 static void expect_exit_2(const char *file, const char *want1, const char *want2)
 {
