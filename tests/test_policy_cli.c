@@ -114,6 +114,22 @@ Test(cli, bad_set_is_exit_2_with_a_hint)
     free(dir);
 }
 
+Test(cli, hooks_see_the_model_from_the_first_request)
+{
+    char *dir = kvt_tempdir();
+    char *path = kvt_source("tests/fixtures/policies/model_in_placement.lua");
+    char extra[1024];
+    snprintf(extra, sizeof extra, "policy:\n  placed: {file: %s}\n", path);
+    char *s = write_scenario(dir, "placed", extra);
+    char *out = NULL;
+    cr_expect_eq(run(s, dir, NULL, &out), 0, "%s", out);
+    free(out);
+    free(s);
+    free(path);
+    kvt_rmtree(dir);
+    free(dir);
+}
+
 Test(cli, scenario_param_error_names_file_line_col)
 {
     char *dir = kvt_tempdir();
