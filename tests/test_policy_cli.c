@@ -1,4 +1,4 @@
-/* test_policy_cli.c — policies through `kvsim run`: shipped ones side by side, overrides, and exit code 2 for bad policies. */
+/* test_policy_cli.c — policies through `kvsim run`: shipped ones side by side, overrides, exit code 2 when bad. */
 #define _GNU_SOURCE /* asprintf */
 #include <criterion/criterion.h>
 #include <stdio.h>
