@@ -38,7 +38,11 @@ typedef struct kv_scenario {
 
     char *net_model, *topology, *platform_file;
     double nic_bandwidth_gbps, nic_latency_us, switch_bandwidth_gbps, switch_latency_us, oversubscription;
-    int hosts_per_leaf;
+    int hosts_per_leaf, fat_tree_spines, fat_tree_leaves;
+    kv_intlist torus_dims;
+    int dragonfly_groups, dragonfly_chassis, dragonfly_routers, dragonfly_nodes;
+    kv_intlist host_slots;
+    kv_strlist host_names;
     bool split_duplex;
     const kv_ynode *simgrid_options;
 
@@ -63,6 +67,8 @@ typedef struct kv_scenario {
 
     char *diffkv_from;
     double diffkv_high_fraction, diffkv_low_fraction;
+
+    const kv_ynode *accuracy;  /* the accuracy: section, checked by core/model/eval_config.c */
 
     char *out_dir;
     bool out_json, out_csv, out_trace;
