@@ -114,7 +114,8 @@ static int load_policy(kv_study *st, size_t i, kv_error *err)
                               name, settings->keys[k]);
             break;
         }
-        params[np++] = (kv_policy_param){settings->keys[k], v->value, where[np]};
+        params[np] = (kv_policy_param){settings->keys[k], v->value, where[np]}; /* np++ apart: unsequenced */
+        np++;
     }
     if (!rc)
         rc = kv_policy_load(name, path, params, np, NULL, &st->policies[i], err);
