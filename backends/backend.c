@@ -178,6 +178,22 @@ size_t kv_layout_meta_bytes(const kv_quant_layout *l)
     return kv_layout_groups(l) * 4;
 }
 
+/* Only the last group of a row (TOKEN) or the last block of rows (CHANNEL) can
+   be short, so every group before it in its row or block has the full size. */
+size_t kv_layout_group_offset(const kv_quant_layout *l, unsigned bits, size_t group)
+{
+    size_t g = l->group_size;
+    size_t full = group_bytes(1, g, bits);
+    if (l->grouping == KV_GROUP_TOKEN) {
+        size_t per_row = ceil_div(l->cols, g);
+        size_t last = l->cols % g;
+        size_t row_bytes = (l->cols / g) * full + (last ? group_bytes(1, last, bits) : 0);
+        return (group / per_row) * row_bytes + (group % per_row) * full;
+    }
+    size_t block = group / l->cols, col = group % l->cols;
+    return block * l->cols * full + col * group_bytes(1, kv_layout_group_len(l, group), bits);
+}
+
 /* ---- Dispatch ----------------------------------------------------------------- */
 
 int kv_buffer_alloc(kv_backend *be, size_t bytes, kv_buffer **out, kv_error *err)
@@ -228,6 +244,24 @@ static int check_split(const char *kernel, unsigned bits, unsigned anchor_bits, 
     return KV_OK;
 }
 
+/* A required argument must name a buffer, at an offset aligned for its element
+   type (4 for f32/u32, 2 for u16, 8 for kv_page_desc, 1 for bytes). */
+static int need(const char *kernel, const char *name, kv_bref r, size_t align, kv_error *err)
+{
+    if (!r.buf)
+        return kv_error_set(err, KV_EINPUT, "%s: argument '%s' has no buffer", kernel, name);
+    if (r.offset % align != 0)
+        return kv_error_set(err, KV_EINPUT, "%s: argument '%s' offset %zu is not a multiple of %zu", kernel, name,
+                            r.offset, align);
+    return KV_OK;
+}
+
+/* The same for an optional argument (buf == NULL passes). */
+static int maybe(const char *kernel, const char *name, kv_bref r, size_t align, kv_error *err)
+{
+    return r.buf ? need(kernel, name, r, align, err) : KV_OK;
+}
+
 static int unsupported(const kv_backend *be, const char *kernel, kv_error *err)
 {
     return kv_error_set(err, KV_EFAIL, "backend '%s' does not implement %s", be->reg->name, kernel);
@@ -239,6 +273,14 @@ static int unsupported(const kv_backend *be, const char *kernel, kv_error *err)
 int kv_backend_quantize(kv_backend *be, const kv_quantize_args *a, kv_error *err)
 {
     int rc = check_layout("quantize", &a->layout, a->bits, err);
+    if (!rc)
+        rc = need("quantize", "x", a->x, 4, err);
+    if (!rc)
+        rc = need("quantize", "codes", a->codes, 2, err);
+    if (!rc)
+        rc = need("quantize", "scale", a->scale, 2, err);
+    if (!rc)
+        rc = need("quantize", "zero", a->zero, 2, err);
     return rc ? rc : DISPATCH(quantize, "quantize", be, a, err);
 }
 
@@ -247,30 +289,62 @@ int kv_backend_dequantize(kv_backend *be, const kv_dequantize_args *a, kv_error 
     int rc = check_layout("dequantize", &a->layout, a->bits, err);
     if (!rc)
         rc = check_split("dequantize", a->bits, a->anchor_bits, 1, err);
+    if (!rc)
+        rc = need("dequantize", "codes", a->codes, 2, err);
+    if (!rc)
+        rc = need("dequantize", "scale", a->scale, 2, err);
+    if (!rc)
+        rc = need("dequantize", "zero", a->zero, 2, err);
+    if (!rc)
+        rc = need("dequantize", "out", a->out, 4, err);
     return rc ? rc : DISPATCH(dequantize, "dequantize", be, a, err);
 }
 
 int kv_backend_pack(kv_backend *be, const kv_pack_args *a, kv_error *err)
 {
     int rc = check_layout("pack", &a->layout, a->bits, err);
+    if (!rc)
+        rc = need("pack", "codes", a->codes, 2, err);
+    if (!rc)
+        rc = need("pack", "packed", a->packed, 1, err);
     return rc ? rc : DISPATCH(pack, "pack", be, a, err);
 }
 
 int kv_backend_unpack(kv_backend *be, const kv_pack_args *a, kv_error *err)
 {
     int rc = check_layout("unpack", &a->layout, a->bits, err);
+    if (!rc)
+        rc = need("unpack", "codes", a->codes, 2, err);
+    if (!rc)
+        rc = need("unpack", "packed", a->packed, 1, err);
     return rc ? rc : DISPATCH(unpack, "unpack", be, a, err);
 }
 
 int kv_backend_split(kv_backend *be, const kv_split_args *a, kv_error *err)
 {
-    int rc = check_split("split", a->bits, a->anchor_bits, 0, err);
+    int rc = a->bits < 2 || a->bits > 16
+                 ? kv_error_set(err, KV_EINPUT, "split: bits must be 2..16, got %u", a->bits)
+                 : check_split("split", a->bits, a->anchor_bits, 0, err);
+    if (!rc)
+        rc = need("split", "codes", a->codes, 2, err);
+    if (!rc)
+        rc = need("split", "anchor", a->anchor, 2, err);
+    if (!rc)
+        rc = need("split", "residual", a->residual, 2, err);
     return rc ? rc : DISPATCH(split, "split", be, a, err);
 }
 
 int kv_backend_merge(kv_backend *be, const kv_split_args *a, kv_error *err)
 {
-    int rc = check_split("merge", a->bits, a->anchor_bits, 0, err);
+    int rc = a->bits < 2 || a->bits > 16
+                 ? kv_error_set(err, KV_EINPUT, "merge: bits must be 2..16, got %u", a->bits)
+                 : check_split("merge", a->bits, a->anchor_bits, 0, err);
+    if (!rc)
+        rc = need("merge", "codes", a->codes, 2, err);
+    if (!rc)
+        rc = need("merge", "anchor", a->anchor, 2, err);
+    if (!rc)
+        rc = need("merge", "residual", a->residual, 2, err);
     return rc ? rc : DISPATCH(merge, "merge", be, a, err);
 }
 
@@ -305,6 +379,16 @@ int kv_backend_encode(kv_backend *be, const kv_encode_args *a, kv_error *err)
     int rc = check_layout("encode", &a->layout, a->bits, err);
     if (!rc)
         rc = check_split("encode", a->bits, a->anchor_bits, 1, err);
+    if (!rc)
+        rc = need("encode", "x", a->x, 4, err);
+    if (!rc)
+        rc = need("encode", "anchor_packed", a->anchor_packed, 1, err);
+    if (!rc && a->anchor_bits)
+        rc = need("encode", "residual_packed", a->residual_packed, 1, err);
+    if (!rc)
+        rc = need("encode", "scale", a->scale, 2, err);
+    if (!rc)
+        rc = need("encode", "zero", a->zero, 2, err);
     if (rc)
         return rc;
     if (be->iface->encode)
@@ -342,6 +426,16 @@ int kv_backend_decode(kv_backend *be, const kv_decode_args *a, kv_error *err)
     int rc = check_layout("decode", &a->layout, a->bits, err);
     if (!rc)
         rc = check_split("decode", a->bits, a->anchor_bits, 1, err);
+    if (!rc)
+        rc = need("decode", "anchor_packed", a->anchor_packed, 1, err);
+    if (!rc)
+        rc = maybe("decode", "residual_packed", a->residual_packed, 1, err);
+    if (!rc)
+        rc = need("decode", "scale", a->scale, 2, err);
+    if (!rc)
+        rc = need("decode", "zero", a->zero, 2, err);
+    if (!rc)
+        rc = need("decode", "out", a->out, 4, err);
     if (rc)
         return rc;
     if (be->iface->decode)
@@ -386,7 +480,10 @@ int kv_backend_decode(kv_backend *be, const kv_decode_args *a, kv_error *err)
 
 int kv_backend_bf16_round(kv_backend *be, const kv_bf16_args *a, kv_error *err)
 {
-    return DISPATCH(bf16_round, "bf16_round", be, a, err);
+    int rc = need("bf16_round", "in", a->in, 4, err);
+    if (!rc)
+        rc = need("bf16_round", "out", a->out, 4, err);
+    return rc ? rc : DISPATCH(bf16_round, "bf16_round", be, a, err);
 }
 
 int kv_backend_attention(kv_backend *be, const kv_attention_args *a, kv_error *err)
@@ -396,6 +493,23 @@ int kv_backend_attention(kv_backend *be, const kv_attention_args *a, kv_error *e
                             a->n_heads, a->n_kv_heads);
     if (a->head_dim == 0)
         return kv_error_set(err, KV_EINPUT, "attention: head_dim must be >= 1");
+    int rc = need("attention", "q", a->q, 4, err);
+    if (!rc)
+        rc = need("attention", "q_pos", a->q_pos, 4, err);
+    if (!rc && a->n_pages)
+        rc = need("attention", "pages", a->pages, 8, err);
+    if (!rc)
+        rc = need("attention", "head_pages", a->head_pages, 4, err);
+    if (!rc && a->n_pages)
+        rc = need("attention", "positions", a->positions, 4, err);
+    if (!rc && a->n_pages)
+        rc = need("attention", "kv_data", a->kv_data, 4, err);
+    if (!rc)
+        rc = need("attention", "out", a->out, 4, err);
+    if (!rc)
+        rc = maybe("attention", "scores", a->scores, 4, err);
+    if (rc)
+        return rc;
     return DISPATCH(attention, "attention", be, a, err);
 }
 
@@ -403,6 +517,17 @@ int kv_backend_compact_alloc(kv_backend *be, const kv_compact_args *a, kv_error 
 {
     if (a->capacity == 0)
         return kv_error_set(err, KV_EINPUT, "compact_alloc: free list capacity is 0");
+    int rc = need("compact_alloc", "demand", a->demand, 4, err);
+    if (!rc)
+        rc = need("compact_alloc", "offsets", a->offsets, 4, err);
+    if (!rc)
+        rc = maybe("compact_alloc", "pages", a->pages, 4, err);
+    if (!rc)
+        rc = need("compact_alloc", "free_list", a->free_list, 4, err);
+    if (!rc)
+        rc = need("compact_alloc", "state", a->state, 4, err);
+    if (rc)
+        return rc;
     return DISPATCH(compact_alloc, "compact_alloc", be, a, err);
 }
 
@@ -410,5 +535,16 @@ int kv_backend_compact_release(kv_backend *be, const kv_compact_args *a, kv_erro
 {
     if (a->capacity == 0)
         return kv_error_set(err, KV_EINPUT, "compact_release: free list capacity is 0");
+    int rc = need("compact_release", "demand", a->demand, 4, err);
+    if (!rc)
+        rc = need("compact_release", "offsets", a->offsets, 4, err);
+    if (!rc)
+        rc = maybe("compact_release", "pages", a->pages, 4, err);
+    if (!rc)
+        rc = need("compact_release", "free_list", a->free_list, 4, err);
+    if (!rc)
+        rc = need("compact_release", "state", a->state, 4, err);
+    if (rc)
+        return rc;
     return DISPATCH(compact_release, "compact_release", be, a, err);
 }

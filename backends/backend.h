@@ -26,6 +26,16 @@
  *  - Packed planes: groups in group order; each group's codes form a
  *    little-endian bit stream (element i at bits [b*i, b*i+b)) that starts on
  *    a byte boundary and occupies ceil(n*b/8) bytes (n = group length).
+ *    Unused high bits of a group's last byte are 0.
+ *  - Argument offsets are aligned to their element type: 4 bytes for f32 and
+ *    u32, 2 for u16 (codes, fp16/bf16 bits), 8 for kv_page_desc, 1 for packed
+ *    bytes. The dispatcher checks alignment and that required buffers are
+ *    given (KV_EINPUT otherwise); backends check that every range lies inside
+ *    its buffer.
+ *  - Choices that DESIGN.md leaves open (metadata that would overflow fp16
+ *    saturates to ±65504; −0 is canonicalised to +0 before the metadata;
+ *    +Inf codes as 2^b − 1 even when scale is 0; out-of-range codes are masked
+ *    to their width) are written out in backends/numerics.h.
  */
 #ifndef KV_BACKEND_H
 #define KV_BACKEND_H
@@ -66,6 +76,8 @@ size_t kv_layout_groups(const kv_quant_layout *l);
 uint32_t kv_layout_group_len(const kv_quant_layout *l, size_t group);
 size_t kv_layout_packed_bytes(const kv_quant_layout *l, unsigned bits);
 size_t kv_layout_meta_bytes(const kv_quant_layout *l); /* scale + zero: 4 bytes a group */
+/* Byte offset of group `group`'s stream within a packed plane of `bits`-bit codes. */
+size_t kv_layout_group_offset(const kv_quant_layout *l, unsigned bits, size_t group);
 
 /* ---- Kernel arguments -------------------------------------------------------- */
 
@@ -138,7 +150,13 @@ typedef struct kv_store_format {
     uint32_t group_size; /* G */
 } kv_store_format;
 
-/* One page: ntokens tokens of one (layer, KV head), all in one format. */
+/* One page: ntokens tokens of one (layer, KV head), all in one format. A QUANT
+   page is quantized as the layout {rows = ntokens, cols = head_dim,
+   group_size, grouping}: its packed plane (kv_layout_packed_bytes at `bits`, or
+   at `anchor_bits` for an anchor-only page) at *_data, its metadata at *_meta
+   (scale[groups] then zero[groups], fp16 bits). F32 data must be 4-byte
+   aligned, BF16 data and metadata 2-byte aligned; a page of ntokens == 0 is
+   skipped. */
 typedef struct kv_page_desc {
     uint32_t ntokens;       /* tokens in the page */
     uint32_t pos_index;     /* positions[pos_index + i] is the position of token i */
@@ -148,7 +166,13 @@ typedef struct kv_page_desc {
 } kv_page_desc;
 
 /* Attention of n_queries query tokens over paged KV, causal by position.
-   GQA: query head h uses KV head h / (n_heads / n_kv_heads). */
+   GQA: query head h uses KV head h / (n_heads / n_kv_heads).
+   For query i and head h: logits l_t = scale * dot(q[i][h], K_t) over the
+   tokens t of KV head h / group whose position <= q_pos[i]; p = softmax(l);
+   out[i][h] = sum_t p_t V_t. A query that sees no token gets out = 0.
+   The CPU reference (device 1) computes in double and rounds the result to
+   f32; other backends must agree within relative 1e-5 (error measured against
+   the largest |out| of the same (query, head), see docs/kernels.md). */
 typedef struct kv_attention_args {
     uint32_t n_queries;   /* 1 for decode; k for verification; T for prefill */
     uint32_t n_heads;     /* query heads */
@@ -177,7 +201,9 @@ typedef struct kv_attention_args {
    release: entry i returns pages[offsets[i] + j] into
    free_list[(tail + offsets[i] + j) % capacity]; tail and free_count advance.
    If an alloc asks for more than free_count, nothing changes and status = 1;
-   otherwise status = 0. */
+   if a release would make free_count exceed capacity, nothing changes and
+   status = 2; otherwise status = 0. Invariant: tail == (head + free_count) %
+   capacity. pages may be absent when every demand is 0. */
 typedef struct kv_compact_args {
     uint32_t n;        /* entries: one per (sequence, layer, KV head, tier) */
     uint32_t capacity; /* slots in free_list */

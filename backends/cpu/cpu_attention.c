@@ -1,0 +1,577 @@
+/* cpu_attention.c — attention over paged, mixed-precision KV: the
+ * double-precision reference (device 1) and the fast float path (device 0).
+ *
+ * Both first check every page descriptor against the buffers, then turn a
+ * page's K or V into an f32 tile [ntokens][head_dim] with the exact decode
+ * numerics (reference: cpu_ref.c loops; fast: the fused decode), so the two
+ * differ only in the attention arithmetic.
+ *
+ * Reference: for each (query, head), logits, softmax and the weighted sum of
+ * V in double over the whole KV head, rounded to f32 at the end.
+ * Fast: work items are (KV head, block of queries); for each item, pass 1
+ * decodes each K page once and computes the logits of all queries x GQA heads
+ * of the block, pass 2 takes exp and the sums, pass 3 decodes each V page once
+ * and accumulates. When scores are asked for, an item is a whole KV head (so
+ * that no two threads add to the same score) and loops over query blocks. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "backends/cpu/cpu_internal.h"
+#include "backends/numerics.h"
+#include "core/alloc.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define KV_HAVE_X86 1
+#include <immintrin.h>
+#define KV_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,bmi2,fma")))
+#endif
+
+/* Resolved arguments. */
+typedef struct attn {
+    const kv_attention_args *a;
+    const cpu_ctx *c;
+    const float *q;
+    const uint32_t *q_pos, *head_pages, *positions;
+    const kv_page_desc *pages;
+    const uint8_t *kv;
+    float *out, *scores;
+    uint32_t group;          /* query heads per KV head */
+    uint32_t max_page_tokens;
+    uint64_t *head_tokens;   /* [n_kv_heads] tokens of each KV head */
+    uint64_t max_head_tokens;
+} attn;
+
+/* ---- Checks ------------------------------------------------------------------ */
+
+static size_t store_bytes(const kv_store_format *f, uint32_t ntok, uint32_t hd, size_t *meta)
+{
+    *meta = 0;
+    if (f->kind == KV_STORE_F32)
+        return (size_t)ntok * hd * 4;
+    if (f->kind == KV_STORE_BF16)
+        return (size_t)ntok * hd * 2;
+    kv_quant_layout l = {ntok, hd, f->group_size, (kv_grouping)f->grouping};
+    *meta = kv_layout_meta_bytes(&l);
+    return kv_layout_packed_bytes(&l, f->anchor_bits ? f->anchor_bits : f->bits);
+}
+
+static int check_format(const kv_store_format *f, uint32_t page, const char *which, kv_error *err)
+{
+    if (f->kind > KV_STORE_QUANT)
+        return kv_error_set(err, KV_EINPUT, "attention: page %u %s: unknown store kind %u", page, which, f->kind);
+    if (f->kind != KV_STORE_QUANT)
+        return KV_OK;
+    if (f->bits < 1 || f->bits > 16 || f->group_size == 0 || f->grouping > KV_GROUP_CHANNEL ||
+        (f->anchor_bits && f->anchor_bits >= f->bits))
+        return kv_error_set(err, KV_EINPUT,
+                            "attention: page %u %s: bad quantized format (bits %u, anchor_bits %u, group_size %u, "
+                            "grouping %u)",
+                            page, which, f->bits, f->anchor_bits, f->group_size, f->grouping);
+    return KV_OK;
+}
+
+static int check_range(uint64_t off, size_t bytes, size_t align, size_t have, uint32_t page, const char *what,
+                       kv_error *err)
+{
+    if (off % align)
+        return kv_error_set(err, KV_EINPUT, "attention: page %u %s offset %llu is not a multiple of %zu", page,
+                            what, (unsigned long long)off, align);
+    if (off > have || bytes > have - off)
+        return kv_error_set(err, KV_EINPUT, "attention: page %u %s needs %zu bytes at %llu, kv_data holds %zu",
+                            page, what, bytes, (unsigned long long)off, have);
+    return KV_OK;
+}
+
+static int check_store(const kv_store_format *f, uint32_t ntok, uint32_t hd, uint64_t data, uint64_t meta,
+                       size_t have, uint32_t page, const char *which, kv_error *err)
+{
+    int rc = check_format(f, page, which, err);
+    if (rc)
+        return rc;
+    size_t meta_bytes, bytes = store_bytes(f, ntok, hd, &meta_bytes);
+    char what[32];
+    snprintf(what, sizeof what, "%s data", which);
+    rc = check_range(data, bytes, f->kind == KV_STORE_F32 ? 4 : f->kind == KV_STORE_BF16 ? 2 : 1, have, page, what,
+                     err);
+    if (!rc && f->kind == KV_STORE_QUANT) {
+        snprintf(what, sizeof what, "%s meta", which);
+        rc = check_range(meta, meta_bytes, 2, have, page, what, err);
+    }
+    return rc;
+}
+
+static size_t buffer_left(const kv_bref *r)
+{
+    return r->buf && r->offset <= r->buf->bytes ? r->buf->bytes - r->offset : 0;
+}
+
+/* Resolves and checks all arguments; fills *t (free t->head_tokens after). */
+static int attn_resolve(const cpu_ctx *c, const kv_attention_args *a, attn *t, kv_error *err)
+{
+    memset(t, 0, sizeof *t);
+    t->a = a;
+    t->c = c;
+    t->group = a->n_heads / a->n_kv_heads;
+    size_t qn = (size_t)a->n_queries * a->n_heads * a->head_dim;
+    int rc = kv_cpu_span(&a->q, qn * 4, (void **)&t->q, "attention", "q", err);
+    if (!rc)
+        rc = kv_cpu_span(&a->q_pos, (size_t)a->n_queries * 4, (void **)&t->q_pos, "attention", "q_pos", err);
+    if (!rc)
+        rc = kv_cpu_span(&a->out, qn * 4, (void **)&t->out, "attention", "out", err);
+    if (!rc)
+        rc = kv_cpu_span(&a->head_pages, (size_t)a->n_kv_heads * 8, (void **)&t->head_pages, "attention",
+                         "head_pages", err);
+    if (!rc && a->n_pages)
+        rc = kv_cpu_span(&a->pages, (size_t)a->n_pages * sizeof(kv_page_desc), (void **)&t->pages, "attention",
+                         "pages", err);
+    if (!rc && a->scores.buf)
+        rc = kv_cpu_span(&a->scores, (size_t)a->n_kv_heads * a->score_stride * 4, (void **)&t->scores,
+                         "attention", "scores", err);
+    if (rc)
+        return rc;
+    size_t n_positions = buffer_left(&a->positions) / 4, kv_bytes = buffer_left(&a->kv_data);
+    if (a->n_pages) {
+        t->positions = (const uint32_t *)(a->positions.buf->data + a->positions.offset);
+        t->kv = a->kv_data.buf->data + a->kv_data.offset;
+    }
+    for (uint32_t p = 0; p < a->n_pages && !rc; p++) {
+        const kv_page_desc *pg = &t->pages[p];
+        if ((uint64_t)pg->pos_index + pg->ntokens > n_positions)
+            rc = kv_error_set(err, KV_EINPUT, "attention: page %u uses positions [%u, %llu) but positions holds %zu",
+                              p, pg->pos_index, (unsigned long long)pg->pos_index + pg->ntokens, n_positions);
+        if (!rc && pg->ntokens)
+            rc = check_store(&pg->key, pg->ntokens, a->head_dim, pg->key_data, pg->key_meta, kv_bytes, p, "key",
+                             err);
+        if (!rc && pg->ntokens)
+            rc = check_store(&pg->value, pg->ntokens, a->head_dim, pg->value_data, pg->value_meta, kv_bytes, p,
+                             "value", err);
+        if (pg->ntokens > t->max_page_tokens)
+            t->max_page_tokens = pg->ntokens;
+    }
+    if (rc)
+        return rc;
+    t->head_tokens = kv_calloc(a->n_kv_heads ? a->n_kv_heads : 1, sizeof *t->head_tokens);
+    for (uint32_t h = 0; h < a->n_kv_heads; h++) {
+        uint32_t first = t->head_pages[2 * h], count = t->head_pages[2 * h + 1];
+        if ((uint64_t)first + count > a->n_pages) {
+            kv_free(t->head_tokens);
+            t->head_tokens = NULL;
+            return kv_error_set(err, KV_EINPUT, "attention: KV head %u uses pages [%u, %llu) but there are %u", h,
+                                first, (unsigned long long)first + count, a->n_pages);
+        }
+        for (uint32_t p = first; p < first + count; p++)
+            t->head_tokens[h] += t->pages[p].ntokens;
+        if (t->head_tokens[h] > t->max_head_tokens)
+            t->max_head_tokens = t->head_tokens[h];
+        if (t->scores && t->head_tokens[h] > a->score_stride) {
+            kv_free(t->head_tokens);
+            t->head_tokens = NULL;
+            return kv_error_set(err, KV_EINPUT, "attention: KV head %u has %llu tokens but score_stride is %u", h,
+                                (unsigned long long)t->head_tokens[h], a->score_stride);
+        }
+    }
+    return KV_OK;
+}
+
+/* ---- Pages to f32 --------------------------------------------------------- */
+
+/* One page's K (value = 0) or V (value = 1) as f32 [ntokens][head_dim]. The
+   reference uses cpu_ref.c; the fast device the fused decode. codes is
+   scratch of ntokens*head_dim u16 (reference only). */
+static void page_tile(const attn *t, const kv_page_desc *pg, int value, float *tile, uint16_t *codes,
+                      kv_cpu_scratch *scratch)
+{
+    const kv_store_format *f = value ? &pg->value : &pg->key;
+    const uint8_t *data = t->kv + (value ? pg->value_data : pg->key_data);
+    uint32_t hd = t->a->head_dim;
+    size_t n = (size_t)pg->ntokens * hd;
+    if (f->kind == KV_STORE_F32) {
+        memcpy(tile, data, n * 4);
+        return;
+    }
+    if (f->kind == KV_STORE_BF16) {
+        const uint16_t *h = (const uint16_t *)data;
+        for (size_t i = 0; i < n; i++)
+            tile[i] = kv_bf16_to_f32(h[i]);
+        return;
+    }
+    kv_quant_layout l = {pg->ntokens, hd, f->group_size, (kv_grouping)f->grouping};
+    const uint16_t *scale = (const uint16_t *)(t->kv + (value ? pg->value_meta : pg->key_meta));
+    const uint16_t *zero = scale + kv_layout_groups(&l);
+    unsigned width = f->anchor_bits ? f->anchor_bits : f->bits;
+    size_t groups = kv_layout_groups(&l);
+    if (t->c->reference) {
+        kv_cpu_ref_unpack(&l, width, data, codes, 0, groups);
+        kv_cpu_ref_dequantize(&l, f->bits, f->anchor_bits, codes, scale, zero, tile, 0, groups);
+    } else {
+        kv_cpu_fast_decode(t->c->isa, &l, f->bits, f->anchor_bits, data, NULL, scale, zero, tile, 0, groups,
+                           scratch);
+    }
+}
+
+/* ---- Reference (double) ---------------------------------------------------- */
+
+static int attention_reference(const attn *t)
+{
+    const kv_attention_args *a = t->a;
+    uint32_t hd = a->head_dim;
+    size_t maxtok = t->max_head_tokens ? t->max_head_tokens : 1;
+    float *K = kv_malloc(maxtok * hd * sizeof *K), *V = kv_malloc(maxtok * hd * sizeof *V);
+    uint32_t *pos = kv_malloc(maxtok * sizeof *pos);
+    uint16_t *codes = kv_malloc(((size_t)t->max_page_tokens * hd + 1) * sizeof *codes);
+    double *logit = kv_malloc(maxtok * sizeof *logit), *acc = kv_malloc(hd * sizeof *acc);
+    double *prob_sum = kv_malloc(maxtok * sizeof *prob_sum);
+    for (uint32_t kh = 0; kh < a->n_kv_heads; kh++) {
+        /* the whole KV head as f32, tokens in page order */
+        size_t T = 0;
+        for (uint32_t p = t->head_pages[2 * kh]; p < t->head_pages[2 * kh] + t->head_pages[2 * kh + 1]; p++) {
+            const kv_page_desc *pg = &t->pages[p];
+            if (!pg->ntokens)
+                continue;
+            page_tile(t, pg, 0, K + T * hd, codes, NULL);
+            page_tile(t, pg, 1, V + T * hd, codes, NULL);
+            for (uint32_t i = 0; i < pg->ntokens; i++)
+                pos[T + i] = t->positions[pg->pos_index + i];
+            T += pg->ntokens;
+        }
+        for (uint32_t g = 0; g < t->group; g++) {
+            uint32_t h = kh * t->group + g;
+            for (size_t i = 0; i < T; i++)
+                prob_sum[i] = 0.0;
+            for (uint32_t qi = 0; qi < a->n_queries; qi++) {
+                const float *q = t->q + ((size_t)qi * a->n_heads + h) * hd;
+                float *out = t->out + ((size_t)qi * a->n_heads + h) * hd;
+                double mx = -INFINITY;
+                for (size_t i = 0; i < T; i++) {
+                    if (pos[i] > t->q_pos[qi]) {
+                        logit[i] = -INFINITY;
+                        continue;
+                    }
+                    double dot = 0.0;
+                    for (uint32_t d = 0; d < hd; d++)
+                        dot += (double)q[d] * (double)K[i * hd + d];
+                    logit[i] = (double)a->scale * dot;
+                    if (logit[i] > mx)
+                        mx = logit[i];
+                }
+                for (uint32_t d = 0; d < hd; d++)
+                    acc[d] = 0.0;
+                if (mx == -INFINITY) { /* no visible token */
+                    for (uint32_t d = 0; d < hd; d++)
+                        out[d] = 0.0f;
+                    continue;
+                }
+                double sum = 0.0;
+                for (size_t i = 0; i < T; i++) {
+                    logit[i] = logit[i] == -INFINITY ? 0.0 : exp(logit[i] - mx);
+                    sum += logit[i];
+                }
+                for (size_t i = 0; i < T; i++) {
+                    double p = logit[i] / sum;
+                    prob_sum[i] += p;
+                    if (p == 0.0)
+                        continue;
+                    for (uint32_t d = 0; d < hd; d++)
+                        acc[d] += p * (double)V[i * hd + d];
+                }
+                for (uint32_t d = 0; d < hd; d++)
+                    out[d] = (float)acc[d];
+            }
+            if (t->scores) {
+                float *sc = t->scores + (size_t)kh * a->score_stride;
+                for (size_t i = 0; i < T; i++)
+                    if (g == 0 || (float)prob_sum[i] > sc[i])
+                        sc[i] = (float)prob_sum[i];
+            }
+        }
+    }
+    kv_free(K);
+    kv_free(V);
+    kv_free(pos);
+    kv_free(codes);
+    kv_free(logit);
+    kv_free(acc);
+    kv_free(prob_sum);
+    return KV_OK;
+}
+
+/* ---- Fast (float) ------------------------------------------------------------ */
+
+/* Per-worker scratch of the fast path. */
+typedef struct fast_ws {
+    float *tile;          /* [max_page_tokens][head_dim] */
+    float *logits;        /* [block][group][max_head_tokens] */
+    float *acc;           /* [block][group][head_dim] */
+    float *score_acc;     /* [group][max_head_tokens] when scores are asked for */
+    kv_cpu_scratch dec;   /* for the fused decode */
+} fast_ws;
+
+typedef struct fast_job {
+    const attn *t;
+    fast_ws *ws;      /* one per worker */
+    uint32_t block;   /* queries per block */
+    uint32_t blocks;  /* blocks per KV head */
+    int per_head;     /* 1: an item is a whole KV head (scores asked for) */
+} fast_job;
+
+static float dot_generic(const float *a, const float *b, uint32_t n)
+{
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    uint32_t d = 0;
+    for (; d + 4 <= n; d += 4) {
+        s0 += a[d] * b[d];
+        s1 += a[d + 1] * b[d + 1];
+        s2 += a[d + 2] * b[d + 2];
+        s3 += a[d + 3] * b[d + 3];
+    }
+    for (; d < n; d++)
+        s0 += a[d] * b[d];
+    return (s0 + s1) + (s2 + s3);
+}
+
+static void axpy_generic(float *y, float p, const float *x, uint32_t n)
+{
+    for (uint32_t d = 0; d < n; d++)
+        y[d] += p * x[d];
+}
+
+/* exp(x) for x <= 0 over a row; exact 0 where x == -Inf. Returns the sum. */
+static float exp_row_generic(float *x, size_t n, float mx)
+{
+    float sum = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        x[i] = x[i] == -INFINITY ? 0.0f : expf(x[i] - mx);
+        sum += x[i];
+    }
+    return sum;
+}
+
+#ifdef KV_HAVE_X86
+/* dot products of one key with `nq` query vectors (hd a multiple of 16 or not). */
+KV_AVX512 static void dots_avx512(const float *k, const float *const *qs, uint32_t nq, uint32_t hd, float *res)
+{
+    for (uint32_t j = 0; j < nq; j++) {
+        __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+        uint32_t d = 0;
+        for (; d + 32 <= hd; d += 32) {
+            acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(qs[j] + d), _mm512_loadu_ps(k + d), acc0);
+            acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(qs[j] + d + 16), _mm512_loadu_ps(k + d + 16), acc1);
+        }
+        for (; d < hd; d += 16) {
+            __mmask16 m = hd - d >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (hd - d)) - 1u);
+            acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qs[j] + d), _mm512_maskz_loadu_ps(m, k + d), acc0);
+        }
+        res[j] = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+    }
+}
+
+KV_AVX512 static void axpy_avx512(float *y, float p, const float *x, uint32_t n)
+{
+    __m512 vp = _mm512_set1_ps(p);
+    for (uint32_t d = 0; d < n; d += 16) {
+        __mmask16 m = n - d >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - d)) - 1u);
+        __m512 yv = _mm512_maskz_loadu_ps(m, y + d);
+        _mm512_mask_storeu_ps(y + d, m, _mm512_fmadd_ps(vp, _mm512_maskz_loadu_ps(m, x + d), yv));
+    }
+}
+
+/* e^x for x <= 0 (Cephes-style: x = n ln2 + r, degree-6 polynomial in r,
+   about 2 ulp); 0 where x is -Inf or below -87.3. */
+KV_AVX512 static __m512 exp_avx512(__m512 x)
+{
+    const __m512 lo = _mm512_set1_ps(-87.3f);
+    __mmask16 tiny = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+    x = _mm512_max_ps(x, lo);
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_maskz_scalef_ps((__mmask16)~tiny, p, n);
+}
+
+KV_AVX512 static float exp_row_avx512(float *x, size_t n, float mx)
+{
+    __m512 vm = _mm512_set1_ps(mx), sum = _mm512_setzero_ps();
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        __m512 e = exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vm));
+        e = _mm512_maskz_mov_ps(m, e);
+        _mm512_mask_storeu_ps(x + i, m, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    return _mm512_reduce_add_ps(sum);
+}
+#endif
+
+static void fast_item(void *arg, size_t i0, size_t i1, int worker)
+{
+    const fast_job *j = arg;
+    const attn *t = j->t;
+    const kv_attention_args *a = t->a;
+    fast_ws *w = &j->ws[worker];
+    uint32_t hd = a->head_dim, G = t->group;
+#ifdef KV_HAVE_X86
+    int avx = t->c->isa[0] == 'a';
+#endif
+    for (size_t item = i0; item < i1; item++) {
+        uint32_t kh = (uint32_t)(j->per_head ? item : item / j->blocks);
+        uint32_t b0 = j->per_head ? 0 : (uint32_t)(item % j->blocks), b1 = j->per_head ? j->blocks : b0 + 1;
+        size_t T = t->head_tokens[kh];
+        uint32_t pfirst = t->head_pages[2 * kh], pend = pfirst + t->head_pages[2 * kh + 1];
+        if (w->score_acc)
+            memset(w->score_acc, 0, (size_t)G * (T ? T : 1) * sizeof(float));
+        for (uint32_t b = b0; b < b1; b++) {
+            uint32_t q0 = b * j->block, q1 = q0 + j->block < a->n_queries ? q0 + j->block : a->n_queries;
+            uint32_t nq = (q1 - q0) * G; /* rows: (query, head in group) */
+            const float *qs[64 * 16];
+            float dots[64 * 16];
+            for (uint32_t r = 0; r < nq; r++)
+                qs[r] = t->q + ((size_t)(q0 + r / G) * a->n_heads + kh * G + r % G) * hd;
+            /* pass 1: logits */
+            size_t base = 0;
+            for (uint32_t p = pfirst; p < pend; p++) {
+                const kv_page_desc *pg = &t->pages[p];
+                if (!pg->ntokens)
+                    continue;
+                page_tile(t, pg, 0, w->tile, NULL, &w->dec);
+                for (uint32_t i = 0; i < pg->ntokens; i++) {
+                    const float *k = w->tile + (size_t)i * hd;
+#ifdef KV_HAVE_X86
+                    if (avx)
+                        dots_avx512(k, qs, nq, hd, dots);
+                    else
+#endif
+                        for (uint32_t r = 0; r < nq; r++)
+                            dots[r] = dot_generic(qs[r], k, hd);
+                    uint32_t pos = t->positions[pg->pos_index + i];
+                    for (uint32_t r = 0; r < nq; r++)
+                        w->logits[r * T + base + i] = pos <= t->q_pos[q0 + r / G] ? a->scale * dots[r] : -INFINITY;
+                }
+                base += pg->ntokens;
+            }
+            /* pass 2: softmax of each row */
+            for (uint32_t r = 0; r < nq; r++) {
+                float *row = w->logits + r * T, mx = -INFINITY;
+                for (size_t i = 0; i < T; i++)
+                    mx = row[i] > mx ? row[i] : mx;
+                if (mx == -INFINITY) { /* no visible token: probabilities 0, output 0 */
+                    memset(row, 0, T * sizeof *row);
+                    continue;
+                }
+                float sum;
+#ifdef KV_HAVE_X86
+                if (avx)
+                    sum = exp_row_avx512(row, T, mx);
+                else
+#endif
+                    sum = exp_row_generic(row, T, mx);
+                float inv = 1.0f / sum;
+                for (size_t i = 0; i < T; i++)
+                    row[i] *= inv;
+                if (w->score_acc)
+                    for (size_t i = 0; i < T; i++)
+                        w->score_acc[(r % G) * T + i] += row[i];
+            }
+            /* pass 3: weighted sum of V */
+            memset(w->acc, 0, (size_t)nq * hd * sizeof(float));
+            base = 0;
+            for (uint32_t p = pfirst; p < pend; p++) {
+                const kv_page_desc *pg = &t->pages[p];
+                if (!pg->ntokens)
+                    continue;
+                page_tile(t, pg, 1, w->tile, NULL, &w->dec);
+                for (uint32_t i = 0; i < pg->ntokens; i++) {
+                    const float *v = w->tile + (size_t)i * hd;
+                    for (uint32_t r = 0; r < nq; r++) {
+                        float pr = w->logits[r * T + base + i];
+                        if (pr == 0.0f)
+                            continue;
+#ifdef KV_HAVE_X86
+                        if (avx)
+                            axpy_avx512(w->acc + (size_t)r * hd, pr, v, hd);
+                        else
+#endif
+                            axpy_generic(w->acc + (size_t)r * hd, pr, v, hd);
+                    }
+                }
+                base += pg->ntokens;
+            }
+            for (uint32_t r = 0; r < nq; r++)
+                memcpy(t->out + ((size_t)(q0 + r / G) * a->n_heads + kh * G + r % G) * hd, w->acc + (size_t)r * hd,
+                       hd * sizeof(float));
+        }
+        if (w->score_acc) {
+            float *sc = t->scores + (size_t)kh * a->score_stride;
+            for (size_t i = 0; i < T; i++) {
+                float m = w->score_acc[i];
+                for (uint32_t g = 1; g < G; g++)
+                    m = w->score_acc[g * T + i] > m ? w->score_acc[g * T + i] : m;
+                sc[i] = m;
+            }
+        }
+    }
+}
+
+static int attention_fast(const attn *t)
+{
+    const kv_attention_args *a = t->a;
+    int workers = t->c->threads;
+    size_t T = t->max_head_tokens ? t->max_head_tokens : 1;
+    /* queries per block: at most 64 rows of (query, head) and about 1 M logits */
+    uint32_t block = (uint32_t)(1048576 / ((size_t)t->group * T));
+    uint32_t cap = 1024 / t->group;
+    block = block < 1 ? 1 : block > cap ? cap : block;
+    if (block > a->n_queries)
+        block = a->n_queries ? a->n_queries : 1;
+    fast_job j = {t, kv_calloc((size_t)workers, sizeof(fast_ws)), block, (a->n_queries + block - 1) / block,
+                  t->scores != NULL};
+    uint32_t max_group = 1;
+    for (uint32_t p = 0; p < a->n_pages; p++) {
+        if (t->pages[p].key.kind == KV_STORE_QUANT && t->pages[p].key.group_size > max_group)
+            max_group = t->pages[p].key.group_size;
+        if (t->pages[p].value.kind == KV_STORE_QUANT && t->pages[p].value.group_size > max_group)
+            max_group = t->pages[p].value.group_size;
+    }
+    for (int i = 0; i < workers; i++) {
+        fast_ws *w = &j.ws[i];
+        w->tile = kv_malloc(((size_t)t->max_page_tokens * a->head_dim + 16) * sizeof(float));
+        w->logits = kv_malloc((size_t)block * t->group * T * sizeof(float));
+        w->acc = kv_malloc((size_t)block * t->group * a->head_dim * sizeof(float));
+        w->score_acc = t->scores ? kv_malloc((size_t)t->group * T * sizeof(float)) : NULL;
+        kv_cpu_scratch_init(&w->dec, max_group);
+    }
+    size_t items = j.per_head ? a->n_kv_heads : (size_t)a->n_kv_heads * j.blocks;
+    if (a->n_queries)
+        kv_cpu_pool_run(t->c->pool, items, 1, fast_item, &j);
+    for (int i = 0; i < workers; i++) {
+        kv_free(j.ws[i].tile);
+        kv_free(j.ws[i].logits);
+        kv_free(j.ws[i].acc);
+        kv_free(j.ws[i].score_acc);
+        kv_cpu_scratch_free(&j.ws[i].dec);
+    }
+    kv_free(j.ws);
+    return KV_OK;
+}
+
+int kv_cpu_attention(cpu_ctx *c, const kv_attention_args *a, kv_error *err)
+{
+    attn t;
+    int rc = attn_resolve(c, a, &t, err);
+    if (rc)
+        return rc;
+    if (t.group > 1024)
+        rc = kv_error_set(err, KV_EINPUT, "attention: %u query heads per KV head (at most 1024)", t.group);
+    else
+        rc = c->reference ? attention_reference(&t) : attention_fast(&t);
+    kv_free(t.head_tokens);
+    return rc;
+}

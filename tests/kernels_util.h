@@ -1,0 +1,88 @@
+/* kernels_util.h — header-only helpers for the kernel tests: backend buffers
+ * from host arrays and back, and test inputs with the awkward values the
+ * numerics must handle (NaN, ±Inf, −0, constant groups, fp16 overflow). */
+#ifndef KV_TESTS_KERNELS_UTIL_H
+#define KV_TESTS_KERNELS_UTIL_H
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/backend.h"
+#include "core/rng.h"
+
+/* A backend buffer holding a copy of host bytes (bytes may be 0: one byte is allocated). */
+static inline kv_buffer *kvt_put(kv_backend *be, const void *src, size_t bytes)
+{
+    kv_buffer *b = NULL;
+    kv_error err = {0};
+    cr_assert_eq(kv_buffer_alloc(be, bytes ? bytes : 1, &b, &err), KV_OK, "%s", err.msg);
+    if (bytes && src)
+        cr_assert_eq(kv_buffer_write(be, b, 0, src, bytes, &err), KV_OK, "%s", err.msg);
+    return b;
+}
+
+/* A backend buffer of `bytes` filled with `fill` (to catch bytes a kernel forgot to write). */
+static inline kv_buffer *kvt_fill(kv_backend *be, size_t bytes, unsigned char fill)
+{
+    unsigned char *tmp = malloc(bytes ? bytes : 1);
+    memset(tmp, fill, bytes ? bytes : 1);
+    kv_buffer *b = kvt_put(be, tmp, bytes ? bytes : 1);
+    free(tmp);
+    return b;
+}
+
+/* Synchronises and reads bytes back into a fresh host array (free it). */
+static inline void *kvt_get(kv_backend *be, kv_buffer *b, size_t bytes)
+{
+    kv_error err = {0};
+    cr_assert_eq(kv_backend_synchronize(be, &err), KV_OK, "%s", err.msg);
+    void *dst = malloc(bytes ? bytes : 1);
+    if (bytes)
+        cr_assert_eq(kv_buffer_read(be, b, 0, dst, bytes, &err), KV_OK, "%s", err.msg);
+    return dst;
+}
+
+static inline kv_backend *kvt_open(const char *name, int device)
+{
+    kv_backend *be = NULL;
+    kv_error err = {0};
+    cr_assert_eq(kv_backend_open(name, device, &be, &err), KV_OK, "%s", err.msg);
+    return be;
+}
+
+/* The oracle: the CPU reference device. */
+static inline kv_backend *kvt_open_reference(void)
+{
+    return kvt_open("cpu", 1);
+}
+
+/* Test values: mostly normal(0, sd) with, when `awkward` is set, a sprinkling
+   of NaN, ±Inf, ±0, huge values (fp16 overflow), tiny values (fp16
+   subnormals) and runs of equal values (constant groups). */
+static inline void kvt_values(kv_rng *rng, float *x, size_t n, float sd, int awkward)
+{
+    for (size_t i = 0; i < n; i++) {
+        x[i] = (float)(kv_rng_normal(rng) * sd);
+        if (!awkward)
+            continue;
+        uint64_t k = kv_rng_below(rng, 200);
+        switch (k) {
+        case 0: x[i] = NAN; break;
+        case 1: x[i] = INFINITY; break;
+        case 2: x[i] = -INFINITY; break;
+        case 3: x[i] = -0.0f; break;
+        case 4: x[i] = 0.0f; break;
+        case 5: x[i] = (float)(kv_rng_normal(rng) * 1e6); break;
+        case 6: x[i] = (float)(kv_rng_normal(rng) * 1e-6); break;
+        case 7: x[i] = 3.0e38f; break;
+        case 8: x[i] = -3.0e38f; break;
+        default: break;
+        }
+        if (k >= 9 && k < 30 && i > 0)
+            x[i] = x[i - 1]; /* runs: constant groups */
+    }
+}
+
+#endif
