@@ -125,6 +125,7 @@ typedef struct engine {
     const kv_doublelist *accept_pos;
     int ttkt_k;
     kv_tier_split tiers;
+    kv_kernel_costs costs;  /* zeroes: roofline */
     kv_run_result *out;
     kv_timeline *tl;
     int tl_process;
@@ -205,9 +206,17 @@ static int plan_request(engine *e, request *r)
     r->anchor_per_token = anchor / tokens;
     r->reserved_bytes = r->full_per_token * (double)(r->spec.prompt_tokens + r->spec.output_tokens);
     /* Encode reads the bf16 KV and writes the planes; merge reads both planes and writes the codes. */
-    double bf16_bytes = kv_model_kv_values_per_token(m) * 2.0 * tokens;
-    r->encode_s = kv_timing_encode_seconds(&e->prefill_timing, bf16_bytes + anchor + residual);
-    r->merge_s = r->split ? kv_timing_decode_kernel_seconds(&e->decode_timing, 2.0 * (anchor + residual)) : 0;
+    double values = kv_model_kv_values_per_token(m) * tokens;
+    if (e->costs.encode_s_per_value > 0)
+        r->encode_s = values * e->costs.encode_s_per_value; /* measured on a backend */
+    else
+        r->encode_s = kv_timing_encode_seconds(&e->prefill_timing, values * 2.0 + anchor + residual);
+    if (!r->split)
+        r->merge_s = 0;
+    else if (e->costs.decode_s_per_value > 0)
+        r->merge_s = values * e->costs.decode_s_per_value;
+    else
+        r->merge_s = kv_timing_decode_kernel_seconds(&e->decode_timing, 2.0 * (anchor + residual));
     r->layers_total = r->plan.layerwise ? m->layers : 1;
     r->res->anchor_bytes = anchor;
     r->res->residual_bytes = residual;
@@ -687,6 +696,7 @@ static int setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_erro
     kv_timing_init(&e->prefill_timing, m, &s->prefill_device, s->prefill.tp);
     kv_timing_init(&e->decode_timing, m, &s->decode_device, s->decode.tp);
     if (in->costs) {
+        e->costs = *in->costs;
         if (in->costs->encode_efficiency > 0)
             e->prefill_timing.encode_efficiency = e->decode_timing.encode_efficiency = in->costs->encode_efficiency;
         if (in->costs->decode_efficiency > 0)

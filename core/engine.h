@@ -17,7 +17,9 @@
 typedef struct kv_kernel_costs {
     double encode_efficiency;  /* fraction of memory bandwidth the encode kernel reaches */
     double decode_efficiency;  /* likewise merge / dequantize */
-    char source[128];          /* "model", "measured on cpu", "calibration FILE" */
+    double encode_s_per_value; /* measured: seconds per KV value encoded (0: use the roofline) */
+    double decode_s_per_value; /* measured: seconds per KV value merged/decoded (0: roofline) */
+    char source[160];          /* "model (...)", "measured on cpu (...)", "model, kernel efficiencies from FILE" */
 } kv_kernel_costs;
 
 typedef struct kv_run_inputs {
@@ -59,7 +61,7 @@ typedef struct kv_run_result {
     kv_link_stats *links;        /* [n_links] */
     size_t n_links;
     char network[32];            /* "simgrid" or "ideal" */
-    char timing_source[128];
+    char timing_source[160];
     double makespan_s;           /* last completion */
     double kv_mem_peak_bytes;    /* max over decode nodes of KV bytes held */
     double kv_mem_capacity_bytes;/* per decode node, after weights */

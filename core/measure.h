@@ -3,12 +3,18 @@
 #define KV_MEASURE_H
 
 #include "core/engine.h"
+#include "core/policy.h"
 #include "core/scenario.h"
 
-/* Fills costs per the scenario's timing section: "model" leaves the device
-   profile's efficiencies; "measured" runs the encode and decode kernels on
-   timing.backend at the scenario's real tensor sizes; timing.calibration reads
-   efficiencies from a `kvsim bench kernels --json` file. */
-int kv_measure_costs(const kv_scenario *s, kv_kernel_costs *costs, kv_error *err);
+/* Fills costs for one policy per the scenario's timing section:
+ *  - timing.source: model — the device profile's memory efficiency, or, when
+ *    timing.calibration names a `kvsim bench kernels --json` file, the encode and
+ *    decode efficiencies measured there;
+ *  - timing.source: measured — runs the policy's encode and decode kernels on
+ *    timing.backend at the tensor size of the scenario's first request (one KV
+ *    head, K and V; rows sampled down to 4096 tokens and scaled back) and uses
+ *    their measured seconds per value in the simulated timeline.
+ * Bad backends and calibration files give KV_EINPUT naming the key. */
+int kv_measure_costs(const kv_scenario *s, kv_policy *p, int prompt_tokens, kv_kernel_costs *costs, kv_error *err);
 
 #endif

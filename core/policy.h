@@ -11,6 +11,7 @@
 #define KV_POLICY_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "core/error.h"
@@ -88,9 +89,13 @@ typedef struct kv_policy_param {
 } kv_policy_param;
 
 typedef struct kv_policy_limits {
-    uint64_t instructions_per_call; /* 0: default */
-    uint64_t memory_bytes;          /* 0: default */
+    uint64_t instructions_per_call; /* 0: default; Lua VM instructions per hook call (max INT_MAX) */
+    uint64_t memory_bytes;          /* 0: default; cap on the policy's Lua heap */
 } kv_policy_limits;
+
+#define KV_POLICY_DEFAULT_INSTRUCTIONS 1000000u           /* per hook call; loading the file gets 10x */
+#define KV_POLICY_DEFAULT_MEMORY_BYTES (32u * 1024u * 1024u) /* per policy state */
+#define KV_POLICY_MAX_SPECULATE 4096                      /* largest answer `speculate` may give */
 
 /* Loads a policy file. KV_EINPUT on syntax errors, bad params, a bad return. */
 int kv_policy_load(const char *name, const char *path, const kv_policy_param *params, int n_params,
@@ -115,5 +120,44 @@ int kv_policy_decode_node(kv_policy *p, const kv_policy_request *r, const kv_pol
 /* Hook `admit(ctx)`; default: admit when the request's KV fits in free memory. */
 int kv_policy_admit(kv_policy *p, const kv_policy_request *r, const kv_policy_node *node,
                     double kv_bytes_needed, bool *admit, kv_error *err);
+
+/* --- Additions (policy owner) -------------------------------------------- */
+
+/* Tells the policy which model it serves, so every hook sees `ctx.model`
+   (kv_policy_encoding also sets it from its `m`). Call once after loading;
+   calling again with a different card clears the encoding cache. The policy
+   copies what it needs. */
+void kv_policy_set_model(kv_policy *p, const kv_policy_model *m);
+
+/* The file's `describe` string ("" when absent), for tables and reports. */
+const char *kv_policy_describe(const kv_policy *p);
+
+/* The declared parameters after scenario overrides, sorted by key. `value` is
+   rendered the way Lua's tostring renders it ("4", "0.02", "true", "strict").
+   Pointers stay valid until kv_policy_destroy. */
+int kv_policy_param_count(const kv_policy *p);
+const char *kv_policy_param_key(const kv_policy *p, int i);
+const char *kv_policy_param_value(const kv_policy *p, int i);
+/* Writes "key=value key=value ..." (sorted) into buf; returns buf. */
+const char *kv_policy_params_string(const kv_policy *p, char *buf, size_t size);
+
+/* Whether the file defines hook `hook` ("encode", "transfer", ...). */
+bool kv_policy_has_hook(const kv_policy *p, const char *hook);
+
+/* Answers are cached per (layer, KV head) for `encode`, and once for
+   `transfer` and `speculate`, whenever the hook's call read nothing of the
+   request (ctx.request, ctx.context_length) and called no math.random. A file
+   can opt out with `cache = false`; this switch turns caching off (benchmarks,
+   tests) or back on. Turning it off also empties the cache. */
+void kv_policy_set_cache(kv_policy *p, bool on);
+
+typedef struct kv_policy_stats {
+    uint64_t lua_calls;       /* hook calls that ran Lua */
+    uint64_t cache_hits;      /* answers served from the cache */
+    uint64_t default_answers; /* answers given by an absent hook's default */
+    uint64_t memory_bytes;    /* Lua heap now */
+    uint64_t memory_peak_bytes;
+} kv_policy_stats;
+void kv_policy_get_stats(const kv_policy *p, kv_policy_stats *out);
 
 #endif

@@ -20,7 +20,7 @@ struct kv_study {
     kv_policy_outcome *outcomes;
     size_t n;
     kv_timeline *timeline;
-    kv_kernel_costs costs;
+    kv_kernel_costs *costs;   /* [n] per policy */
     int ran;
 };
 
@@ -132,11 +132,14 @@ int kv_study_prepare(const kv_scenario *s, kv_study **out, kv_error *err)
     st->policies = kv_calloc(st->n, sizeof *st->policies);
     st->files = kv_calloc(st->n, sizeof *st->files);
     st->outcomes = kv_calloc(st->n, sizeof *st->outcomes);
+    st->costs = kv_calloc(st->n, sizeof *st->costs);
     int rc = make_workload(st, err);
     for (size_t i = 0; !rc && i < st->n; i++)
         rc = load_policy(st, i, err);
-    if (!rc)
-        rc = kv_measure_costs(s, &st->costs, err);
+    size_t n_req = st->workload ? kv_workload_count(st->workload) : 0;
+    int first_prompt = n_req ? kv_workload_get(st->workload, 0)->prompt_tokens : 1;
+    for (size_t i = 0; !rc && i < st->n; i++)
+        rc = kv_measure_costs(s, st->policies[i], first_prompt, &st->costs[i], err);
     if (rc) {
         kv_study_destroy(st);
         return rc;
@@ -157,6 +160,7 @@ void kv_study_destroy(kv_study *st)
     kv_free(st->policies);
     kv_free(st->files);
     kv_free(st->outcomes);
+    kv_free(st->costs);
     kv_workload_destroy(st->workload);
     kv_timeline_destroy(st->timeline);
     kv_free(st);
@@ -175,7 +179,7 @@ int kv_study_run(kv_study *st, kv_error *err)
     int model = strcmp(s->net_model, "ideal") == 0 ? KV_NET_IDEAL : KV_NET_SIMGRID;
     double bf16_per_token = kv_model_kv_values_per_token(&s->model_card) * 2.0;
     for (size_t i = 0; i < st->n; i++) {
-        kv_run_inputs in = {s, st->policies[i], st->workload, &st->costs, st->timeline, model};
+        kv_run_inputs in = {s, st->policies[i], st->workload, &st->costs[i], st->timeline, model};
         kv_policy_outcome *o = &st->outcomes[i];
         o->name = s->policies.items[i];
         o->file = st->files[i];

@@ -67,6 +67,17 @@ typedef struct kv_net_config {
     int n_options;                /* SimGrid options passed through, e.g. network/model=CM02 */
     const char *option_key[KV_NET_MAX_OPTIONS];
     const char *option_value[KV_NET_MAX_OPTIONS];
+    /* Topology details (docs/network.md); fields a topology does not use are ignored. */
+    int fat_tree_spines;          /* fat-tree: spine switches (0: from oversubscription) */
+    int fat_tree_leaves;          /* fat-tree: leaf switches (0: enough for `hosts`) */
+    int torus_dims[3];            /* torus: nodes along x, y, z (0: dimension unused) */
+    int dragonfly_groups;         /* dragonfly: groups (<= dragonfly_routers) */
+    int dragonfly_chassis;        /* dragonfly: chassis per group */
+    int dragonfly_routers;        /* dragonfly: routers (blades) per chassis */
+    int dragonfly_nodes;          /* dragonfly: hosts per router */
+    const int *host_slot;         /* [hosts] topology position of host i (NULL: i); caller owns */
+    const char *const *host_names; /* platform: [hosts] SimGrid host of host i (NULL: hosts sorted
+                                      by name); caller owns */
 } kv_net_config;
 
 /* One KV transfer. */
@@ -107,6 +118,9 @@ int kv_net_create(const kv_net_config *cfg, kv_net_done_fn done, void *user, kv_
 void kv_net_destroy(kv_net *net); /* NULL is fine */
 const char *kv_net_name(const kv_net *net);
 
+/* Starts a flow at now_s (at the network's time if now_s is earlier). A now_s later
+   than the network's time is only valid when no flow completes in between: the
+   simgrid model returns KV_EFAIL otherwise, so advance to now_s first. */
 int kv_net_flow_start(kv_net *net, const kv_flow_spec *flow, double now_s, kv_flow_id *out, kv_error *err);
 int kv_net_flow_cancel(kv_net *net, kv_flow_id id, kv_error *err);
 /* Advances to min(t_limit_s, first completion); *t_now_s is where it stopped. */

@@ -9,6 +9,7 @@
 #include <stdio.h>
 
 #include "backends/backend.h"
+#include "backends/kernel_fixture.h"
 #include "tests/kernels_util.h"
 
 /* ---- The backends under test --------------------------------------------------- */
@@ -446,5 +447,77 @@ BACKEND_TEST(compaction_bit_exact)
         kv_buffer_free(bes[k], of[k]), kv_buffer_free(bes[k], pg[k]);
     }
     free(free_list);
+    close_pair(&p);
+}
+
+/* ---- Attention ------------------------------------------------------------------ */
+
+#define F32 {KV_STORE_F32, 0, 0, 0, 0}
+#define BF16 {KV_STORE_BF16, 0, 0, 0, 0}
+#define Q(bits, g) {KV_STORE_QUANT, bits, 0, KV_GROUP_TOKEN, g}
+#define QC(bits, g) {KV_STORE_QUANT, bits, 0, KV_GROUP_CHANNEL, g}
+#define QA(bits, a, g) {KV_STORE_QUANT, bits, a, KV_GROUP_TOKEN, g}
+
+typedef struct attn_case {
+    const char *name;
+    uint32_t n_queries, n_heads, n_kv_heads, head_dim, tokens, page_tokens;
+    kv_store_format k[4], v[4];
+    uint32_t n_formats;
+    int scores, empty_pages;
+} attn_case;
+
+static const attn_case attn_cases[] = {
+    {"decode f32 gqa4", 1, 8, 2, 64, 100, 16, {F32}, {F32}, 1, 1, 0},
+    {"decode bf16", 1, 4, 4, 32, 77, 32, {BF16}, {BF16}, 1, 0, 0},
+    {"decode int8 g32", 1, 8, 2, 128, 300, 64, {Q(8, 32)}, {Q(8, 32)}, 1, 1, 0},
+    {"decode int4 g32", 1, 8, 2, 128, 257, 32, {Q(4, 32)}, {Q(4, 32)}, 1, 0, 0},
+    {"decode kivi2 channel keys", 1, 4, 1, 64, 130, 32, {QC(2, 32)}, {Q(2, 32)}, 1, 1, 0},
+    {"decode diffkv mix (K8V4 / K4V2 / bf16)", 1, 8, 2, 64, 200, 16,
+     {Q(8, 64), Q(4, 64), BF16}, {Q(4, 64), Q(2, 64), BF16}, 3, 1, 0},
+    {"decode lynx anchor-only pages", 1, 4, 2, 64, 96, 16, {QA(8, 4, 32), Q(8, 32)}, {QA(16, 4, 64), Q(16, 64)},
+     2, 1, 0},
+    {"odd head_dim 33, groups that do not divide", 1, 6, 3, 33, 45, 7, {Q(5, 10), QC(3, 4)}, {Q(7, 16), F32}, 2,
+     1, 1},
+    {"verify k=4 causal", 4, 8, 2, 64, 120, 16, {Q(8, 32), Q(4, 32)}, {Q(4, 32), Q(2, 32)}, 2, 1, 0},
+    {"prefill causal", 48, 4, 1, 32, 48, 16, {Q(8, 16)}, {Q(8, 16)}, 1, 1, 1},
+    {"mha no gqa, b=16 and b=1", 2, 3, 3, 16, 40, 8, {Q(16, 8), Q(1, 4)}, {Q(1, 16), Q(16, 3)}, 2, 1, 0},
+};
+#define N_ATTN (sizeof attn_cases / sizeof attn_cases[0])
+
+static void run_attention(kv_backend *be, const kv_attn_problem *prob, float *out, float *scores)
+{
+    kv_attn_device *d = NULL;
+    kv_error err = {0};
+    cr_assert_eq(kv_attn_device_create(prob, be, &d, &err), KV_OK, "%s", err.msg);
+    cr_assert_eq(kv_attn_device_run(d, &err), KV_OK, "%s", err.msg);
+    cr_assert_eq(kv_attn_device_read(d, out, scores, &err), KV_OK, "%s", err.msg);
+    kv_attn_device_destroy(d);
+}
+
+BACKEND_TEST(attention_within_1e5)
+{
+    pair p = open_pair(tg);
+    for (size_t ci = 0; ci < N_ATTN; ci++) {
+        const attn_case *c = &attn_cases[ci];
+        kv_attn_spec spec = {c->n_queries, c->n_heads, c->n_kv_heads, c->head_dim, c->tokens, c->page_tokens,
+                             c->k, c->v, c->n_formats, c->scores, c->empty_pages, 100 + ci};
+        kv_attn_problem *prob = NULL;
+        kv_error err = {0};
+        cr_assert_eq(kv_attn_problem_create(&spec, &prob, &err), KV_OK, "%s", err.msg);
+        size_t no = kv_attn_problem_out_floats(prob), ns = kv_attn_problem_score_floats(prob);
+        float *o1 = malloc(no * 4), *o2 = malloc(no * 4), *s1 = malloc(ns * 4 + 4), *s2 = malloc(ns * 4 + 4);
+        run_attention(p.be, prob, o1, s1);
+        run_attention(p.ref, prob, o2, s2);
+        double e = kv_attn_rel_error(o1, o2, (size_t)c->n_queries * c->n_heads, c->head_dim);
+        cr_expect(e <= 1e-5, "%s: attention output differs from the reference by %.3g relative [%s]", p.name, e,
+                  c->name);
+        if (c->scores) {
+            double es = kv_attn_rel_error(s1, s2, c->n_kv_heads, c->tokens);
+            cr_expect(es <= 1e-5, "%s: scores differ from the reference by %.3g relative [%s]", p.name, es,
+                      c->name);
+        }
+        free(o1), free(o2), free(s1), free(s2);
+        kv_attn_problem_destroy(prob);
+    }
     close_pair(&p);
 }

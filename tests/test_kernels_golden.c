@@ -199,3 +199,55 @@ Test(golden, unknown_backends_and_devices)
     kv_backend_close(be);
     kv_backend_close(NULL);
 }
+
+/* Attention by hand: one KV head, head_dim 1, two f32 tokens k = {0, ln 3},
+   v = {4, 8}, two query heads (GQA 2), two queries at positions 1 and 0.
+   Query 0, head 0 (q = 1): p = {1/4, 3/4}, out = 7; head 1 (q = −1):
+   p = {3/4, 1/4}, out = 5. Query 1 sees token 0 only: out = 4 for both.
+   Scores: token 0: head 0: 1/4 + 1, head 1: 3/4 + 1 → max 1.75; token 1:
+   head 0: 3/4, head 1: 1/4 → 0.75. */
+static void attention_by_hand(kv_backend *be)
+{
+    float kv[4] = {0.0f, logf(3.0f), 4.0f, 8.0f};
+    kv_page_desc page = {2, 0, {KV_STORE_F32, 0, 0, 0, 0}, {KV_STORE_F32, 0, 0, 0, 0}, 0, 0, 8, 0};
+    uint32_t head_pages[2] = {0, 1}, positions[2] = {0, 1}, q_pos[2] = {1, 0};
+    float q[4] = {1.0f, -1.0f, 1.0f, -1.0f};
+    kv_buffer *bkv = kvt_put(be, kv, 16), *bpg = kvt_put(be, &page, sizeof page), *bhp = kvt_put(be, head_pages, 8),
+              *bpos = kvt_put(be, positions, 8), *bqp = kvt_put(be, q_pos, 8), *bq = kvt_put(be, q, 16),
+              *bo = kvt_fill(be, 16, 0xff), *bs = kvt_fill(be, 8, 0xff);
+    kv_attention_args a = {2, 2, 1, 1, 1, 2, 1.0f, {bq, 0}, {bqp, 0}, {bpg, 0}, {bhp, 0}, {bpos, 0}, {bkv, 0},
+                           {bo, 0}, {bs, 0}};
+    kv_error err = {0};
+    cr_assert_eq(kv_backend_attention(be, &a, &err), KV_OK, "%s", err.msg);
+    float *o = kvt_get(be, bo, 16), *s = kvt_get(be, bs, 8);
+    float want[4] = {7.0f, 5.0f, 4.0f, 4.0f};
+    for (int i = 0; i < 4; i++)
+        cr_assert_float_eq(o[i], want[i], 1e-5, "out %d = %g", i, (double)o[i]);
+    cr_assert_float_eq(s[0], 1.75f, 1e-6, "score 0 = %g", (double)s[0]);
+    cr_assert_float_eq(s[1], 0.75f, 1e-6, "score 1 = %g", (double)s[1]);
+    /* a query that sees no token gets 0 */
+    uint32_t early[2] = {0, 0};
+    positions[0] = 5;
+    positions[1] = 6;
+    cr_assert_eq(kv_buffer_write(be, bpos, 0, positions, 8, &err), KV_OK);
+    cr_assert_eq(kv_buffer_write(be, bqp, 0, early, 8, &err), KV_OK);
+    cr_assert_eq(kv_backend_attention(be, &a, &err), KV_OK, "%s", err.msg);
+    free(o);
+    o = kvt_get(be, bo, 16);
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(o[i], 0.0f);
+    /* a page that points outside kv_data is an input error */
+    page.value_data = 12;
+    cr_assert_eq(kv_buffer_write(be, bpg, 0, &page, sizeof page, &err), KV_OK);
+    cr_assert_eq(kv_backend_attention(be, &a, &err), KV_EINPUT);
+    cr_assert(strstr(err.msg, "page 0 value data"), "%s", err.msg);
+    free(o), free(s);
+    kv_buffer *all[] = {bkv, bpg, bhp, bpos, bqp, bq, bo, bs};
+    for (int i = 0; i < 8; i++)
+        kv_buffer_free(be, all[i]);
+}
+
+Test(golden, attention_by_hand)
+{
+    for_both_devices(attention_by_hand);
+}

@@ -1,0 +1,494 @@
+/* sg_child.cpp — the SimGrid child process: one actor serves kvsim's flow requests at exact simulated times.
+ *
+ * Design notes.
+ * - One process per network. SimGrid 3.32 keeps its engine, clock, configuration
+ *   and platform in process-wide state: an Engine can be deleted and built again,
+ *   but the clock carries over and the platform stays sealed, so a fresh network
+ *   needs a fresh process. sg_net.c forks this child; it never returns to kvsim.
+ * - Exact time. A single "driver" actor reads requests from the socket. Waiting
+ *   for an ADVANCE happens inside the simulation (Comm::wait_any_for with the
+ *   timeout that lands exactly on the limit), so the actor wakes at SimGrid's own
+ *   completion date, and the flows kvsim starts next (from its completion
+ *   callbacks) start at that date: nothing is rounded to a later event.
+ *   While the actor blocks on the socket the whole simulation waits.
+ * - Priority classes. SimGrid's max-min solver weighs every flow by a sharing
+ *   penalty (share ∝ 1 / penalty); s4u offers no per-comm setter, so the driver
+ *   sets the network action's penalty through the installed kernel headers. A
+ *   CM02/LV08 comm first pays its latency with its LMM variable disabled, then
+ *   SimGrid enables it with its own (shadowed) penalty; the driver therefore sets
+ *   the class penalty from Engine::on_time_advance, the first moment the latency
+ *   is paid and before the solver runs again. Strict classes are penalty ratios
+ *   of kStrictRatio per class (a lower class still gets 1/kStrictRatio of the
+ *   higher one's share where both are bottlenecked: the documented error);
+ *   weighted classes are the weight ratios, exact up to the solver's precision.
+ * Invariants (numbers as in net.h): the driver's time `now_` never decreases (1),
+ * is never beyond the ADVANCE limit (2), every started flow is answered once or
+ * cancelled (3), and all iteration is over vectors in start order (4).
+ */
+#include <simgrid/kernel/resource/Action.hpp>
+#include <simgrid/kernel/resource/Model.hpp>
+#include <simgrid/kernel/resource/NetworkModelIntf.hpp>
+#include <simgrid/s4u.hpp>
+#include <simgrid/simix.hpp>
+#include <xbt/config.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "net/simgrid/sg_platform.hpp"
+#include "net/simgrid/sg_proto.h"
+
+namespace sg4 = simgrid::s4u;
+using simgrid::kernel::resource::Action;
+using simgrid::kernel::resource::ActionHeap;
+using simgrid::kernel::resource::Model;
+
+namespace {
+
+constexpr double kStrictRatio = 1e3;  /* penalty ratio between consecutive strict classes */
+constexpr double kPenaltyScale = 1e-6; /* class-0 penalty of the reference flow (SimGrid's usual scale) */
+
+/* Full reads and writes on the socket; any failure means the parent is gone. */
+void read_all(int fd, void* buf, size_t n)
+{
+    char* p = static_cast<char*>(buf);
+    while (n > 0) {
+        ssize_t r = read(fd, p, n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            _exit(0);
+        p += r;
+        n -= (size_t)r;
+    }
+}
+
+void write_all(int fd, const void* buf, size_t n)
+{
+    const char* p = static_cast<const char*>(buf);
+    while (n > 0) {
+        ssize_t r = write(fd, p, n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            _exit(0);
+        p += r;
+        n -= (size_t)r;
+    }
+}
+
+/* The largest d >= 0 with now + d <= t, and now + d == t whenever some d gives it:
+   SimGrid dates a timeout as now + d. */
+double exact_delta(double now, double t)
+{
+    double d = t - now;
+    if (!(d > 0))
+        return 0.0;
+    while (d > 0 && now + d > t)
+        d = std::nextafter(d, 0.0);
+    for (;;) {
+        double up = std::nextafter(d, std::numeric_limits<double>::infinity());
+        if (now + d >= t || now + up > t)
+            break;
+        d = up;
+    }
+    return d;
+}
+
+struct LinkUse {
+    uint64_t bytes = 0;  /* payload bytes of the flows that finished crossing it */
+    double busy_s = 0;   /* closed intervals with at least one flow */
+    double since_s = 0;  /* start of the open interval, when flows > 0 */
+    int flows = 0;       /* flows on it now */
+};
+
+struct Flow {
+    uint64_t id, tag, bytes;
+    int priority;
+    sg4::CommPtr comm;
+    std::vector<int> links;   /* indices into Platform::links, forward route */
+    Action* action = nullptr; /* SimGrid's network action, while its class penalty is pending */
+    double penalty = 0;       /* the class penalty to set once the latency is paid */
+    size_t slot = 0;          /* position in Driver::active_ */
+};
+
+class Driver {
+public:
+    Driver(const kv_net_config* cfg, int fd, kvsg::Platform&& platform)
+        : cfg_(cfg), fd_(fd), platform_(std::move(platform)), uses_(platform_.links.size())
+    {
+        for (size_t i = 0; i < platform_.links.size(); i++)
+            link_index_[platform_.links[i]] = (int)i;
+    }
+
+    /* Connects the priority hook and checks that SimGrid can give what cfg asks. */
+    int prepare(std::string* msg)
+    {
+        if (cfg_->priority == KV_PRIO_NONE)
+            return KV_OK;
+        model_ = dynamic_cast<Model*>(sg4::Engine::get_instance()->get_netzone_root()->get_network_model());
+        if (model_ == nullptr || model_->get_maxmin_system() == nullptr || !model_->is_update_lazy()) {
+            *msg = "network.priority: classes need an LMM network model (CM02, LV08, SMPI) with network/optim:Lazy";
+            return KV_EINPUT;
+        }
+        weight_s_ = simgrid::config::get_value<double>("network/weight-S");
+        sg4::Engine::on_time_advance_cb([this](double) { apply_pending_penalties(); });
+        return KV_OK;
+    }
+
+    void serve();
+
+private:
+    const kv_net_config* cfg_;
+    int fd_;
+    kvsg::Platform platform_;
+    std::vector<LinkUse> uses_;
+    std::unordered_map<const sg4::Link*, int> link_index_;
+    std::vector<Flow*> active_;               /* in-flight flows; Flow::slot indexes this */
+    std::vector<sg4::CommPtr> comms_;         /* active_[i]->comm, for wait_any_for */
+    std::unordered_map<uint64_t, std::unique_ptr<Flow>> flows_;
+    std::vector<Flow*> pending_;              /* flows whose class penalty waits for the latency */
+    Model* model_ = nullptr;
+    double weight_s_ = 0;                     /* network/weight-S of the model */
+    double reference_base_ = 0;               /* base penalty of the first prioritised flow */
+    double now_ = 0;                          /* kvsim's time of this network */
+    int error_code_ = KV_OK;                  /* first error of an unanswered request */
+    std::string error_;
+
+    void fail(int code, const std::string& msg)
+    {
+        if (error_code_ == KV_OK) {
+            error_code_ = code;
+            error_ = msg;
+        }
+    }
+
+    void reply(const kv_sg_reply& head, const void* items, size_t item_bytes, const std::string& msg)
+    {
+        kv_sg_reply h = head;
+        h.msg_len = (uint32_t)msg.size();
+        write_all(fd_, &h, sizeof h);
+        if (item_bytes)
+            write_all(fd_, items, item_bytes);
+        if (!msg.empty())
+            write_all(fd_, msg.data(), msg.size());
+    }
+
+    /* Answers with the pending error (if any) and clears it. */
+    void reply_status(uint32_t count, const void* items, size_t item_bytes)
+    {
+        kv_sg_reply h{};
+        h.code = error_code_;
+        h.count = count;
+        h.t_now_s = now_;
+        reply(h, items, item_bytes, error_);
+        error_code_ = KV_OK;
+        error_.clear();
+    }
+
+    double class_factor(int priority) const
+    {
+        if (cfg_->priority == KV_PRIO_STRICT)
+            return std::pow(kStrictRatio, priority);
+        double w_max = 0;
+        for (double w : cfg_->class_weight)
+            w_max = std::max(w_max, w > 0 ? w : 1.0);
+        double w = cfg_->class_weight[priority] > 0 ? cfg_->class_weight[priority] : 1.0;
+        return w_max / w;
+    }
+
+    void apply_pending_penalties()
+    {
+        for (size_t i = 0; i < pending_.size();) {
+            Flow* f = pending_[i];
+            if (f->action->get_type() == ActionHeap::Type::latency) {
+                i++;
+                continue;
+            }
+            f->action->set_sharing_penalty(f->penalty);
+            f->action = nullptr;
+            pending_.erase(pending_.begin() + (long)i);
+        }
+    }
+
+    void set_priority(Flow* f, double route_latency_s);
+    void start(const kv_sg_request& rq);
+    void cancel(const kv_sg_request& rq);
+    void advance(double t_limit);
+    void stats();
+    bool wait_until(double t);
+    void collect_done(std::vector<Flow*>* done);
+    void finish(Flow* f, double t, uint64_t bytes_crossed);
+};
+
+/* Waits without completions until kvsim time t; false if a flow completes first. */
+bool Driver::wait_until(double t)
+{
+    if (!(t > now_))
+        return true;
+    double d = exact_delta(sg4::Engine::get_clock(), t);
+    if (comms_.empty()) {
+        if (d > 0)
+            sg4::this_actor::sleep_for(d);
+    } else if (sg4::Comm::wait_any_for(comms_, d) >= 0) {
+        return false;
+    }
+    now_ = t;
+    return true;
+}
+
+void Driver::set_priority(Flow* f, double route_latency_s)
+{
+    /* SimGrid's CM02 penalty of this flow, which orders flows inside one class. */
+    double base = route_latency_s;
+    if (weight_s_ > 0)
+        for (int l : f->links)
+            base += weight_s_ / platform_.links[(size_t)l]->get_bandwidth();
+    if (!(base > 0))
+        base = 1.0;
+    if (reference_base_ == 0)
+        reference_base_ = base;
+    f->penalty = base / reference_base_ * kPenaltyScale * class_factor(f->priority);
+    /* The action was created by this request; it is the newest one of the model. */
+    auto* set = model_->get_started_action_set();
+    const void* impl = f->comm->get_impl();
+    for (auto it = set->rbegin(); it != set->rend(); ++it) {
+        if (static_cast<const void*>(it->get_activity()) == impl) {
+            f->action = &*it;
+            break;
+        }
+    }
+    if (f->action == nullptr) {
+        fail(KV_EFAIL, "net simgrid: cannot find the network action of flow " + std::to_string(f->id));
+        return;
+    }
+    if (f->action->get_type() == ActionHeap::Type::latency) {
+        pending_.push_back(f);
+    } else {
+        Action* a = f->action;
+        double p = f->penalty;
+        simgrid::kernel::actor::simcall_answered([a, p] { a->set_sharing_penalty(p); });
+        f->action = nullptr;
+    }
+}
+
+void Driver::start(const kv_sg_request& rq)
+{
+    if (!wait_until(rq.t_s)) {
+        fail(KV_EFAIL, "net simgrid: flow " + std::to_string(rq.id) +
+                           " starts after a completion that was not reported; advance to its start time first");
+        return;
+    }
+    auto owned = std::make_unique<Flow>();
+    Flow* f = owned.get();
+    f->id = rq.id;
+    f->tag = rq.tag;
+    f->bytes = rq.bytes;
+    f->priority = rq.priority;
+    sg4::Host* src = platform_.hosts[(size_t)rq.src];
+    sg4::Host* dst = platform_.hosts[(size_t)rq.dst];
+    std::vector<sg4::Link*> route;
+    double latency = 0;
+    src->route_to(dst, route, &latency);
+    for (const sg4::Link* l : route) {
+        auto it = link_index_.find(l);
+        if (it == link_index_.end())
+            continue; /* not a link kvsim reports (none expected) */
+        f->links.push_back(it->second);
+        LinkUse& u = uses_[(size_t)it->second];
+        if (u.flows++ == 0)
+            u.since_s = now_;
+    }
+    try {
+        f->comm = sg4::Comm::sendto_async(src, dst, rq.bytes);
+    } catch (const std::exception& e) {
+        fail(KV_EFAIL, std::string("net simgrid: starting a flow: ") + e.what());
+        return;
+    }
+    f->slot = active_.size();
+    active_.push_back(f);
+    comms_.push_back(f->comm);
+    flows_.emplace(f->id, std::move(owned));
+    if (cfg_->priority != KV_PRIO_NONE)
+        set_priority(f, latency);
+}
+
+/* Removes f from the active set, closes its link intervals at time t, frees it. */
+void Driver::finish(Flow* f, double t, uint64_t bytes_crossed)
+{
+    for (int l : f->links) {
+        LinkUse& u = uses_[(size_t)l];
+        u.bytes += bytes_crossed;
+        if (--u.flows == 0)
+            u.busy_s += t - u.since_s;
+    }
+    size_t last = active_.size() - 1;
+    active_[f->slot] = active_[last];
+    comms_[f->slot] = comms_[last];
+    active_[f->slot]->slot = f->slot;
+    active_.pop_back();
+    comms_.pop_back();
+    if (f->action)
+        pending_.erase(std::find(pending_.begin(), pending_.end(), f));
+    flows_.erase(f->id);
+}
+
+void Driver::cancel(const kv_sg_request& rq)
+{
+    auto it = flows_.find(rq.id);
+    uint32_t not_active = 0; /* answered as count = 1: the caller's mistake, not a failure */
+    if (it == flows_.end()) {
+        not_active = 1;
+    } else {
+        Flow* f = it->second.get();
+        double remaining = f->comm->get_remaining();
+        uint64_t crossed = remaining >= (double)f->bytes ? 0 : f->bytes - (uint64_t)std::ceil(remaining);
+        f->comm->cancel();
+        finish(f, now_, crossed);
+    }
+    reply_status(not_active, nullptr, 0);
+}
+
+/* Every active comm that has completed at the current date, in start (id) order. */
+void Driver::collect_done(std::vector<Flow*>* done)
+{
+    for (;;) {
+        std::vector<sg4::CommPtr> rest;
+        std::vector<Flow*> rest_flows;
+        for (Flow* f : active_) {
+            if (std::find(done->begin(), done->end(), f) == done->end()) {
+                rest.push_back(f->comm);
+                rest_flows.push_back(f);
+            }
+        }
+        if (rest.empty())
+            break;
+        ssize_t i = sg4::Comm::test_any(rest);
+        if (i < 0)
+            break;
+        done->push_back(rest_flows[(size_t)i]);
+    }
+    std::sort(done->begin(), done->end(), [](const Flow* a, const Flow* b) { return a->id < b->id; });
+}
+
+void Driver::advance(double t_limit)
+{
+    std::vector<Flow*> done;
+    if (t_limit > now_) {
+        if (comms_.empty()) {
+            if (std::isfinite(t_limit))
+                wait_until(t_limit);
+        } else {
+            double timeout = std::isfinite(t_limit) ? exact_delta(sg4::Engine::get_clock(), t_limit) : -1.0;
+            ssize_t i = sg4::Comm::wait_any_for(comms_, timeout);
+            if (i >= 0)
+                done.push_back(active_[(size_t)i]);
+            collect_done(&done);
+            if (done.empty()) {
+                now_ = t_limit;
+            } else {
+                /* SimGrid's completion date, kept inside [now_, t_limit] against 1-ulp drift. */
+                now_ = std::min(std::max(sg4::Engine::get_clock(), now_), t_limit);
+            }
+        }
+    } else if (!comms_.empty()) {
+        collect_done(&done); /* completions exactly at now_ not yet reported */
+    }
+    std::vector<kv_sg_done> items;
+    for (Flow* f : done) {
+        items.push_back({f->id, f->tag, now_});
+        finish(f, now_, f->bytes);
+    }
+    reply_status((uint32_t)items.size(), items.data(), items.size() * sizeof(kv_sg_done));
+}
+
+void Driver::stats()
+{
+    std::vector<kv_link_stats> out(platform_.links.size());
+    for (size_t i = 0; i < out.size(); i++) {
+        const sg4::Link* l = platform_.links[i];
+        const LinkUse& u = uses_[i];
+        std::snprintf(out[i].name, sizeof out[i].name, "%s", l->get_cname());
+        out[i].bytes = u.bytes;
+        out[i].busy_s = u.busy_s + (u.flows > 0 ? now_ - u.since_s : 0.0);
+        out[i].bandwidth_gbps = l->get_bandwidth() * 8.0 / 1e9;
+    }
+    reply_status((uint32_t)out.size(), out.data(), out.size() * sizeof(kv_link_stats));
+}
+
+void Driver::serve()
+{
+    kv_sg_reply ready{};
+    ready.code = KV_OK;
+    ready.count = (uint32_t)platform_.links.size();
+    reply(ready, nullptr, 0, "");
+    for (;;) {
+        kv_sg_request rq;
+        read_all(fd_, &rq, sizeof rq);
+        switch (rq.op) {
+        case KV_SG_START:
+            start(rq);
+            break;
+        case KV_SG_CANCEL:
+            cancel(rq);
+            break;
+        case KV_SG_ADVANCE:
+            advance(rq.t_s);
+            break;
+        case KV_SG_STATS:
+            stats();
+            break;
+        default:
+            _exit(3);
+        }
+    }
+}
+
+void send_error(int fd, int code, const std::string& msg)
+{
+    kv_sg_reply h{};
+    h.code = code;
+    h.msg_len = (uint32_t)msg.size();
+    write_all(fd, &h, sizeof h);
+    write_all(fd, msg.data(), msg.size());
+}
+
+} // namespace
+
+extern "C" void kv_sg_child_main(const kv_net_config* cfg, int fd)
+{
+    int argc = 1;
+    char name[] = "kvsim-net";
+    char* argv[] = {name, nullptr};
+    try {
+        sg4::Engine engine(&argc, argv);
+        kvsg::Platform platform;
+        std::string msg;
+        int rc = kvsg::build_platform(cfg, engine, &platform, &msg);
+        if (rc != KV_OK) {
+            send_error(fd, rc, msg);
+            _exit(0);
+        }
+        sg4::Host* home = platform.hosts[0];
+        Driver driver(cfg, fd, std::move(platform));
+        rc = driver.prepare(&msg);
+        if (rc != KV_OK) {
+            send_error(fd, rc, msg);
+            _exit(0);
+        }
+        sg4::Actor::create("kvsim-driver", home, [&driver] { driver.serve(); });
+        engine.run();
+    } catch (const std::exception& e) {
+        send_error(fd, KV_EFAIL, std::string("net simgrid: ") + e.what());
+    }
+    _exit(0);
+}

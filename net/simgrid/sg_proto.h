@@ -1,0 +1,60 @@
+/* sg_proto.h — the messages between kvsim and its SimGrid child process (net/simgrid/).
+ *
+ * kvsim runs SimGrid in a forked child, one per network (docs/network.md says
+ * why). The parent (sg_net.c) writes fixed-size requests on a stream socket;
+ * START is not answered (its errors come back with the next answer), every
+ * other request is answered by one kv_sg_reply followed by `count` items and
+ * `msg_len` bytes of error message. Both ends are the same program image, so
+ * structs travel in native layout.
+ */
+#ifndef KV_SG_PROTO_H
+#define KV_SG_PROTO_H
+
+#include <stdint.h>
+
+#include "net/net.h"
+
+enum kv_sg_op {
+    KV_SG_START = 1,   /* start flow `id` at t_s (or at the child's time if later) */
+    KV_SG_CANCEL = 2,  /* cancel flow `id`; answered */
+    KV_SG_ADVANCE = 3, /* advance to t_s or the first completions; answered with kv_sg_done items */
+    KV_SG_STATS = 4,   /* answered with kv_link_stats items, one per link */
+};
+
+typedef struct kv_sg_request {
+    int32_t op;               /* enum kv_sg_op */
+    int32_t src, dst;         /* START: host indices */
+    int32_t priority;         /* START: class */
+    uint64_t id;              /* START, CANCEL: flow id (assigned by the parent) */
+    uint64_t bytes;           /* START: payload bytes */
+    uint64_t tag;             /* START: handed back on completion */
+    double t_s;               /* START: start time; ADVANCE: limit (may be +inf) */
+} kv_sg_request;
+
+typedef struct kv_sg_reply {
+    int32_t code;             /* KV_OK, KV_EFAIL or KV_EINPUT */
+    uint32_t count;           /* items that follow (completions, links) */
+    uint32_t msg_len;         /* bytes of error message after the items */
+    uint32_t pad;
+    double t_now_s;           /* the network's time after the request */
+} kv_sg_reply;
+
+typedef struct kv_sg_done {
+    uint64_t id, tag;         /* the completed flow */
+    double t_done_s;          /* its completion time */
+} kv_sg_done;
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The child's whole life: builds the platform cfg asks for, answers with a
+   READY reply (code, count = links) on fd, then serves requests until the
+   parent goes away. Never returns (ends with _exit). */
+void kv_sg_child_main(const kv_net_config *cfg, int fd);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
