@@ -113,6 +113,7 @@ typedef struct engine {
     kv_policy_model model;
     kv_timing prefill_timing, decode_timing;
     kv_eventq q;
+    double now_s;           /* the simulated clock: last event or flow completion handled */
     kv_net *net;
     kv_rng base_rng;
     request *reqs;
@@ -397,7 +398,7 @@ static void start_step(engine *e, int d)
     }
     if (acting == 0)
         return; /* every request is stalled waiting for its residual */
-    double now = e->q.now_s;
+    double now = e->now_s;
     double dt = kv_step_seconds(&e->decode_timing, &w);
     dn->stepping = true;
     dn->step_start_s = now;
@@ -516,6 +517,7 @@ static void on_flow_done(void *user, kv_flow_id id, uint64_t tag, double t)
     engine *e = user;
     if (e->failed)
         return;
+    e->now_s = t; /* handlers below start steps and flows at the completion time */
     request *r = &e->reqs[tag >> 20];
     int layer = (int)((tag >> 1) & 0x7ffff);
     int plane = (int)(tag & 1);
@@ -811,22 +813,17 @@ int kv_engine_run(const kv_run_inputs *in, kv_run_result *out, kv_error *err)
     while (!rc && !e.failed) {
         double t_next = kv_eventq_peek_time(&e.q);
         if (e.net && kv_net_active_flows(e.net) > 0) {
-            size_t done_before = e.done_count;
-            uint64_t events_before = e.out->events;
             double t_now = 0;
             rc = kv_net_advance(e.net, t_next, &t_now, err);
             if (rc)
                 break;
-            (void)done_before;
-            (void)events_before;
-            if (t_now < t_next) {
-                e.q.now_s = t_now > e.q.now_s ? t_now : e.q.now_s;
+            if (t_now < t_next)
                 continue; /* a completion happened first; its handler may have queued events */
-            }
         }
         kv_event ev;
         if (!kv_eventq_pop(&e.q, &ev))
             break;
+        e.now_s = ev.t_s;
         out->events++;
         switch (ev.type) {
         case EV_ARRIVAL:

@@ -81,30 +81,32 @@ int kv_ynode_bool(const kv_ynode *n, const char *what, int *out, kv_error *err)
 
 /* ---- Did you mean --------------------------------------------------------------- */
 
+/* Optimal string alignment distance: insertions, deletions, substitutions
+   and transpositions of neighbours each cost 1 ("sede" is one from "seed"). */
 static size_t edit_distance(const char *a, const char *b)
 {
     size_t la = strlen(a), lb = strlen(b);
     if (la > 64 || lb > 64)
         return (size_t)-1;
-    size_t row[65];
+    size_t d[65][65];
+    for (size_t i = 0; i <= la; i++)
+        d[i][0] = i;
     for (size_t j = 0; j <= lb; j++)
-        row[j] = j;
+        d[0][j] = j;
     for (size_t i = 1; i <= la; i++) {
-        size_t diag = row[0];
-        row[0] = i;
         for (size_t j = 1; j <= lb; j++) {
-            size_t up = row[j];
             size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
-            size_t best = diag + cost;
-            if (row[j] + 1 < best)
-                best = row[j] + 1;
-            if (row[j - 1] + 1 < best)
-                best = row[j - 1] + 1;
-            row[j] = best;
-            diag = up;
+            size_t best = d[i - 1][j - 1] + cost;
+            if (d[i - 1][j] + 1 < best)
+                best = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < best)
+                best = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < best)
+                best = d[i - 2][j - 2] + 1;
+            d[i][j] = best;
         }
     }
-    return row[lb];
+    return d[la][lb];
 }
 
 const char *kv_did_you_mean(const char *word, const char *const *candidates, size_t n)
@@ -309,7 +311,11 @@ static int bind_map(const kv_schema *s, const kv_ynode *map, const char *prefix,
                     cands[nc++] = rest;
             }
             const char *hint = kv_did_you_mean(map->keys[i], cands, nc);
-            snprintf(w, sizeof w, "%s:%d:%d", map->file, map->key_lines[i], map->key_cols[i]);
+            const kv_ynode *v = map->items[i];
+            if (strncmp(v->file, "--set", 5) == 0) /* added from the command line */
+                snprintf(w, sizeof w, "%s", v->file);
+            else
+                snprintf(w, sizeof w, "%s:%d:%d", map->file, map->key_lines[i], map->key_cols[i]);
             if (hint)
                 return kv_error_set(err, KV_EINPUT, "%s: unknown key '%s' in %s (did you mean '%s'?)", w, path,
                                     prefix[0] ? prefix : s->what, hint);

@@ -77,7 +77,7 @@ Test(scenario, unknown_nested_key_did_you_mean)
 Test(scenario, wrong_type)
 {
     expect_bad("name: t\nmodel: llama-3-8b\ncluster: {decode: {nodes: many}}\npolicies: [bf16]\n",
-               "s.yaml:3:29: cluster.decode.nodes: expected a finite number, got 'many'", NULL);
+               "s.yaml:3:27: cluster.decode.nodes: expected a finite number, got 'many'", NULL);
 }
 
 Test(scenario, section_must_be_mapping)
