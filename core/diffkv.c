@@ -264,9 +264,9 @@ struct kv_diffkv_seq {
     int64_t tokens;       /* context length L */
     uint32_t *high, *low; /* [heads] tokens stored per tier */
     uint32_t *key;        /* [heads] hash key of the head in this sequence */
-    uint64_t *th_pruned;  /* [heads] draw < th_pruned: pruned (thresholds in units of 2^-32) */
-    uint64_t *th_low;     /* [heads] draw < th_low: not high (demoted or pruned) */
-    int64_t *window;      /* [heads] W */
+    uint32_t *th_pruned;  /* [heads] draw < th_pruned: pruned (probability x 2^32, saturated) */
+    uint32_t *th_low;     /* [heads] draw < th_low: not high (demoted or pruned) */
+    uint32_t *window;     /* [heads] W */
     uint64_t total_high, total_low;
 };
 
@@ -282,18 +282,18 @@ static inline uint32_t mix32(uint32_t x)
 }
 
 /* The uniform draw that decides the token at `position` of head h. */
-static inline uint32_t token_draw(uint32_t key, int64_t position)
+static inline uint32_t token_draw(uint32_t key, uint32_t position)
 {
-    return mix32(key + (uint32_t)position * 0x9e3779b9U);
+    return mix32(key + position * 0x9e3779b9U);
 }
 
-static uint64_t threshold(double p)
+/* p x 2^32 as a 32-bit threshold; p = 1 saturates to 2^32 - 1, so "always" is off by 2^-32. */
+static uint32_t threshold(double p)
 {
     if (!(p > 0))
         return 0;
-    if (p >= 1)
-        return (uint64_t)1 << 32;
-    return (uint64_t)floor(p * 4294967296.0);
+    double t = floor(p * 4294967296.0);
+    return t >= 4294967295.0 ? UINT32_MAX : (uint32_t)t;
 }
 
 kv_diffkv_seq *kv_diffkv_seq_create(const kv_diffkv_score_model *m, const kv_diffkv_head_params *params, int heads,
@@ -318,7 +318,7 @@ kv_diffkv_seq *kv_diffkv_seq_create(const kv_diffkv_score_model *m, const kv_dif
         if (s->th_low[h] < s->th_pruned[h])
             s->th_low[h] = s->th_pruned[h];
         s->key[h] = (uint32_t)kv_rng_u64(&rng);
-        s->window[h] = params[h].window > 0 ? params[h].window : 0;
+        s->window[h] = params[h].window > 0 ? (uint32_t)params[h].window : 0;
     }
     return s;
 }
@@ -343,13 +343,13 @@ void kv_diffkv_seq_prefill(kv_diffkv_seq *s, int tokens)
     s->tokens = tokens;
     s->total_high = s->total_low = 0;
     for (int h = 0; h < s->heads; h++) {
-        int64_t w = s->window[h] < tokens ? s->window[h] : tokens;
-        uint32_t high = (uint32_t)w, low = 0;
+        uint32_t w = s->window[h] < (uint32_t)tokens ? s->window[h] : (uint32_t)tokens;
+        uint32_t high = w, low = 0, key = s->key[h], thl = s->th_low[h], thp = s->th_pruned[h];
         /* The tokens outside the window, positions 0 .. tokens-w-1, each decided by its own draw. */
-        for (int64_t pos = 0; pos < tokens - w; pos++) {
-            uint64_t u = token_draw(s->key[h], pos);
-            high += u >= s->th_low[h];
-            low += (u >= s->th_pruned[h]) & (u < s->th_low[h]);
+        for (uint32_t pos = 0; pos < (uint32_t)tokens - w; pos++) {
+            uint32_t u = token_draw(key, pos);
+            high += u >= thl;
+            low += (u >= thp) & (u < thl);
         }
         s->high[h] = high;
         s->low[h] = low;
@@ -358,27 +358,68 @@ void kv_diffkv_seq_prefill(kv_diffkv_seq *s, int tokens)
     }
 }
 
+/* One head's step: the new token joins high; the token leaving the window (if any) stays high, is
+   demoted or is pruned by its draw. Branch-free, so blocks of heads vectorise. */
+static inline void head_step(uint32_t L, uint32_t key, uint32_t thl, uint32_t thp, uint32_t win, uint32_t *high,
+                             uint32_t *low, uint32_t *add_high, uint32_t *add_low)
+{
+    uint32_t e = L - 1 >= win;           /* a token left the W most recent */
+    uint32_t u = token_draw(key, L - 1 - win);
+    uint32_t keep = u >= thl;
+    uint32_t demote = (u >= thp) & (keep ^ 1U);
+    uint32_t dh = (1U - e) + (e & keep);
+    uint32_t dl = e & demote;
+    *high += dh;
+    *low += dl;
+    *add_high += dh;
+    *add_low += dl;
+}
+
+/* Four heads at once with the compiler's generic vectors (16 bytes: SSE2 on x86-64, NEON on arm64;
+   no intrinsics). The lanes compute exactly what head_step computes. */
+typedef uint32_t v4u32 __attribute__((vector_size(16)));
+
+static inline v4u32 load4(const uint32_t *p)
+{
+    v4u32 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
 void kv_diffkv_seq_step(kv_diffkv_seq *s)
 {
-    int64_t L = ++s->tokens;
-    uint64_t add_high = 0, add_low = 0;
-    const uint32_t *key = s->key;
-    const uint64_t *thp = s->th_pruned, *thl = s->th_low;
-    const int64_t *win = s->window;
+    uint32_t L = (uint32_t)++s->tokens;
+    const uint32_t *key = s->key, *thp = s->th_pruned, *thl = s->th_low, *win = s->window;
     uint32_t *high = s->high, *low = s->low;
-    for (int h = 0; h < s->heads; h++) {
-        int64_t exit_pos = L - 1 - win[h]; /* the token that just left the W most recent */
-        uint32_t e = exit_pos >= 0;
-        uint64_t u = token_draw(key[h], exit_pos);
-        uint32_t keep = u >= thl[h];
-        uint32_t demote = (u >= thp[h]) & (keep ^ 1U);
-        uint32_t dh = (1U - e) + (e & keep); /* the new token is high; the leaving one stays high or goes */
-        uint32_t dl = e & demote;
-        high[h] += dh;
-        low[h] += dl;
-        add_high += dh;
-        add_low += dl;
+    uint32_t add_high = 0, add_low = 0;
+    int h = 0;
+    v4u32 acc_h = {0}, acc_l = {0};
+    const v4u32 one = {1, 1, 1, 1};
+    for (; h + 4 <= s->heads; h += 4) {
+        /* Vector comparisons give all-ones (-1) for true: & one turns them into 0/1. */
+        v4u32 w = load4(win + h), lm1 = one * (L - 1);
+        v4u32 e = (v4u32)(lm1 >= w) & one;
+        v4u32 x = load4(key + h) + (lm1 - w) * 0x9e3779b9U;
+        x ^= x >> 16;
+        x *= 0x7feb352dU;
+        x ^= x >> 15;
+        x *= 0x846ca68bU;
+        x ^= x >> 16;
+        v4u32 keep = (v4u32)(x >= load4(thl + h)) & one;
+        v4u32 demote = (v4u32)(x >= load4(thp + h)) & one & (keep ^ one);
+        v4u32 dh = (one - e) + (e & keep), dl = e & demote;
+        v4u32 nh = load4(high + h) + dh, nl = load4(low + h) + dl;
+        memcpy(high + h, &nh, sizeof nh);
+        memcpy(low + h, &nl, sizeof nl);
+        acc_h += dh;
+        acc_l += dl;
     }
+    for (int j = 0; j < 4; j++) {
+        add_high += acc_h[j];
+        add_low += acc_l[j];
+    }
+    for (; h < s->heads; h++)
+        head_step(L, key[h], thl[h], thp[h], win[h], &high[h], &low[h], &add_high, &add_low);
     s->total_high += add_high;
     s->total_low += add_low;
 }

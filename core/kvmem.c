@@ -532,7 +532,7 @@ void kv_mem_get_stats(const kv_mem *m, kv_mem_stats *out)
     *out = m->stats;
 }
 
-int kv_mem_check(kv_mem *m, kv_error *err)
+int kv_mem_check(kv_mem *m, bool full, kv_error *err)
 {
     uint32_t state[4];
     int rc = read_state(m, state, err);
@@ -543,14 +543,28 @@ int kv_mem_check(kv_mem *m, kv_error *err)
     if (state[1] != (uint32_t)(((uint64_t)state[0] + state[2]) % m->capacity))
         return kv_error_set(err, KV_EFAIL, "memory: ring head %u + free %u != tail %u (capacity %u)", state[0],
                             state[2], state[1], m->capacity);
+    uint64_t held = 0;
+    for (size_t i = 0; i < m->n_seqs; i++)
+        if (m->seqs[i].open)
+            held += m->seqs[i].total;
+    if (held + state[2] != m->capacity)
+        return kv_error_set(err, KV_EFAIL, "memory: %llu pages held + %u free != capacity %u",
+                            (unsigned long long)held, state[2], m->capacity);
+    if (!full)
+        return KV_OK;
     uint32_t *ring = kv_malloc((size_t)m->capacity * 4);
     uint8_t *seen = kv_calloc(m->capacity, 1);
     rc = kv_buffer_read(m->be, m->free_list, 0, ring, (size_t)m->capacity * 4, err);
-    for (uint32_t k = 0; !rc && k < state[2]; k++) {
-        uint32_t page = ring[((uint64_t)state[0] + k) % m->capacity];
-        if (page >= m->capacity || seen[page]++)
-            rc = kv_error_set(err, KV_EFAIL, "memory: page %u is on the free ring twice (or out of range)", page);
-    }
+    /* The free pages: ring slots head .. head+free-1, in at most two contiguous runs. */
+    uint32_t first = m->capacity - state[0] < state[2] ? m->capacity - state[0] : state[2];
+    const uint32_t *runs[2] = {ring + state[0], ring};
+    uint32_t lens[2] = {first, state[2] - first};
+    for (int k = 0; !rc && k < 2; k++)
+        for (uint32_t j = 0; !rc && j < lens[k]; j++) {
+            uint32_t page = runs[k][j];
+            if (page >= m->capacity || seen[page]++)
+                rc = kv_error_set(err, KV_EFAIL, "memory: page %u is on the free ring twice (or out of range)", page);
+        }
     for (size_t i = 0; !rc && i < m->n_seqs; i++) {
         const mem_seq *s = &m->seqs[i];
         if (!s->open)

@@ -130,8 +130,10 @@ typedef struct kv_mem_stats {
 
 void kv_mem_get_stats(const kv_mem *m, kv_mem_stats *out);
 
-/* Reads the free ring and its state back from the backend and verifies the
-   invariants in the file comment. KV_EFAIL naming the first violation. */
-int kv_mem_check(kv_mem *m, kv_error *err);
+/* Reads the ring state back from the backend and verifies invariant 2 and
+   that held + free pages = capacity; `full` also reads the whole ring and
+   verifies invariant 1 page by page (O(capacity)). KV_EFAIL naming the
+   first violation. */
+int kv_mem_check(kv_mem *m, bool full, kv_error *err);
 
 #endif

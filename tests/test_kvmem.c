@@ -32,7 +32,7 @@ static kv_mem *small_pool(kv_backend *be, uint32_t pages, int heads, int tiers)
 static void check(kv_mem *m)
 {
     kv_error err = {0};
-    cr_assert_eq(kv_mem_check(m, &err), 0, "%s", err.msg);
+    cr_assert_eq(kv_mem_check(m, true, &err), 0, "%s", err.msg);
 }
 
 /* ---- Page size ------------------------------------------------------------------------------- */
