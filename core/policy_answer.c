@@ -429,8 +429,9 @@ int kv_policy_answer_encoding(lua_State *L, kv_policy_call *c, int t, kv_encodin
 
 int kv_policy_answer_transfer(lua_State *L, kv_policy_call *c, int t, kv_transfer_plan *tp)
 {
-    static const char *const fields[] = {"layerwise", "order", "priority", "weights", NULL};
+    static const char *const fields[] = {"layerwise", "order", "preempt", "priority", "weights", NULL};
     static const char *const orders[] = {"concurrent", "anchor_first", NULL};
+    static const char *const preempts[] = {"recompute", "swap", NULL};
     static const char *const prios[] = {"none", "strict", "weighted", NULL};
     static const char *const wfields[] = {"anchor", "residual", NULL};
     t = lua_absindex(L, t);
@@ -442,12 +443,14 @@ int kv_policy_answer_transfer(lua_State *L, kv_policy_call *c, int t, kv_transfe
     }
     if (check_keys(L, c, t, "", fields))
         return -1;
-    int order = 0, prio = 0;
+    int order = 0, prio = 0, preempt = 0;
     if (get_choice(L, c, t, "order", 0, orders, &order) || get_choice(L, c, t, "priority", 0, prios, &prio) ||
+        get_choice(L, c, t, "preempt", 0, preempts, &preempt) ||
         get_bool(L, c, t, "layerwise", "", false, &tp->layerwise))
         return -1;
     tp->order = order == 1 ? KV_ORDER_ANCHOR_FIRST : KV_ORDER_CONCURRENT;
     tp->priority_mode = prio; /* kv_priority_mode: none 0, strict 1, weighted 2 */
+    tp->preempt = preempt == 1 ? KV_PREEMPT_SWAP : KV_PREEMPT_RECOMPUTE;
     double wa = 1.0, wr = 1.0;
     lua_getfield(L, t, "weights");
     if (!lua_isnil(L, -1)) {
