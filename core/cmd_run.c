@@ -8,6 +8,7 @@
 #include "core/commands.h"
 #include "core/engine.h"
 #include "core/metrics.h"
+#include "core/model/eval_config.h"
 #include "core/report.h"
 #include "core/scenario.h"
 #include "core/study.h"
@@ -98,6 +99,12 @@ static int run_or_validate(int argc, char **argv, int validate_only)
     rc = kv_scenario_load(a.scenario, a.sets, a.n_sets, &s, &err);
     if (!rc)
         rc = kv_study_prepare(s, &study, &err);
+    if (!rc && validate_only && s->accuracy) {
+        /* The accuracy section has its own reader; check it the way kvsim eval will. */
+        kv_eval_scenario *es = NULL;
+        rc = kv_eval_scenario_load(a.scenario, NULL, &es, &err);
+        kv_eval_scenario_destroy(es);
+    }
     if (!rc && validate_only) {
         printf("ok: %s: %s, %zu requests, policies:", a.scenario, s->model_card.name, kv_study_request_count(study));
         for (size_t i = 0; i < s->policies.count; i++)

@@ -15,11 +15,13 @@ int kv_cmd_run(int argc, char **argv);      /* core/cmd_run.c */
 int kv_cmd_validate(int argc, char **argv); /* core/cmd_run.c */
 int kv_cmd_bench(int argc, char **argv);    /* core/cmd_bench.c: dispatches to the table below */
 int kv_cmd_help(int argc, char **argv);     /* core/cmd_run.c */
+int kv_cmd_eval(int argc, char **argv);     /* core/model/cmd_eval.c */
 
 /* `kvsim bench <what>`: each lives with the module it measures. */
 int kv_cmd_bench_sim(int argc, char **argv);     /* core/bench_sim.c */
 int kv_cmd_bench_kernels(int argc, char **argv); /* backends/bench_kernels.c */
 int kv_cmd_bench_net(int argc, char **argv);     /* net/bench_net.c */
 int kv_cmd_bench_policy(int argc, char **argv);  /* core/policy_bench.c */
+int kv_cmd_bench_model(int argc, char **argv);   /* core/model/bench_model.c */
 
 #endif

@@ -156,6 +156,7 @@ typedef struct engine {
     kv_timeline *tl;
     int tl_process;
     int *host_tracks;       /* timeline track per host NIC (transfers) */
+    char platform_path[4096]; /* network.platform_file resolved against the scenario */
     kv_error *err;
     int failed;             /* first error code; stops the run */
     size_t done_count;
@@ -953,7 +954,8 @@ static void on_arrival(engine *e, request *r, double now)
 
 /* ---- Set-up and the loop --------------------------------------------------------------------- */
 
-void kv_engine_net_config(const kv_scenario *s, int model, kv_net_config *cfg)
+int kv_engine_net_config(const kv_scenario *s, int model, kv_net_config *cfg, char *platform_path, size_t size,
+                         kv_error *err)
 {
     memset(cfg, 0, sizeof *cfg);
     cfg->model = (kv_net_model)model;
@@ -969,9 +971,19 @@ void kv_engine_net_config(const kv_scenario *s, int model, kv_net_config *cfg)
     cfg->split_duplex = s->split_duplex;
     cfg->platform_file = s->platform_file[0] ? s->platform_file : NULL;
     cfg->source = s->path;
-    cfg->priority = KV_PRIO_STRICT;
+    cfg->priority = KV_PRIO_NONE; /* the engine sets the policy's mode */
     cfg->class_weight[0] = 1;
     cfg->class_weight[1] = 1;
+    cfg->fat_tree_spines = s->fat_tree_spines;
+    cfg->fat_tree_leaves = s->fat_tree_leaves;
+    for (size_t i = 0; i < 3 && i < s->torus_dims.count; i++)
+        cfg->torus_dims[i] = s->torus_dims.items[i];
+    cfg->dragonfly_groups = s->dragonfly_groups;
+    cfg->dragonfly_chassis = s->dragonfly_chassis;
+    cfg->dragonfly_routers = s->dragonfly_routers;
+    cfg->dragonfly_nodes = s->dragonfly_nodes;
+    cfg->host_slot = s->host_slots.count ? s->host_slots.items : NULL;
+    cfg->host_names = s->host_names.count ? (const char *const *)s->host_names.items : NULL;
     const kv_ynode *opts = s->simgrid_options;
     if (opts && opts->kind == KV_YMAP) {
         for (size_t i = 0; i < opts->count && cfg->n_options < KV_NET_MAX_OPTIONS; i++) {
@@ -982,6 +994,32 @@ void kv_engine_net_config(const kv_scenario *s, int model, kv_net_config *cfg)
             cfg->n_options++;
         }
     }
+    if (cfg->platform_file) {
+        int rc = kv_scenario_find_file(s, cfg->platform_file, "network.platform_file", platform_path, size, err);
+        if (rc)
+            return rc;
+        cfg->platform_file = platform_path;
+    }
+    return KV_OK;
+}
+
+static void ignore_done(void *user, kv_flow_id id, uint64_t tag, double t)
+{
+    (void)user, (void)id, (void)tag, (void)t;
+}
+
+int kv_engine_check_network(const kv_scenario *s, int model, kv_error *err)
+{
+    if (s->colocated)
+        return KV_OK;
+    char path[4096];
+    kv_net_config cfg;
+    int rc = kv_engine_net_config(s, model, &cfg, path, sizeof path, err);
+    kv_net *net = NULL;
+    if (!rc)
+        rc = kv_net_create(&cfg, ignore_done, NULL, &net, err);
+    kv_net_destroy(net);
+    return rc;
 }
 
 static void engine_free(engine *e)
@@ -1155,8 +1193,16 @@ static int setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_erro
 
     if (!e->colocated) {
         kv_net_config cfg;
-        kv_engine_net_config(s, in->network_model, &cfg);
-        int rc = kv_net_create(&cfg, on_flow_done, e, &e->net, err);
+        int rc = kv_engine_net_config(s, in->network_model, &cfg, e->platform_path, sizeof e->platform_path, err);
+        if (rc)
+            return rc;
+        /* Priority classes are a property of the network: take the policy's (first request's) plan. */
+        if (n > 0 && e->reqs[0].split) {
+            cfg.priority = (kv_priority_mode)e->reqs[0].plan.priority_mode;
+            cfg.class_weight[0] = e->reqs[0].plan.anchor_weight > 0 ? e->reqs[0].plan.anchor_weight : 1;
+            cfg.class_weight[1] = e->reqs[0].plan.residual_weight > 0 ? e->reqs[0].plan.residual_weight : 1;
+        }
+        rc = kv_net_create(&cfg, on_flow_done, e, &e->net, err);
         if (rc)
             return rc;
         snprintf(out->network, sizeof out->network, "%s", kv_net_name(e->net));

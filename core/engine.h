@@ -96,7 +96,11 @@ typedef struct kv_run_result {
 int kv_engine_run(const kv_run_inputs *in, kv_run_result *out, kv_error *err);
 void kv_run_result_free(kv_run_result *r);
 
-/* Fills a kv_net_config from the scenario (hosts: prefill nodes, then decode nodes). */
-void kv_engine_net_config(const kv_scenario *s, int model, kv_net_config *cfg);
+/* Fills a kv_net_config from the scenario (hosts: prefill nodes, then decode
+   nodes), resolving network.platform_file into platform_path. */
+int kv_engine_net_config(const kv_scenario *s, int model, kv_net_config *cfg, char *platform_path, size_t size,
+                         kv_error *err);
+/* Builds and drops the scenario's network once, so its errors show at validation. */
+int kv_engine_check_network(const kv_scenario *s, int model, kv_error *err);
 
 #endif

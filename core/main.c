@@ -5,9 +5,11 @@
 #include "core/commands.h"
 
 static const kv_command commands[] = {
-    {"run", "SCENARIO [--set key.path=value]... [--seed N] [--out DIR] [--ideal]",
+    {"run", "SCENARIO [--set key.path=value]... [--seed N] [--out DIR] [--quiet]",
      "simulate a scenario and print the comparison table", kv_cmd_run},
     {"validate", "SCENARIO [--set key.path=value]...", "check a scenario without running it", kv_cmd_validate},
+    {"eval", "SCENARIO [--out DIR] [--model PATH] [--quiet]",
+     "accuracy of each policy's KV on the reference model (SmolLM2-135M)", kv_cmd_eval},
     {"bench", "WHAT [options]", "benchmarks that print ratios (kvsim bench --help)", kv_cmd_bench},
     {"help", "scenario | cards", "print the scenario reference or the card/profile reference", kv_cmd_help},
 };

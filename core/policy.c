@@ -116,13 +116,10 @@ static int strict_index(lua_State *L)
     return strict_error(L, 1, lua_tostring(L, lua_upvalueindex(1)));
 }
 
-/* __index of a read-only view: upvalue 1 is the real table, 2 its name. */
-static int ro_index(lua_State *L)
+/* __index of the table behind a read-only view (reached only for missing
+   keys): upvalue 1 is that table, 2 its name. */
+static int ro_missing(lua_State *L)
 {
-    lua_pushvalue(L, 2);
-    lua_rawget(L, lua_upvalueindex(1));
-    if (!lua_isnil(L, -1))
-        return 1;
     return strict_error(L, lua_upvalueindex(1), lua_tostring(L, lua_upvalueindex(2)));
 }
 
@@ -150,15 +147,28 @@ static int ro_pairs(lua_State *L)
     return 3;
 }
 
-/* Pushes a read-only view of the table at idx, named `what` in messages. */
+/* Pushes a read-only view of the table at idx, named `what` in messages.
+   Reads go proxy → real table through a table __index (no C call on the hot
+   path); the real table itself gets a strict metatable, so reading a missing
+   key is an error with a hint, also through a policy's own upvalue. */
 static void push_readonly(lua_State *L, int idx, const char *what)
 {
     idx = lua_absindex(L, idx);
+    if (!lua_getmetatable(L, idx)) {
+        lua_createtable(L, 0, 2);
+        lua_pushvalue(L, idx);
+        lua_pushstring(L, what);
+        lua_pushcclosure(L, ro_missing, 2);
+        lua_setfield(L, -2, "__index");
+        lua_pushstring(L, what);
+        lua_setfield(L, -2, "__name");
+        lua_setmetatable(L, idx);
+    } else {
+        lua_pop(L, 1);
+    }
     lua_newtable(L);
     lua_createtable(L, 0, 5);
     lua_pushvalue(L, idx);
-    lua_pushstring(L, what);
-    lua_pushcclosure(L, ro_index, 2);
     lua_setfield(L, -2, "__index");
     lua_pushstring(L, what);
     lua_pushcclosure(L, ro_newindex, 1);

@@ -138,128 +138,127 @@ int kv_policy_answer_bad(kv_policy_call *c, const char *fmt, ...)
     return -1;
 }
 
-/* Rejects keys of the table at t that are not in `allowed` (NULL-terminated);
-   reports the alphabetically first offender, so messages are reproducible. */
-static int check_keys(lua_State *L, kv_policy_call *c, int t, const char *what, const char *const *allowed)
+/* Reads the table at t in one pass into n stack slots pushed here (the first
+   at *base), one per name in `fields` (n names, any order); absent fields stay
+   nil. A key that is not a field makes the call bad, naming the
+   alphabetically first such key so messages are reproducible. One pass and no
+   lookups by name: this runs on every uncached hook call. */
+static int read_fields(lua_State *L, kv_policy_call *c, int t, const char *what, const char *const *fields, int n,
+                       int *base)
 {
+    t = lua_absindex(L, t);
+    luaL_checkstack(L, n + 4, "reading a policy answer");
+    *base = lua_gettop(L) + 1;
+    for (int i = 0; i < n; i++)
+        lua_pushnil(L);
     const char *worst = NULL;
     char other[64] = "";
-    t = lua_absindex(L, t);
     lua_pushnil(L);
     while (lua_next(L, t)) {
-        lua_pop(L, 1);
-        if (lua_type(L, -1) != LUA_TSTRING) {
-            if (!other[0])
-                kv_policy_describe_value(L, -1, other, sizeof other);
-            continue;
+        if (lua_type(L, -2) == LUA_TSTRING) {
+            const char *k = lua_tostring(L, -2);
+            int i = 0;
+            while (i < n && strcmp(k, fields[i]) != 0)
+                i++;
+            if (i < n) {
+                lua_replace(L, *base + i); /* pops the value */
+                continue;
+            }
+            if (!worst || strcmp(k, worst) < 0)
+                worst = k; /* the table keeps the string alive */
+        } else if (!other[0]) {
+            kv_policy_describe_value(L, -2, other, sizeof other);
         }
-        const char *k = lua_tostring(L, -1);
-        bool ok = false;
-        for (int i = 0; allowed[i]; i++)
-            if (strcmp(k, allowed[i]) == 0)
-                ok = true;
-        if (!ok && (!worst || strcmp(k, worst) < 0))
-            worst = k;
+        lua_pop(L, 1);
     }
-    int n = 0;
-    while (allowed[n])
-        n++;
+    const char *in = what[0] ? what : "the answer";
     if (worst) {
         char hint[400];
-        kv_policy_suggest(worst, allowed, n, "fields", hint, sizeof hint);
-        return kv_policy_answer_bad(c, "a field '%s' in %s that kvsim does not know%s", worst, what[0] ? what : "the answer", hint);
+        kv_policy_suggest(worst, fields, n, "fields", hint, sizeof hint);
+        return kv_policy_answer_bad(c, "a field '%s' in %s that kvsim does not know%s", worst, in, hint);
     }
     if (other[0])
-        return kv_policy_answer_bad(c, "%s has a key %s; only named fields are allowed", what[0] ? what : "the answer", other);
+        return kv_policy_answer_bad(c, "%s has a key %s; only named fields are allowed", in, other);
     return 0;
 }
 
-/* Reads an integer field (integral floats are accepted) in [lo, hi]; dflt when nil. */
-static int get_int(lua_State *L, kv_policy_call *c, int t, const char *field, const char *what, int dflt, int lo,
+/* The getters read the value at stack index idx (a slot from read_fields);
+   nil gives the default. `what` and `field` name it in messages: what.field. */
+
+static int get_int(lua_State *L, kv_policy_call *c, int idx, const char *what, const char *field, int dflt, int lo,
                    int hi, int *out)
 {
-    lua_getfield(L, t, field);
-    int rc = 0;
-    if (lua_isnil(L, -1)) {
+    if (lua_isnil(L, idx)) {
         *out = dflt;
-    } else {
-        int isint = 0;
-        lua_Integer v = lua_type(L, -1) == LUA_TNUMBER ? lua_tointegerx(L, -1, &isint) : 0;
-        if (!isint || v < lo || v > hi) {
-            char got[80];
-            kv_policy_describe_value(L, -1, got, sizeof got);
-            rc = kv_policy_answer_bad(c, "%s%s%s = %s; expected an integer from %d to %d", what, what[0] ? "." : "", field, got, lo, hi);
-        } else {
-            *out = (int)v;
-        }
+        return 0;
     }
-    lua_pop(L, 1);
-    return rc;
+    int isint = 0;
+    lua_Integer v = lua_type(L, idx) == LUA_TNUMBER ? lua_tointegerx(L, idx, &isint) : 0;
+    if (!isint || v < lo || v > hi) {
+        char got[80];
+        kv_policy_describe_value(L, idx, got, sizeof got);
+        return kv_policy_answer_bad(c, "%s%s%s = %s; expected an integer from %d to %d", what, what[0] ? "." : "",
+                                    field, got, lo, hi);
+    }
+    *out = (int)v;
+    return 0;
 }
 
-static int get_num(lua_State *L, kv_policy_call *c, int t, const char *field, const char *what, double dflt,
+static int get_num(lua_State *L, kv_policy_call *c, int idx, const char *what, const char *field, double dflt,
                    double *out)
 {
-    lua_getfield(L, t, field);
-    int rc = 0;
-    if (lua_isnil(L, -1)) {
+    if (lua_isnil(L, idx)) {
         *out = dflt;
-    } else if (lua_type(L, -1) != LUA_TNUMBER || !isfinite((double)lua_tonumber(L, -1)) ||
-               lua_tonumber(L, -1) < 0) {
-        char got[80];
-        kv_policy_describe_value(L, -1, got, sizeof got);
-        rc = kv_policy_answer_bad(c, "%s.%s = %s; expected a finite number >= 0", what, field, got);
-    } else {
-        *out = (double)lua_tonumber(L, -1);
+        return 0;
     }
-    lua_pop(L, 1);
-    return rc;
+    if (lua_type(L, idx) != LUA_TNUMBER || !isfinite((double)lua_tonumber(L, idx)) || lua_tonumber(L, idx) < 0) {
+        char got[80];
+        kv_policy_describe_value(L, idx, got, sizeof got);
+        return kv_policy_answer_bad(c, "%s%s%s = %s; expected a finite number >= 0", what, what[0] ? "." : "", field,
+                                    got);
+    }
+    *out = (double)lua_tonumber(L, idx);
+    return 0;
 }
 
-static int get_bool(lua_State *L, kv_policy_call *c, int t, const char *field, const char *what, bool dflt, bool *out)
+static int get_bool(lua_State *L, kv_policy_call *c, int idx, const char *what, const char *field, bool dflt,
+                    bool *out)
 {
-    lua_getfield(L, t, field);
-    int rc = 0;
-    if (lua_isnil(L, -1)) {
+    if (lua_isnil(L, idx)) {
         *out = dflt;
-    } else if (!lua_isboolean(L, -1)) {
-        char got[80];
-        kv_policy_describe_value(L, -1, got, sizeof got);
-        rc = kv_policy_answer_bad(c, "%s%s%s = %s; expected true or false", what, what[0] ? "." : "", field, got);
-    } else {
-        *out = lua_toboolean(L, -1);
+        return 0;
     }
-    lua_pop(L, 1);
-    return rc;
+    if (!lua_isboolean(L, idx)) {
+        char got[80];
+        kv_policy_describe_value(L, idx, got, sizeof got);
+        return kv_policy_answer_bad(c, "%s%s%s = %s; expected true or false", what, what[0] ? "." : "", field, got);
+    }
+    *out = lua_toboolean(L, idx);
+    return 0;
 }
 
-/* Reads a string field that must be one of `choices`; returns its index. */
-static int get_choice(lua_State *L, kv_policy_call *c, int t, const char *field, int dflt, const char *const *choices,
-                      int *out)
+/* A string that must be one of `choices` (NULL-terminated); *out is its index. */
+static int get_choice(lua_State *L, kv_policy_call *c, int idx, const char *what, const char *field, int dflt,
+                      const char *const *choices, int *out)
 {
-    lua_getfield(L, t, field);
-    int rc = 0;
-    if (lua_isnil(L, -1)) {
+    if (lua_isnil(L, idx)) {
         *out = dflt;
-    } else {
-        const char *s = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
-        int n = 0, found = -1;
-        while (choices[n]) {
-            if (s && strcmp(s, choices[n]) == 0)
-                found = n;
-            n++;
-        }
-        if (found < 0) {
-            char got[80], hint[300];
-            kv_policy_describe_value(L, -1, got, sizeof got);
-            kv_policy_suggest(s ? s : "", choices, n, "choices", hint, sizeof hint);
-            rc = kv_policy_answer_bad(c, "%s = %s; not a valid choice%s", field, got, hint);
-        } else {
-            *out = found;
-        }
+        return 0;
     }
-    lua_pop(L, 1);
-    return rc;
+    const char *s = lua_type(L, idx) == LUA_TSTRING ? lua_tostring(L, idx) : NULL;
+    int n = 0, found = -1;
+    for (; choices[n]; n++)
+        if (s && found < 0 && strcmp(s, choices[n]) == 0)
+            found = n;
+    if (found < 0) {
+        char got[80], hint[300];
+        kv_policy_describe_value(L, idx, got, sizeof got);
+        kv_policy_suggest(s ? s : "", choices, n, "choices", hint, sizeof hint);
+        return kv_policy_answer_bad(c, "%s%s%s = %s; not a valid choice%s", what, what[0] ? "." : "", field, got,
+                                    hint);
+    }
+    *out = found;
+    return 0;
 }
 
 #define KV_DEFAULT_GROUP_SIZE 32
@@ -273,119 +272,76 @@ void kv_policy_set_bf16(kv_tensor_enc *e)
     e->bits = 16;
 }
 
-/* One of K or V: "bf16", {kind = "bf16"}, or {bits, anchor_bits, group_size, per_channel}. */
-static int parse_tensor(lua_State *L, kv_policy_call *c, int t, const char *what, const kv_tensor_enc *dflt,
+/* One of K or V at idx: "bf16", {kind = "bf16"}, or {bits, anchor_bits, group_size, per_channel}.
+   nil gives *dflt when dflt is not NULL. Leaves the stack as it found it on success. */
+static int parse_tensor(lua_State *L, kv_policy_call *c, int idx, const char *what, const kv_tensor_enc *dflt,
                         kv_tensor_enc *out)
 {
-    static const char *const fields[] = {"anchor_bits", "bits", "group_size", "kind", "per_channel", NULL};
+    enum { F_ANCHOR, F_BITS, F_GROUP, F_KIND, F_PER_CHANNEL, F_N };
+    static const char *const fields[F_N] = {"anchor_bits", "bits", "group_size", "kind", "per_channel"};
     static const char *const kinds[] = {"bf16", "int", NULL};
-    t = lua_absindex(L, t);
-    if (lua_isnil(L, t) && dflt) {
+    idx = lua_absindex(L, idx);
+    if (lua_isnil(L, idx) && dflt) {
         *out = *dflt;
         return 0;
     }
-    if (lua_type(L, t) == LUA_TSTRING) {
-        if (strcmp(lua_tostring(L, t), "bf16") == 0) {
-            kv_policy_set_bf16(out);
-            return 0;
-        }
-        char got[80];
-        kv_policy_describe_value(L, t, got, sizeof got);
-        return kv_policy_answer_bad(c, "%s = %s; expected \"bf16\" or a table like {bits = 4, group_size = 32}", what, got);
-    }
-    if (!lua_istable(L, t)) {
-        char got[80];
-        kv_policy_describe_value(L, t, got, sizeof got);
-        return kv_policy_answer_bad(c, "%s = %s; expected \"bf16\" or a table like {bits = 4, group_size = 32}", what, got);
-    }
-    if (check_keys(L, c, t, what, fields))
-        return -1;
-    lua_getfield(L, t, "kind");
-    bool has_kind = !lua_isnil(L, -1);
-    lua_pop(L, 1);
-    lua_getfield(L, t, "bits");
-    bool has_bits = !lua_isnil(L, -1);
-    lua_pop(L, 1);
-    int kind = 1;
-    char kwhat[96];
-    snprintf(kwhat, sizeof kwhat, "%s.kind", what);
-    if (has_kind && get_choice(L, c, t, "kind", 1, kinds, &kind)) {
-        char tmp[sizeof c->detail];
-        snprintf(tmp, sizeof tmp, "%s.%s", what, c->detail);
-        return kv_policy_answer_bad(c, "%s", tmp);
-    }
-    if (kind == 0) {
-        static const char *const extra[] = {"anchor_bits", "bits", "group_size", "per_channel"};
-        for (int i = 0; i < 4; i++) {
-            lua_getfield(L, t, extra[i]);
-            bool present = !lua_isnil(L, -1);
-            lua_pop(L, 1);
-            if (present)
-                return kv_policy_answer_bad(c, "%s has kind = \"bf16\" and %s; bf16 takes no %s (remove it, or drop kind to "
-                              "quantize)", what, extra[i], extra[i]);
-        }
+    if (lua_type(L, idx) == LUA_TSTRING && strcmp(lua_tostring(L, idx), "bf16") == 0) {
         kv_policy_set_bf16(out);
         return 0;
     }
-    if (!has_bits)
+    if (!lua_istable(L, idx)) {
+        char got[80];
+        kv_policy_describe_value(L, idx, got, sizeof got);
+        return kv_policy_answer_bad(c, "%s = %s; expected \"bf16\" or a table like {bits = 4, group_size = 32}",
+                                    what, got);
+    }
+    int top = lua_gettop(L), f;
+    if (read_fields(L, c, idx, what, fields, F_N, &f))
+        return -1;
+    int kind = 1;
+    if (get_choice(L, c, f + F_KIND, what, "kind", 1, kinds, &kind))
+        return -1;
+    if (kind == 0) {
+        for (int i = 0; i < F_N; i++)
+            if (i != F_KIND && !lua_isnil(L, f + i))
+                return kv_policy_answer_bad(c, "%s has kind = \"bf16\" and %s; bf16 takes no %s (remove it, or drop "
+                                               "kind to quantize)", what, fields[i], fields[i]);
+        kv_policy_set_bf16(out);
+        lua_settop(L, top);
+        return 0;
+    }
+    if (lua_isnil(L, f + F_BITS))
         return kv_policy_answer_bad(c, "%s has no bits; write {bits = 8, group_size = 32} or \"bf16\"", what);
     memset(out, 0, sizeof *out);
     out->kind = KV_TENSOR_INT;
     bool per_channel = false;
-    if (get_int(L, c, t, "bits", what, 0, 1, 16, &out->bits))
+    if (get_int(L, c, f + F_BITS, what, "bits", 0, 1, 16, &out->bits))
         return -1;
-    if (get_int(L, c, t, "anchor_bits", what, 0, 0, out->bits - 1, &out->anchor_bits)) {
+    if (get_int(L, c, f + F_ANCHOR, what, "anchor_bits", 0, 0, out->bits - 1, &out->anchor_bits)) {
         if (out->bits == 1)
-            return kv_policy_answer_bad(c, "%s.anchor_bits must be 0 when bits = 1 (there is nothing to split)", what);
+            return kv_policy_answer_bad(c, "%s.anchor_bits must be 0 when bits = 1 (there is nothing to split)",
+                                        what);
         return -1;
     }
-    if (get_int(L, c, t, "group_size", what, KV_DEFAULT_GROUP_SIZE, 1, KV_MAX_GROUP_SIZE, &out->group_size))
-        return -1;
-    if (get_bool(L, c, t, "per_channel", what, false, &per_channel))
+    if (get_int(L, c, f + F_GROUP, what, "group_size", KV_DEFAULT_GROUP_SIZE, 1, KV_MAX_GROUP_SIZE,
+                &out->group_size) ||
+        get_bool(L, c, f + F_PER_CHANNEL, what, "per_channel", false, &per_channel))
         return -1;
     out->per_channel = per_channel;
+    lua_settop(L, top);
     return 0;
 }
 
-int kv_policy_answer_encoding(lua_State *L, kv_policy_call *c, int t, kv_encoding *e)
+/* The DiffKV part of an encoding (diffkv = true or a table), with the high tier already in e. */
+static int parse_diffkv(lua_State *L, kv_policy_call *c, int idx, kv_encoding *e)
 {
-    static const char *const fields[] = {"diffkv", "full_precision_window", "key", "value", NULL};
-    static const char *const dfields[] = {"alpha_high", "alpha_low", "key_low", "value_low", "window", NULL};
-    t = lua_absindex(L, t);
-    memset(e, 0, sizeof *e);
-    if (lua_type(L, t) == LUA_TSTRING && strcmp(lua_tostring(L, t), "bf16") == 0) {
-        kv_policy_set_bf16(&e->key);
-        kv_policy_set_bf16(&e->value);
-        return 0;
-    }
-    if (!lua_istable(L, t)) {
+    enum { D_ALPHA_HIGH, D_ALPHA_LOW, D_KEY_LOW, D_VALUE_LOW, D_WINDOW, D_N };
+    static const char *const fields[D_N] = {"alpha_high", "alpha_low", "key_low", "value_low", "window"};
+    if (!lua_istable(L, idx) && !lua_isboolean(L, idx)) {
         char got[80];
-        kv_policy_describe_value(L, t, got, sizeof got);
-        return kv_policy_answer_bad(c, "%s; expected \"bf16\" or a table {key = ..., value = ...}", got);
-    }
-    if (check_keys(L, c, t, "", fields))
-        return -1;
-    lua_getfield(L, t, "key");
-    lua_getfield(L, t, "value");
-    if (lua_isnil(L, -2) || lua_isnil(L, -1))
-        return kv_policy_answer_bad(c, "a table without '%s'; an encoding needs both key and value (e.g. value = \"bf16\")",
-                   lua_isnil(L, -2) ? "key" : "value");
-    if (parse_tensor(L, c, -2, "key", NULL, &e->key) || parse_tensor(L, c, -1, "value", NULL, &e->value))
-        return -1;
-    lua_pop(L, 2);
-    if (get_int(L, c, t, "full_precision_window", "", 0, 0, KV_MAX_WINDOW, &e->full_precision_window))
-        return -1;
-    lua_getfield(L, t, "diffkv");
-    int d = lua_gettop(L);
-    if (lua_isnil(L, d) || (lua_isboolean(L, d) && !lua_toboolean(L, d))) {
-        lua_pop(L, 1);
-        return 0;
-    }
-    if (!lua_istable(L, d) && !lua_isboolean(L, d)) {
-        char got[80];
-        kv_policy_describe_value(L, d, got, sizeof got);
-        return kv_policy_answer_bad(c, "diffkv = %s; expected a table {key_low = ..., value_low = ..., alpha_high = ..., "
-                      "alpha_low = ..., window = ...} or true", got);
+        kv_policy_describe_value(L, idx, got, sizeof got);
+        return kv_policy_answer_bad(c, "diffkv = %s; expected a table {key_low = ..., value_low = ..., alpha_high = "
+                                       "..., alpha_low = ..., window = ...} or true", got);
     }
     e->diffkv = true;
     /* Defaults of the low tier: K4V2 with the high tier's grouping. */
@@ -397,75 +353,107 @@ int kv_policy_answer_encoding(lua_State *L, kv_policy_call *c, int t, kv_encodin
     }
     if (e->value.kind == KV_TENSOR_INT)
         vlow.group_size = e->value.group_size;
+    e->key_low = klow;
+    e->value_low = vlow;
     e->alpha_high = 1.0;
     e->alpha_low = 0.02;
     e->window = 64;
-    e->key_low = klow;
-    e->value_low = vlow;
-    if (lua_isboolean(L, d)) {
-        lua_pop(L, 1);
+    if (lua_isboolean(L, idx))
         return 0;
-    }
-    if (check_keys(L, c, d, "diffkv", dfields))
-        return -1;
-    lua_getfield(L, d, "key_low");
-    if (parse_tensor(L, c, -1, "diffkv.key_low", &klow, &e->key_low))
-        return -1;
-    lua_pop(L, 1);
-    lua_getfield(L, d, "value_low");
-    if (parse_tensor(L, c, -1, "diffkv.value_low", &vlow, &e->value_low))
-        return -1;
-    lua_pop(L, 1);
-    if (get_num(L, c, d, "alpha_high", "diffkv", 1.0, &e->alpha_high) ||
-        get_num(L, c, d, "alpha_low", "diffkv", 0.02, &e->alpha_low) ||
-        get_int(L, c, d, "window", "diffkv", 64, 0, KV_MAX_WINDOW, &e->window))
+    int f;
+    if (read_fields(L, c, idx, "diffkv", fields, D_N, &f) ||
+        parse_tensor(L, c, f + D_KEY_LOW, "diffkv.key_low", &klow, &e->key_low) ||
+        parse_tensor(L, c, f + D_VALUE_LOW, "diffkv.value_low", &vlow, &e->value_low) ||
+        get_num(L, c, f + D_ALPHA_HIGH, "diffkv", "alpha_high", 1.0, &e->alpha_high) ||
+        get_num(L, c, f + D_ALPHA_LOW, "diffkv", "alpha_low", 0.02, &e->alpha_low) ||
+        get_int(L, c, f + D_WINDOW, "diffkv", "window", 64, 0, KV_MAX_WINDOW, &e->window))
         return -1;
     if (e->alpha_low > e->alpha_high)
-        return kv_policy_answer_bad(c, "diffkv.alpha_low = %.14g is above diffkv.alpha_high = %.14g; need alpha_low <= alpha_high "
-                      "(equal values mean: no low tier, prune below alpha_high)", e->alpha_low, e->alpha_high);
-    lua_pop(L, 1);
+        return kv_policy_answer_bad(c, "diffkv.alpha_low = %.14g is above diffkv.alpha_high = %.14g; need "
+                                       "alpha_low <= alpha_high (equal values mean: no low tier, prune below "
+                                       "alpha_high)", e->alpha_low, e->alpha_high);
     return 0;
 }
 
-int kv_policy_answer_transfer(lua_State *L, kv_policy_call *c, int t, kv_transfer_plan *tp)
+int kv_policy_answer_encoding(lua_State *L, kv_policy_call *c, int idx, kv_encoding *e)
 {
-    static const char *const fields[] = {"layerwise", "order", "preempt", "priority", "weights", NULL};
+    enum { E_DIFFKV, E_WINDOW, E_KEY, E_VALUE, E_N };
+    static const char *const fields[E_N] = {"diffkv", "full_precision_window", "key", "value"};
+    idx = lua_absindex(L, idx);
+    memset(e, 0, sizeof *e);
+    if (lua_type(L, idx) == LUA_TSTRING && strcmp(lua_tostring(L, idx), "bf16") == 0) {
+        kv_policy_set_bf16(&e->key);
+        kv_policy_set_bf16(&e->value);
+        return 0;
+    }
+    if (!lua_istable(L, idx)) {
+        char got[80];
+        kv_policy_describe_value(L, idx, got, sizeof got);
+        return kv_policy_answer_bad(c, "%s; expected \"bf16\" or a table {key = ..., value = ...}", got);
+    }
+    int f;
+    if (read_fields(L, c, idx, "", fields, E_N, &f))
+        return -1;
+    if (lua_isnil(L, f + E_KEY) || lua_isnil(L, f + E_VALUE))
+        return kv_policy_answer_bad(c, "a table without '%s'; an encoding needs both key and value (e.g. value = "
+                                       "\"bf16\")", lua_isnil(L, f + E_KEY) ? "key" : "value");
+    if (parse_tensor(L, c, f + E_KEY, "key", NULL, &e->key))
+        return -1;
+    if (lua_rawequal(L, f + E_KEY, f + E_VALUE)) /* {key = enc, value = enc}: read once */
+        e->value = e->key;
+    else if (parse_tensor(L, c, f + E_VALUE, "value", NULL, &e->value))
+        return -1;
+    if (
+        get_int(L, c, f + E_WINDOW, "", "full_precision_window", 0, 0, KV_MAX_WINDOW, &e->full_precision_window))
+        return -1;
+    int d = f + E_DIFFKV;
+    if (lua_isnil(L, d) || (lua_isboolean(L, d) && !lua_toboolean(L, d)))
+        return 0;
+    return parse_diffkv(L, c, d, e);
+}
+
+int kv_policy_answer_transfer(lua_State *L, kv_policy_call *c, int idx, kv_transfer_plan *tp)
+{
+    enum { T_LAYERWISE, T_ORDER, T_PREEMPT, T_PRIORITY, T_WEIGHTS, T_N };
+    static const char *const fields[T_N] = {"layerwise", "order", "preempt", "priority", "weights"};
     static const char *const orders[] = {"concurrent", "anchor_first", NULL};
     static const char *const preempts[] = {"recompute", "swap", NULL};
     static const char *const prios[] = {"none", "strict", "weighted", NULL};
-    static const char *const wfields[] = {"anchor", "residual", NULL};
-    t = lua_absindex(L, t);
+    static const char *const wfields[] = {"anchor", "residual"};
+    idx = lua_absindex(L, idx);
     memset(tp, 0, sizeof *tp);
-    if (!lua_istable(L, t)) {
+    if (!lua_istable(L, idx)) {
         char got[80];
-        kv_policy_describe_value(L, t, got, sizeof got);
-        return kv_policy_answer_bad(c, "%s; expected a table {order = ..., priority = ..., weights = ..., layerwise = ...}", got);
+        kv_policy_describe_value(L, idx, got, sizeof got);
+        return kv_policy_answer_bad(c, "%s; expected a table {order = ..., priority = ..., weights = ..., layerwise "
+                                       "= ...}", got);
     }
-    if (check_keys(L, c, t, "", fields))
-        return -1;
-    int order = 0, prio = 0, preempt = 0;
-    if (get_choice(L, c, t, "order", 0, orders, &order) || get_choice(L, c, t, "priority", 0, prios, &prio) ||
-        get_choice(L, c, t, "preempt", 0, preempts, &preempt) ||
-        get_bool(L, c, t, "layerwise", "", false, &tp->layerwise))
+    int f, order = 0, prio = 0, preempt = 0;
+    if (read_fields(L, c, idx, "", fields, T_N, &f) ||
+        get_choice(L, c, f + T_ORDER, "", "order", 0, orders, &order) ||
+        get_choice(L, c, f + T_PREEMPT, "", "preempt", 0, preempts, &preempt) ||
+        get_choice(L, c, f + T_PRIORITY, "", "priority", 0, prios, &prio) ||
+        get_bool(L, c, f + T_LAYERWISE, "", "layerwise", false, &tp->layerwise))
         return -1;
     tp->order = order == 1 ? KV_ORDER_ANCHOR_FIRST : KV_ORDER_CONCURRENT;
-    tp->priority_mode = prio; /* kv_priority_mode: none 0, strict 1, weighted 2 */
+    tp->priority_mode = prio; /* kv_priority_mode of net.h: none 0, strict 1, weighted 2 */
     tp->preempt = preempt == 1 ? KV_PREEMPT_SWAP : KV_PREEMPT_RECOMPUTE;
     double wa = 1.0, wr = 1.0;
-    lua_getfield(L, t, "weights");
-    if (!lua_isnil(L, -1)) {
-        if (!lua_istable(L, -1)) {
+    int w = f + T_WEIGHTS;
+    if (!lua_isnil(L, w)) {
+        if (!lua_istable(L, w)) {
             char got[80];
-            kv_policy_describe_value(L, -1, got, sizeof got);
+            kv_policy_describe_value(L, w, got, sizeof got);
             return kv_policy_answer_bad(c, "weights = %s; expected a table {anchor = 3, residual = 1}", got);
         }
-        if (check_keys(L, c, -1, "weights", wfields) || get_num(L, c, -1, "anchor", "weights", 1.0, &wa) ||
-            get_num(L, c, -1, "residual", "weights", 1.0, &wr))
+        int g;
+        if (read_fields(L, c, w, "weights", wfields, 2, &g) ||
+            get_num(L, c, g, "weights", "anchor", 1.0, &wa) || get_num(L, c, g + 1, "weights", "residual", 1.0, &wr))
             return -1;
         if (wa <= 0 || wr <= 0)
-            return kv_policy_answer_bad(c, "weights = {anchor = %.14g, residual = %.14g}; both must be above 0", wa, wr);
+            return kv_policy_answer_bad(c, "weights = {anchor = %.14g, residual = %.14g}; both must be above 0", wa,
+                                        wr);
     }
-    lua_pop(L, 1);
     tp->anchor_weight = wa / (wa + wr);
     tp->residual_weight = wr / (wa + wr);
     return 0;

@@ -59,6 +59,23 @@ static const kv_key_spec scenario_keys[] = {
      "switch/uplink bandwidth, Gbit/s (0: not limiting)"},
     {"network.switch_latency_us", KV_KEY_DOUBLE, S(switch_latency_us), "0", 0, 1e9, NULL, "switch latency, us"},
     {"network.hosts_per_leaf", KV_KEY_INT, S(hosts_per_leaf), "8", 1, 1 << 20, NULL, "fat-tree: hosts per leaf"},
+    {"network.fat_tree", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "two-level fat-tree shape"},
+    {"network.fat_tree.spines", KV_KEY_INT, S(fat_tree_spines), "0", 0, 1 << 20, NULL,
+     "spine switches (0: from oversubscription)"},
+    {"network.fat_tree.leaves", KV_KEY_INT, S(fat_tree_leaves), "0", 0, 1 << 20, NULL,
+     "leaf switches (0: enough for the hosts)"},
+    {"network.torus_dims", KV_KEY_INTLIST, S(torus_dims), "[]", 1, 1 << 20, NULL,
+     "torus: nodes along each dimension, e.g. [4, 4, 2]"},
+    {"network.dragonfly", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "dragonfly shape"},
+    {"network.dragonfly.groups", KV_KEY_INT, S(dragonfly_groups), "0", 0, 1 << 20, NULL, "groups"},
+    {"network.dragonfly.chassis", KV_KEY_INT, S(dragonfly_chassis), "0", 0, 1 << 20, NULL, "chassis per group"},
+    {"network.dragonfly.routers", KV_KEY_INT, S(dragonfly_routers), "0", 0, 1 << 20, NULL,
+     "routers per chassis"},
+    {"network.dragonfly.nodes", KV_KEY_INT, S(dragonfly_nodes), "0", 0, 1 << 20, NULL, "hosts per router"},
+    {"network.host_slots", KV_KEY_INTLIST, S(host_slots), "[]", 0, 1 << 30, NULL,
+     "topology position of each node, prefill nodes first (empty: in order)"},
+    {"network.host_names", KV_KEY_STRLIST, S(host_names), "[]", 0, 0, NULL,
+     "platform: the SimGrid host of each node, prefill first (empty: hosts sorted by name)"},
     {"network.oversubscription", KV_KEY_POSITIVE, S(oversubscription), "1", 0, 1e6, NULL,
      "fat-tree: leaf down/up bandwidth ratio"},
     {"network.split_duplex", KV_KEY_BOOL, S(split_duplex), "true", 0, 0, NULL,
@@ -155,6 +172,9 @@ static const kv_key_spec scenario_keys[] = {
      "modelled fixed cost of one compaction call (launches), added to DiffKV's steps"},
     {"memory.measure_manager", KV_KEY_BOOL, S(measure_manager), "false", 0, 0, NULL,
      "also time the real manager calls on timing.backend (results then vary run to run)"},
+
+    {"accuracy", KV_KEY_FREEMAP, S(accuracy), NULL, 0, 0, NULL,
+     "the reference model's accuracy study (kvsim eval; keys in docs/accuracy.md)"},
 
     {"outputs", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "what a run writes"},
     {"outputs.dir", KV_KEY_STRING, S(out_dir), "\"\"", 0, 0, NULL, "output folder (--out overrides; empty: none)"},
@@ -265,6 +285,16 @@ static int check(kv_scenario *s, kv_error *err)
     if (strcmp(s->topology, "platform") == 0 && s->platform_file[0] == '\0')
         return kv_error_set(err, KV_EINPUT, "%s: network.platform_file: topology 'platform' needs a file",
                             kv_scenario_where(s, "network.topology", w, sizeof w));
+    int hosts = s->prefill.nodes + s->decode.nodes;
+    if (s->host_slots.count && s->host_slots.count != (size_t)hosts)
+        return kv_error_set(err, KV_EINPUT, "%s: network.host_slots: lists %zu positions for %d nodes",
+                            kv_scenario_where(s, "network.host_slots", w, sizeof w), s->host_slots.count, hosts);
+    if (s->host_names.count && s->host_names.count != (size_t)hosts)
+        return kv_error_set(err, KV_EINPUT, "%s: network.host_names: lists %zu hosts for %d nodes",
+                            kv_scenario_where(s, "network.host_names", w, sizeof w), s->host_names.count, hosts);
+    if (s->torus_dims.count > 3)
+        return kv_error_set(err, KV_EINPUT, "%s: network.torus_dims: at most 3 dimensions",
+                            kv_scenario_where(s, "network.torus_dims", w, sizeof w));
     if (s->policy_settings && s->policy_settings->kind == KV_YMAP) {
         /* Settings for a policy that is not compared are almost always a typo. */
         const kv_ynode *ps = s->policy_settings;

@@ -134,6 +134,8 @@ int kv_study_prepare(const kv_scenario *s, kv_study **out, kv_error *err)
     st->outcomes = kv_calloc(st->n, sizeof *st->outcomes);
     st->costs = kv_calloc(st->n, sizeof *st->costs);
     int rc = make_workload(st, err);
+    if (!rc)
+        rc = kv_engine_check_network(s, strcmp(s->net_model, "ideal") == 0 ? KV_NET_IDEAL : KV_NET_SIMGRID, err);
     for (size_t i = 0; !rc && i < st->n; i++)
         rc = load_policy(st, i, err);
     size_t n_req = st->workload ? kv_workload_count(st->workload) : 0;

@@ -1,0 +1,770 @@
+/* kvstore.c — one sequence's KV cache in the policy's encoding, and attention over it.
+ *
+ * Layout: one lane per (layer, KV head) — positions, per-token tier, and the
+ * values attention reads now (k, v: f32 [n][head_dim], the reconstruction of
+ * the stored codes). Tokens are kept in position order; pruning removes them.
+ *
+ * Invariants (checked by kv_assert where cheap):
+ *  1. lane positions strictly increase;
+ *  2. before the seal every token is TIER_EXACT; after it none is;
+ *  3. in a lane without DiffKV, tokens [0, n_quant) hold the main encoding and
+ *     tokens [n_quant, n) the bf16 window, n_quant a multiple of the block;
+ *  4. tokens [0, n_split) of a Lynx lane keep their anchor-only and merged
+ *     reconstructions in ka/va and kf/vf; k/v hold a copy of the one shown
+ *     (anchor until the residual arrives).
+ */
+#include "core/model/kvstore.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/model/kvquant.h"
+
+#define kv_assert(cond)                                                                                          \
+    do {                                                                                                         \
+        if (!(cond)) {                                                                                           \
+            fprintf(stderr, "kvsim: internal error: %s:%d: %s\n", __FILE__, __LINE__, #cond);                    \
+            abort();                                                                                             \
+        }                                                                                                        \
+    } while (0)
+
+enum { TIER_EXACT = 0, TIER_WINDOW = 1, TIER_HIGH = 2, TIER_LOW = 3 };
+
+/* DiffKV significance is gathered from this many last prompt queries. */
+#define PREFILL_SCORE_QUERIES 64
+
+typedef struct lane {
+    int n, cap;       /* tokens stored, capacity */
+    int32_t *pos;     /* [cap] positions */
+    uint8_t *tier;    /* [cap] TIER_* */
+    uint8_t *fixed;   /* [cap] DiffKV: tier decided for good */
+    float *k, *v;     /* [cap][head_dim] what attention reads */
+    float *ka, *va;   /* [cap][head_dim] Lynx: anchor-only reconstruction of tokens [0, n_split) */
+    float *kf, *vf;   /* [cap][head_dim] Lynx: merged reconstruction of tokens [0, n_split) */
+    float *rk, *rv;   /* [cap][head_dim] bf16 of the exact values (KV_KVSTORE_MEASURE) */
+    float *sig;       /* [cap] DiffKV: summed probability (max over the GQA group) */
+    float *sig_n;     /* [cap] queries summed into sig */
+    int n_quant;      /* invariant 3 */
+    int n_split;      /* invariant 4 */
+    int pruned;       /* tokens pruned so far */
+} lane;
+
+struct kv_kvstore {
+    kv_kvstore_shape shape;
+    kv_encoding *enc;   /* [n_layers * n_kv_heads], NULL = exact forever */
+    unsigned flags;
+    bool sealed, residual;
+    int length;         /* positions seen (max position + 1) */
+    lane *lanes;        /* [n_layers * n_kv_heads] */
+    double *err_sq, *ref_sq, *measured; /* [n_layers] attention error sums */
+};
+
+/* ---- Encodings -------------------------------------------------------------------------- */
+
+static int check_tensor(const kv_tensor_enc *t, const char *what, int layer, int head, kv_error *err)
+{
+    if (t->kind == KV_TENSOR_BF16)
+        return KV_OK;
+    if (t->kind != KV_TENSOR_INT)
+        return kv_error_set(err, KV_EINPUT, "layer %d head %d: %s: unknown kind %d", layer, head, what, t->kind);
+    if (t->bits < 1 || t->bits > 16)
+        return kv_error_set(err, KV_EINPUT, "layer %d head %d: %s: bits %d (must be 1..16)", layer, head, what,
+                            t->bits);
+    if (t->anchor_bits < 0 || (t->anchor_bits > 0 && t->anchor_bits >= t->bits))
+        return kv_error_set(err, KV_EINPUT, "layer %d head %d: %s: anchor bits %d (must be 0 or 1..bits-1)", layer,
+                            head, what, t->anchor_bits);
+    if (t->group_size < 1 || t->group_size > 65536)
+        return kv_error_set(err, KV_EINPUT, "layer %d head %d: %s: group size %d (must be 1..65536)", layer, head,
+                            what, t->group_size);
+    return KV_OK;
+}
+
+static int check_encoding(const kv_encoding *e, int layer, int head, kv_error *err)
+{
+    int rc = check_tensor(&e->key, "key", layer, head, err);
+    if (!rc)
+        rc = check_tensor(&e->value, "value", layer, head, err);
+    if (rc)
+        return rc;
+    if (e->full_precision_window < 0)
+        return kv_error_set(err, KV_EINPUT, "layer %d head %d: negative full-precision window", layer, head);
+    bool kc = e->key.kind == KV_TENSOR_INT && e->key.per_channel;
+    bool vc = e->value.kind == KV_TENSOR_INT && e->value.per_channel;
+    if (kc && vc && e->key.group_size != e->value.group_size)
+        return kv_error_set(err, KV_EINPUT,
+                            "layer %d head %d: per-channel keys and values need one group size (%d vs %d)", layer,
+                            head, e->key.group_size, e->value.group_size);
+    if (e->diffkv) {
+        rc = check_tensor(&e->key_low, "low-tier key", layer, head, err);
+        if (!rc)
+            rc = check_tensor(&e->value_low, "low-tier value", layer, head, err);
+        if (rc)
+            return rc;
+        if (kc || vc || e->key_low.per_channel || e->value_low.per_channel)
+            return kv_error_set(err, KV_EINPUT, "layer %d head %d: DiffKV tiers need per-token groups", layer, head);
+        if (!(e->alpha_low >= 0.0) || !(e->alpha_high >= e->alpha_low) || e->window < 0)
+            return kv_error_set(err, KV_EINPUT,
+                                "layer %d head %d: DiffKV needs 0 <= alpha_low <= alpha_high and window >= 0", layer,
+                                head);
+    }
+    return KV_OK;
+}
+
+/* Tokens per quantization block of a non-DiffKV lane: the per-channel group. */
+static int block_tokens(const kv_encoding *e)
+{
+    if (e->key.kind == KV_TENSOR_INT && e->key.per_channel)
+        return e->key.group_size;
+    if (e->value.kind == KV_TENSOR_INT && e->value.per_channel)
+        return e->value.group_size;
+    return 1;
+}
+
+/* Encodes one token's row x[0..hd) in place (x then holds the merged
+   reconstruction); anchor, if not NULL, receives the anchor-only one (equal to
+   the merged one for a tensor without an anchor split). */
+static void encode_row(const kv_tensor_enc *t, float *x, int hd, float *anchor)
+{
+    if (t->kind == KV_TENSOR_BF16) {
+        for (int i = 0; i < hd; i++) {
+            x[i] = kv_bf16_round(x[i]);
+            if (anchor)
+                anchor[i] = x[i];
+        }
+        return;
+    }
+    uint16_t small[256], s, z;
+    uint16_t *codes = t->group_size <= 256 ? small : kv_malloc((size_t)t->group_size * sizeof *codes);
+    for (int g0 = 0; g0 < hd; g0 += t->group_size) {
+        int n = hd - g0 < t->group_size ? hd - g0 : t->group_size;
+        kv_group_quantize(x + g0, (size_t)n, 1, (unsigned)t->bits, codes, &s, &z);
+        for (int i = 0; i < n; i++) {
+            x[g0 + i] = kv_group_dequantize(codes[i], s, z);
+            if (anchor)
+                anchor[g0 + i] = t->anchor_bits > 0 ? kv_group_dequantize_anchor(codes[i], (unsigned)t->bits,
+                                                                                 (unsigned)t->anchor_bits, s, z)
+                                                    : x[g0 + i];
+        }
+    }
+    if (codes != small)
+        kv_free(codes);
+}
+
+/* Encodes B tokens x[B][hd] in place with per-channel groups (the B values
+   of one channel form a group); anchor as in encode_row. */
+static void encode_block_channel(const kv_tensor_enc *t, float *x, int B, int hd, float *anchor)
+{
+    uint16_t *codes = kv_malloc((size_t)B * sizeof *codes), s, z;
+    for (int c = 0; c < hd; c++) {
+        kv_group_quantize(x + c, (size_t)B, (size_t)hd, (unsigned)t->bits, codes, &s, &z);
+        for (int i = 0; i < B; i++) {
+            size_t at = (size_t)i * hd + (size_t)c;
+            x[at] = kv_group_dequantize(codes[i], s, z);
+            if (anchor)
+                anchor[at] = t->anchor_bits > 0 ? kv_group_dequantize_anchor(codes[i], (unsigned)t->bits,
+                                                                             (unsigned)t->anchor_bits, s, z)
+                                                : x[at];
+        }
+    }
+    kv_free(codes);
+}
+
+/* Encodes B consecutive tokens of one tensor (rows x[B][hd]) with t. */
+static void encode_tokens(const kv_tensor_enc *t, float *x, int B, int hd, float *anchor)
+{
+    if (t->kind == KV_TENSOR_INT && t->per_channel)
+        encode_block_channel(t, x, B, hd, anchor);
+    else
+        for (int i = 0; i < B; i++)
+            encode_row(t, x + (size_t)i * hd, hd, anchor ? anchor + (size_t)i * hd : NULL);
+}
+
+/* Bytes one token of a tensor costs (per-channel: its share of a block). */
+static double token_bytes(const kv_tensor_enc *t, int hd, bool split)
+{
+    if (t->kind == KV_TENSOR_BF16)
+        return 2.0 * hd;
+    unsigned a = split ? (unsigned)t->anchor_bits : 0;
+    if (t->per_channel)
+        return (double)hd * (double)kv_group_bytes((size_t)t->group_size, (unsigned)t->bits, a) / t->group_size;
+    double b = 0;
+    for (int g0 = 0; g0 < hd; g0 += t->group_size) {
+        int n = hd - g0 < t->group_size ? hd - g0 : t->group_size;
+        b += (double)kv_group_bytes((size_t)n, (unsigned)t->bits, a);
+    }
+    return b;
+}
+
+static bool enc_has_split(const kv_encoding *e)
+{
+    return (e->key.kind == KV_TENSOR_INT && e->key.anchor_bits > 0) ||
+           (e->value.kind == KV_TENSOR_INT && e->value.anchor_bits > 0);
+}
+
+/* ---- Lanes ------------------------------------------------------------------------------- */
+
+static void lane_reserve(lane *L, int need, int hd, unsigned flags, bool split)
+{
+    if (need <= L->cap && (!split || L->ka))
+        return;
+    int cap = L->cap ? L->cap : 64;
+    while (cap < need)
+        cap *= 2;
+    size_t row = (size_t)hd * sizeof(float);
+    L->pos = kv_realloc(L->pos, (size_t)cap * sizeof *L->pos);
+    L->tier = kv_realloc(L->tier, (size_t)cap);
+    L->fixed = kv_realloc(L->fixed, (size_t)cap);
+    L->k = kv_realloc(L->k, (size_t)cap * row);
+    L->v = kv_realloc(L->v, (size_t)cap * row);
+    L->sig = kv_realloc(L->sig, (size_t)cap * sizeof *L->sig);
+    L->sig_n = kv_realloc(L->sig_n, (size_t)cap * sizeof *L->sig_n);
+    if (split || L->ka) {
+        L->ka = kv_realloc(L->ka, (size_t)cap * row);
+        L->va = kv_realloc(L->va, (size_t)cap * row);
+        L->kf = kv_realloc(L->kf, (size_t)cap * row);
+        L->vf = kv_realloc(L->vf, (size_t)cap * row);
+    }
+    if (flags & KV_KVSTORE_MEASURE) {
+        L->rk = kv_realloc(L->rk, (size_t)cap * row);
+        L->rv = kv_realloc(L->rv, (size_t)cap * row);
+    }
+    L->cap = cap;
+}
+
+static void lane_free(lane *L)
+{
+    float *arrays[] = {L->k, L->v, L->ka, L->va, L->kf, L->vf, L->rk, L->rv, L->sig, L->sig_n};
+    for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++)
+        kv_free(arrays[i]);
+    kv_free(L->pos);
+    kv_free(L->tier);
+    kv_free(L->fixed);
+}
+
+/* Removes token i (DiffKV pruning; DiffKV lanes have no split planes). */
+static void lane_remove(lane *L, int i, int hd)
+{
+    size_t tail = (size_t)(L->n - i - 1), row = (size_t)hd, at = (size_t)i;
+    memmove(L->pos + at, L->pos + at + 1, tail * sizeof *L->pos);
+    memmove(L->tier + at, L->tier + at + 1, tail);
+    memmove(L->fixed + at, L->fixed + at + 1, tail);
+    memmove(L->k + at * row, L->k + (at + 1) * row, tail * row * sizeof(float));
+    memmove(L->v + at * row, L->v + (at + 1) * row, tail * row * sizeof(float));
+    if (L->rk) {
+        memmove(L->rk + at * row, L->rk + (at + 1) * row, tail * row * sizeof(float));
+        memmove(L->rv + at * row, L->rv + (at + 1) * row, tail * row * sizeof(float));
+    }
+    memmove(L->sig + at, L->sig + at + 1, tail * sizeof *L->sig);
+    memmove(L->sig_n + at, L->sig_n + at + 1, tail * sizeof *L->sig_n);
+    L->n--;
+    L->pruned++;
+}
+
+/* ---- Creation -------------------------------------------------------------------------------- */
+
+int kv_kvstore_create(const kv_kvstore_shape *shape, const kv_encoding *enc, unsigned flags, kv_kvstore **out,
+                      kv_error *err)
+{
+    *out = NULL;
+    if (shape->n_layers < 1 || shape->n_heads < 1 || shape->n_kv_heads < 1 || shape->head_dim < 1 ||
+        shape->n_heads % shape->n_kv_heads)
+        return kv_error_set(err, KV_EINPUT, "KV store: bad shape (%d layers, %d heads, %d KV heads, head_dim %d)",
+                            shape->n_layers, shape->n_heads, shape->n_kv_heads, shape->head_dim);
+    size_t n_lanes = (size_t)shape->n_layers * (size_t)shape->n_kv_heads;
+    if (enc)
+        for (size_t i = 0; i < n_lanes; i++) {
+            int rc = check_encoding(&enc[i], (int)(i / (size_t)shape->n_kv_heads),
+                                    (int)(i % (size_t)shape->n_kv_heads), err);
+            if (rc)
+                return rc;
+        }
+    kv_kvstore *s = kv_calloc(1, sizeof *s);
+    s->shape = *shape;
+    s->flags = flags;
+    if (enc) {
+        s->enc = kv_malloc(n_lanes * sizeof *s->enc);
+        memcpy(s->enc, enc, n_lanes * sizeof *s->enc);
+    }
+    s->lanes = kv_calloc(n_lanes, sizeof *s->lanes);
+    s->err_sq = kv_calloc((size_t)shape->n_layers, sizeof *s->err_sq);
+    s->ref_sq = kv_calloc((size_t)shape->n_layers, sizeof *s->ref_sq);
+    s->measured = kv_calloc((size_t)shape->n_layers, sizeof *s->measured);
+    *out = s;
+    return KV_OK;
+}
+
+void kv_kvstore_destroy(kv_kvstore *s)
+{
+    if (!s)
+        return;
+    size_t n_lanes = (size_t)s->shape.n_layers * (size_t)s->shape.n_kv_heads;
+    for (size_t i = 0; i < n_lanes; i++)
+        lane_free(&s->lanes[i]);
+    kv_free(s->lanes);
+    kv_free(s->enc);
+    kv_free(s->err_sq);
+    kv_free(s->ref_sq);
+    kv_free(s->measured);
+    kv_free(s);
+}
+
+int kv_kvstore_clone(const kv_kvstore *src, const kv_encoding *enc, unsigned flags, kv_kvstore **out,
+                     kv_error *err)
+{
+    *out = NULL;
+    if (src->sealed)
+        return kv_error_set(err, KV_EINPUT, "KV store: only an unsealed (prefill) store can be cloned");
+    kv_kvstore *s;
+    int rc = kv_kvstore_create(&src->shape, enc, flags, &s, err);
+    if (rc)
+        return rc;
+    int hd = src->shape.head_dim;
+    size_t n_lanes = (size_t)src->shape.n_layers * (size_t)src->shape.n_kv_heads;
+    for (size_t li = 0; li < n_lanes; li++) {
+        const lane *a = &src->lanes[li];
+        lane *b = &s->lanes[li];
+        lane_reserve(b, a->n, hd, flags, false);
+        size_t n = (size_t)a->n, rows = n * (size_t)hd;
+        b->n = a->n;
+        memcpy(b->pos, a->pos, n * sizeof *b->pos);
+        memcpy(b->tier, a->tier, n);
+        memcpy(b->fixed, a->fixed, n);
+        memcpy(b->k, a->k, rows * sizeof(float));
+        memcpy(b->v, a->v, rows * sizeof(float));
+        memcpy(b->sig, a->sig, n * sizeof *b->sig);
+        memcpy(b->sig_n, a->sig_n, n * sizeof *b->sig_n);
+        if (b->rk)
+            for (size_t i = 0; i < rows; i++) {
+                b->rk[i] = kv_bf16_round(a->k[i]);
+                b->rv[i] = kv_bf16_round(a->v[i]);
+            }
+    }
+    s->length = src->length;
+    *out = s;
+    return KV_OK;
+}
+
+bool kv_kvstore_sealed(const kv_kvstore *s) { return s->sealed; }
+int kv_kvstore_length(const kv_kvstore *s) { return s->length; }
+
+/* ---- Tiers and windows ------------------------------------------------------------------------ */
+
+/* DiffKV: the tier of token i from its mean significance at context length
+   `context`: TIER_HIGH, TIER_LOW, or -1 (pruned). */
+static int diffkv_tier(const kv_encoding *e, const lane *L, int i, int context)
+{
+    double mean = L->sig_n[i] > 0 ? (double)L->sig[i] / L->sig_n[i] : 0.0;
+    if (mean >= e->alpha_high / context)
+        return TIER_HIGH;
+    if (mean >= e->alpha_low / context)
+        return TIER_LOW;
+    return -1;
+}
+
+/* Gives token i (holding its high-tier reconstruction) its decided tier;
+   returns false if it was pruned (removed from the lane). */
+static bool apply_tier(const kv_encoding *e, lane *L, int i, int tier, int hd)
+{
+    L->fixed[i] = 1;
+    if (tier < 0) {
+        lane_remove(L, i, hd);
+        return false;
+    }
+    L->tier[i] = (uint8_t)tier;
+    if (tier == TIER_LOW) { /* demotion re-quantizes what the cache holds */
+        encode_row(&e->key_low, L->k + (size_t)i * hd, hd, NULL);
+        encode_row(&e->value_low, L->v + (size_t)i * hd, hd, NULL);
+    }
+    return true;
+}
+
+/* Non-DiffKV lanes: encodes whole blocks that have left the bf16 window
+   (they hold bf16 values, as KIVI's full-precision residual does). */
+static void flush_window(const kv_encoding *e, lane *L, int hd)
+{
+    int B = block_tokens(e), W = e->full_precision_window;
+    while (L->n - L->n_quant - W >= B) {
+        size_t at = (size_t)L->n_quant * hd;
+        encode_tokens(&e->key, L->k + at, B, hd, NULL);
+        encode_tokens(&e->value, L->v + at, B, hd, NULL);
+        for (int t = 0; t < B; t++)
+            L->tier[L->n_quant + t] = TIER_HIGH;
+        L->n_quant += B;
+    }
+}
+
+static void seal_lane(kv_kvstore *s, const kv_encoding *e, lane *L)
+{
+    int hd = s->shape.head_dim, n = L->n;
+    if (e->diffkv) {
+        int context = s->length;
+        /* Every token takes the high tier first; those outside the recent
+           window are then decided for good from their prefill significance. */
+        for (int i = 0; i < n; i++) {
+            encode_row(&e->key, L->k + (size_t)i * hd, hd, NULL);
+            encode_row(&e->value, L->v + (size_t)i * hd, hd, NULL);
+            L->tier[i] = TIER_HIGH;
+            L->fixed[i] = 0;
+        }
+        int decide = n - e->window, i = 0;
+        for (int seen = 0; seen < decide; seen++) {
+            int tier = diffkv_tier(e, L, i, context);
+            if (apply_tier(e, L, i, tier, hd))
+                i++;
+        }
+        return;
+    }
+    int B = block_tokens(e), Q = n - e->full_precision_window;
+    Q = Q < 0 ? 0 : Q - Q % B;
+    bool split = enc_has_split(e);
+    if (split)
+        lane_reserve(L, n, hd, s->flags, true);
+    for (int i0 = 0; i0 < Q; i0 += B) {
+        size_t at = (size_t)i0 * hd;
+        encode_tokens(&e->key, L->k + at, B, hd, split ? L->ka + at : NULL);
+        encode_tokens(&e->value, L->v + at, B, hd, split ? L->va + at : NULL);
+    }
+    for (int i = 0; i < n; i++) {
+        L->tier[i] = i < Q ? TIER_HIGH : TIER_WINDOW;
+        if (i >= Q)
+            for (int c = 0; c < hd; c++) {
+                L->k[(size_t)i * hd + c] = kv_bf16_round(L->k[(size_t)i * hd + c]);
+                L->v[(size_t)i * hd + c] = kv_bf16_round(L->v[(size_t)i * hd + c]);
+            }
+    }
+    L->n_quant = Q;
+    if (split) {
+        size_t bytes = (size_t)Q * hd * sizeof(float);
+        memcpy(L->kf, L->k, bytes);
+        memcpy(L->vf, L->v, bytes);
+        memcpy(L->k, L->ka, bytes); /* the anchor is what has arrived */
+        memcpy(L->v, L->va, bytes);
+        L->n_split = Q;
+    }
+}
+
+void kv_kvstore_seal(kv_kvstore *s)
+{
+    if (s->sealed)
+        return;
+    s->sealed = true;
+    s->residual = false;
+    if (!s->enc)
+        return;
+    size_t n_lanes = (size_t)s->shape.n_layers * (size_t)s->shape.n_kv_heads;
+    for (size_t i = 0; i < n_lanes; i++)
+        seal_lane(s, &s->enc[i], &s->lanes[i]);
+}
+
+void kv_kvstore_set_residual(kv_kvstore *s, bool arrived)
+{
+    s->residual = arrived;
+    size_t n_lanes = (size_t)s->shape.n_layers * (size_t)s->shape.n_kv_heads;
+    for (size_t i = 0; i < n_lanes; i++) {
+        lane *L = &s->lanes[i];
+        if (!L->n_split)
+            continue;
+        size_t bytes = (size_t)L->n_split * s->shape.head_dim * sizeof(float);
+        memcpy(L->k, arrived ? L->kf : L->ka, bytes);
+        memcpy(L->v, arrived ? L->vf : L->va, bytes);
+    }
+}
+
+void kv_kvstore_truncate(kv_kvstore *s, int32_t pos)
+{
+    size_t n_lanes = (size_t)s->shape.n_layers * (size_t)s->shape.n_kv_heads;
+    for (size_t i = 0; i < n_lanes; i++) {
+        lane *L = &s->lanes[i];
+        while (L->n > 0 && L->pos[L->n - 1] >= pos)
+            L->n--;
+        if (L->n_quant > L->n)
+            L->n_quant = L->n;
+        if (L->n_split > L->n)
+            L->n_split = L->n;
+    }
+    if (s->length > pos)
+        s->length = pos;
+}
+
+/* ---- Appending ------------------------------------------------------------------------------------- */
+
+void kv_kvstore_append(kv_kvstore *s, int layer, const float *k, const float *v, const int32_t *pos, int T)
+{
+    int H = s->shape.n_kv_heads, hd = s->shape.head_dim;
+    for (int h = 0; h < H; h++) {
+        size_t li = (size_t)layer * H + (size_t)h;
+        lane *L = &s->lanes[li];
+        const kv_encoding *e = s->enc ? &s->enc[li] : NULL;
+        lane_reserve(L, L->n + T, hd, s->flags, false);
+        for (int t = 0; t < T; t++) {
+            kv_assert(L->n == 0 || pos[t] > L->pos[L->n - 1]); /* invariant 1 */
+            int i = L->n++;
+            size_t at = (size_t)i * hd;
+            const float *kr = k + ((size_t)t * H + (size_t)h) * hd, *vr = v + ((size_t)t * H + (size_t)h) * hd;
+            memcpy(L->k + at, kr, (size_t)hd * sizeof(float));
+            memcpy(L->v + at, vr, (size_t)hd * sizeof(float));
+            if (L->rk)
+                for (int c = 0; c < hd; c++) {
+                    L->rk[at + c] = kv_bf16_round(kr[c]);
+                    L->rv[at + c] = kv_bf16_round(vr[c]);
+                }
+            L->pos[i] = pos[t];
+            L->sig[i] = 0.0f;
+            L->sig_n[i] = 0.0f;
+            L->fixed[i] = 0;
+            L->tier[i] = TIER_EXACT;
+            if (!s->sealed || !e)
+                continue;
+            if (e->diffkv) {
+                /* New tokens enter the high tier; the one leaving the recent
+                   window is decided for good (at most one per step). */
+                encode_row(&e->key, L->k + at, hd, NULL);
+                encode_row(&e->value, L->v + at, hd, NULL);
+                L->tier[i] = TIER_HIGH;
+                int leaving = L->n - 1 - e->window;
+                if (leaving >= 0 && !L->fixed[leaving])
+                    apply_tier(e, L, leaving, diffkv_tier(e, L, leaving, pos[t] + 1), hd);
+            } else if (e->full_precision_window > 0 || block_tokens(e) > 1) {
+                for (int c = 0; c < hd; c++) {
+                    L->k[at + c] = kv_bf16_round(L->k[at + c]);
+                    L->v[at + c] = kv_bf16_round(L->v[at + c]);
+                }
+                L->tier[i] = TIER_WINDOW;
+                flush_window(e, L, hd);
+            } else {
+                encode_row(&e->key, L->k + at, hd, NULL);
+                encode_row(&e->value, L->v + at, hd, NULL);
+                L->tier[i] = TIER_HIGH;
+                L->n_quant = L->n;
+            }
+        }
+    }
+    if (layer == 0 && T > 0 && pos[T - 1] + 1 > s->length)
+        s->length = pos[T - 1] + 1;
+}
+
+/* ---- Attention ---------------------------------------------------------------------------------------- */
+
+/* Softmax of x[0..n) in place (max subtracted; sum in double). */
+static void softmax(float *x, int n)
+{
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++)
+        mx = x[i] > mx ? x[i] : mx;
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        x[i] = expf(x[i] - mx);
+        sum += x[i];
+    }
+    float inv = (float)(1.0 / sum);
+    for (int i = 0; i < n; i++)
+        x[i] *= inv;
+}
+
+/* Tokens of lane L at positions <= p (positions increase). */
+static int visible(const lane *L, int32_t p)
+{
+    int lo = 0, hi = L->n;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (L->pos[mid] <= p)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Exact prefill attention through OpenBLAS. For each KV head and block of QB
+   query rows, the rows of the G query heads that share the KV head are
+   gathered into one matrix, so each block is two sgemm calls:
+   S = Q K^T (scaled), row softmax over the visible keys, O = S V.
+   DiffKV lanes (or KV_KVSTORE_SCORES) gather the probabilities the last
+   PREFILL_SCORE_QUERIES queries give each token: summed over queries per
+   head, then the maximum over the heads of the group. */
+static void attention_exact(kv_kvstore *s, int layer, const float *q, const int32_t *pos, int T, float *out)
+{
+    enum { QB = 128 };
+    int H = s->shape.n_heads, KVH = s->shape.n_kv_heads, hd = s->shape.head_dim, G = H / KVH;
+    float scale = 1.0f / sqrtf((float)hd);
+    size_t ld = (size_t)H * hd, GR = (size_t)G * QB;
+    float *Qg = kv_malloc(GR * hd * sizeof *Qg), *Og = kv_malloc(GR * hd * sizeof *Og);
+    for (int g = 0; g < KVH; g++) {
+        size_t li = (size_t)layer * KVH + (size_t)g;
+        lane *L = &s->lanes[li];
+        bool scores = (s->flags & KV_KVSTORE_SCORES) || (s->enc && s->enc[li].diffkv);
+        int first_scored = T - PREFILL_SCORE_QUERIES < 0 ? 0 : T - PREFILL_SCORE_QUERIES;
+        int nk_all = visible(L, pos[T - 1]);
+        size_t nka = (size_t)(nk_all ? nk_all : 1);
+        float *S = kv_malloc(GR * nka * sizeof *S);
+        float *acc = scores ? kv_calloc((size_t)G * nka, sizeof *acc) : NULL;
+        for (int r0 = 0; r0 < T; r0 += QB) {
+            int rows = T - r0 < QB ? T - r0 : QB;
+            int nk = visible(L, pos[r0 + rows - 1]);
+            if (nk == 0) {
+                for (int r = 0; r < rows; r++)
+                    memset(out + (size_t)(r0 + r) * ld + (size_t)g * G * hd, 0, (size_t)G * hd * sizeof(float));
+                continue;
+            }
+            for (int hh = 0; hh < G; hh++)
+                for (int r = 0; r < rows; r++)
+                    memcpy(Qg + ((size_t)hh * rows + r) * hd, q + (size_t)(r0 + r) * ld + (size_t)(g * G + hh) * hd,
+                           (size_t)hd * sizeof(float));
+            int M = G * rows;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, nk, hd, scale, Qg, hd, L->k, hd, 0.0f, S, nk);
+            for (int hh = 0; hh < G; hh++)
+                for (int r = 0; r < rows; r++) {
+                    float *row = S + ((size_t)hh * rows + r) * nk;
+                    int m = visible(L, pos[r0 + r]);
+                    softmax(row, m);
+                    memset(row + m, 0, (size_t)(nk - m) * sizeof *row);
+                    if (scores && r0 + r >= first_scored)
+                        for (int j = 0; j < m; j++)
+                            acc[(size_t)hh * nka + j] += row[j];
+                }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hd, nk, 1.0f, S, nk, L->v, hd, 0.0f, Og, hd);
+            for (int hh = 0; hh < G; hh++)
+                for (int r = 0; r < rows; r++)
+                    memcpy(out + (size_t)(r0 + r) * ld + (size_t)(g * G + hh) * hd, Og + ((size_t)hh * rows + r) * hd,
+                           (size_t)hd * sizeof(float));
+        }
+        if (scores)
+            for (int j = 0; j < nk_all; j++) {
+                float best = 0.0f;
+                for (int hh = 0; hh < G; hh++)
+                    best = acc[(size_t)hh * nka + j] > best ? acc[(size_t)hh * nka + j] : best;
+                L->sig[j] += best;
+                for (int r = first_scored; r < T; r++)
+                    L->sig_n[j] += pos[r] >= L->pos[j] ? 1.0f : 0.0f;
+            }
+        kv_free(S);
+        kv_free(acc);
+    }
+    kv_free(Qg);
+    kv_free(Og);
+}
+
+/* Attention of one query row over rows K, V [m][hd] (BLAS sgemv); p [m] scratch
+   receives the probabilities. */
+static void attend_row(const float *qr, const float *K, const float *V, int m, int hd, float scale, float *p,
+                       float *o)
+{
+    if (m == 0) {
+        memset(o, 0, (size_t)hd * sizeof *o);
+        return;
+    }
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, m, hd, scale, K, hd, qr, 1, 0.0f, p, 1);
+    softmax(p, m);
+    cblas_sgemv(CblasRowMajor, CblasTrans, m, hd, 1.0f, V, hd, p, 1, 0.0f, o, 1);
+}
+
+/* Attention over the stored (encoded, reconstructed) values after the seal.
+   This is the place where kv_backend_attention over the encoded pages goes. */
+static void attention_stored(kv_kvstore *s, int layer, const float *q, const int32_t *pos, int T, float *out)
+{
+    int H = s->shape.n_heads, KVH = s->shape.n_kv_heads, hd = s->shape.head_dim, G = H / KVH;
+    float scale = 1.0f / sqrtf((float)hd);
+    bool measure = (s->flags & KV_KVSTORE_MEASURE) != 0;
+    float *ref = measure ? kv_malloc((size_t)hd * sizeof *ref) : NULL;
+    for (int g = 0; g < KVH; g++) {
+        size_t li = (size_t)layer * KVH + (size_t)g;
+        lane *L = &s->lanes[li];
+        bool scores = s->enc && s->enc[li].diffkv;
+        int nk_all = L->n ? L->n : 1;
+        float *p = kv_malloc((size_t)nk_all * sizeof *p);
+        float *acc = scores ? kv_calloc((size_t)G * (size_t)nk_all, sizeof *acc) : NULL;
+        for (int t = 0; t < T; t++) {
+            int m = visible(L, pos[t]);
+            for (int hh = 0; hh < G; hh++) {
+                int h = g * G + hh;
+                const float *qr = q + ((size_t)t * H + (size_t)h) * hd;
+                float *o = out + ((size_t)t * H + (size_t)h) * hd;
+                attend_row(qr, L->k, L->v, m, hd, scale, p, o);
+                if (scores)
+                    for (int j = 0; j < m; j++)
+                        acc[(size_t)hh * nk_all + j] += p[j];
+                if (measure) {
+                    /* The same query over bf16 K/V of the same tokens, pruned ones included. */
+                    attend_row(qr, L->rk, L->rv, m, hd, scale, p, ref);
+                    double e2 = 0, r2 = 0;
+                    for (int c = 0; c < hd; c++) {
+                        double d = (double)o[c] - ref[c];
+                        e2 += d * d;
+                        r2 += (double)ref[c] * ref[c];
+                    }
+                    s->err_sq[layer] += e2;
+                    s->ref_sq[layer] += r2;
+                    s->measured[layer] += 1;
+                }
+            }
+            if (scores)
+                for (int j = 0; j < m; j++)
+                    L->sig_n[j] += 1.0f;
+        }
+        if (scores)
+            for (int j = 0; j < L->n; j++) {
+                float best = 0.0f;
+                for (int hh = 0; hh < G; hh++)
+                    best = acc[(size_t)hh * nk_all + j] > best ? acc[(size_t)hh * nk_all + j] : best;
+                L->sig[j] += best;
+            }
+        kv_free(p);
+        kv_free(acc);
+    }
+    kv_free(ref);
+}
+
+void kv_kvstore_attention(kv_kvstore *s, int layer, const float *q, const int32_t *pos, int T, float *out)
+{
+    if (T <= 0)
+        return;
+    if (!s->sealed)
+        attention_exact(s, layer, q, pos, T, out);
+    else
+        attention_stored(s, layer, q, pos, T, out);
+}
+
+/* ---- Statistics ------------------------------------------------------------------------------------------ */
+
+void kv_kvstore_get_layer_stats(const kv_kvstore *s, int layer, kv_kvstore_layer_stats *st)
+{
+    memset(st, 0, sizeof *st);
+    int KVH = s->shape.n_kv_heads, hd = s->shape.head_dim;
+    for (int g = 0; g < KVH; g++) {
+        size_t li = (size_t)layer * KVH + (size_t)g;
+        const lane *L = &s->lanes[li];
+        const kv_encoding *e = s->enc ? &s->enc[li] : NULL;
+        st->tokens += L->n + L->pruned;
+        st->tokens_pruned += L->pruned;
+        st->bf16_bytes += 4.0 * hd * (L->n + L->pruned);
+        for (int i = 0; i < L->n; i++) {
+            switch (L->tier[i]) {
+            case TIER_EXACT:
+                st->tokens_window++;
+                st->stored_bytes += 8.0 * hd;
+                break;
+            case TIER_WINDOW:
+                st->tokens_window++;
+                st->stored_bytes += 4.0 * hd;
+                break;
+            case TIER_HIGH: {
+                bool split = i < L->n_split;
+                st->tokens_high++;
+                st->stored_bytes += token_bytes(&e->key, hd, split) + token_bytes(&e->value, hd, split);
+                break;
+            }
+            default:
+                st->tokens_low++;
+                st->stored_bytes += token_bytes(&e->key_low, hd, false) + token_bytes(&e->value_low, hd, false);
+                break;
+            }
+        }
+    }
+    st->att_err_sq = s->err_sq[layer];
+    st->att_ref_sq = s->ref_sq[layer];
+    st->att_measured = s->measured[layer];
+}

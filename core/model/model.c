@@ -1,0 +1,382 @@
+/* model.c — llama forward pass (RMSNorm, RoPE, GQA, SwiGLU) over OpenBLAS, in the manner of llama2.c.
+ *
+ * Weights are ggml's row-major [out][in] matrices (GGUF dims {in, out}),
+ * dequantized once at load to fp32, so every projection of a batch of n rows
+ * is one sgemm: Y[n][out] = X[n][in] · W^T. RoPE rotates adjacent pairs
+ * (x[2i], x[2i+1]) — the GGUF llama convention (the converter permutes Q and K
+ * so that this equals Hugging Face's rotate-half). The output projection is
+ * the token embedding when the file has no output.weight (tied, as SmolLM2).
+ */
+#include "core/model/model.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/model/gguf.h"
+
+typedef struct layer_weights {
+    float *attn_norm; /* (dim) */
+    float *wq;        /* (dim, dim): [out][in] */
+    float *wk;        /* (kv_dim, dim) */
+    float *wv;        /* (kv_dim, dim) */
+    float *wo;        /* (dim, dim) */
+    float *ffn_norm;  /* (dim) */
+    float *w_gate;    /* (hidden, dim) */
+    float *w_up;      /* (hidden, dim) */
+    float *w_down;    /* (dim, hidden) */
+} layer_weights;
+
+struct kv_model {
+    kv_model_config cfg;
+    kv_tokenizer *tok;
+    float *embedding;     /* (vocab, dim) */
+    float *output;        /* (vocab, dim): the embedding when tied */
+    bool output_tied;
+    float *output_norm;   /* (dim) */
+    layer_weights *layers;/* [n_layers] */
+    double *inv_freq;     /* (head_dim / 2): RoPE base^(-2i / head_dim) */
+};
+
+/* ---- Loading ---------------------------------------------------------------------------- */
+
+static int get_dim(const kv_gguf *g, const char *key, uint32_t lo, uint32_t hi, int *out, kv_error *err)
+{
+    uint32_t v;
+    if (kv_gguf_get_u32(g, key, &v, err))
+        return KV_EINPUT;
+    if (v < lo || v > hi)
+        return kv_error_set(err, KV_EINPUT, "%s: key '%s' is %u (must be %u..%u)", kv_gguf_name(g), key, v, lo, hi);
+    *out = (int)v;
+    return KV_OK;
+}
+
+/* Loads tensor `name` of shape {d0, d1} (d1 = 1 for a vector) as fp32. */
+static int load_tensor(const kv_gguf *g, const char *name, uint64_t d0, uint64_t d1, float **out, double *count,
+                       kv_error *err)
+{
+    const kv_gguf_tensor *t = kv_gguf_find_tensor(g, name);
+    if (!t)
+        return kv_error_set(err, KV_EINPUT, "%s: tensor '%s' is missing", kv_gguf_name(g), name);
+    uint64_t rows = t->n_elements / t->dims[0];
+    if (t->dims[0] != d0 || rows != d1 || t->dims[2] != 1 || t->dims[3] != 1)
+        return kv_error_set(err, KV_EINPUT, "%s: tensor '%s' has shape {%llu, %llu, %llu, %llu}, expected {%llu, %llu}",
+                            kv_gguf_name(g), name, (unsigned long long)t->dims[0], (unsigned long long)t->dims[1],
+                            (unsigned long long)t->dims[2], (unsigned long long)t->dims[3], (unsigned long long)d0,
+                            (unsigned long long)d1);
+    float *w = kv_malloc((size_t)(d0 * d1) * sizeof *w);
+    int rc = kv_gguf_tensor_rows_f32(t, 0, d1, w, err);
+    if (rc) {
+        kv_free(w);
+        return kv_error_prefix(err, "%s: ", kv_gguf_name(g));
+    }
+    *out = w;
+    *count += (double)(d0 * d1);
+    return KV_OK;
+}
+
+static int load_config(const kv_gguf *g, kv_model_config *c, kv_error *err)
+{
+    const char *file = kv_gguf_name(g);
+    kv_gguf_str arch;
+    if (kv_gguf_get_string(g, "general.architecture", &arch, err))
+        return KV_EINPUT;
+    if (!kv_gguf_str_eq(arch, "llama"))
+        return kv_error_set(err, KV_EINPUT, "%s: key 'general.architecture': '%.*s' is not supported (llama is)", file,
+                            (int)(arch.len < 40 ? arch.len : 40), arch.ptr);
+    kv_gguf_str name = {"", 0};
+    if (kv_gguf_has(g, "general.name"))
+        kv_gguf_get_string(g, "general.name", &name, NULL);
+    snprintf(c->name, sizeof c->name, "%.*s", (int)(name.len < 120 ? name.len : 120), name.ptr);
+    if (get_dim(g, "llama.block_count", 1, 1024, &c->n_layers, err) ||
+        get_dim(g, "llama.embedding_length", 1, 1 << 16, &c->dim, err) ||
+        get_dim(g, "llama.feed_forward_length", 1, 1 << 18, &c->hidden, err) ||
+        get_dim(g, "llama.attention.head_count", 1, 1024, &c->n_heads, err) ||
+        get_dim(g, "llama.context_length", 1, 1 << 20, &c->context_length, err))
+        return KV_EINPUT;
+    c->n_kv_heads = c->n_heads;
+    if (kv_gguf_has(g, "llama.attention.head_count_kv") &&
+        get_dim(g, "llama.attention.head_count_kv", 1, 1024, &c->n_kv_heads, err))
+        return KV_EINPUT;
+    if (c->dim % c->n_heads || c->n_heads % c->n_kv_heads || (c->dim / c->n_heads) % 2)
+        return kv_error_set(err, KV_EINPUT,
+                            "%s: %d heads and %d KV heads do not divide embedding_length %d into even head sizes", file,
+                            c->n_heads, c->n_kv_heads, c->dim);
+    c->head_dim = c->dim / c->n_heads;
+    if (kv_gguf_has(g, "llama.rope.dimension_count")) {
+        int rd;
+        if (get_dim(g, "llama.rope.dimension_count", 1, 1 << 16, &rd, err))
+            return KV_EINPUT;
+        if (rd != c->head_dim)
+            return kv_error_set(err, KV_EINPUT,
+                                "%s: key 'llama.rope.dimension_count' is %d; only full rotary embedding (%d) is supported",
+                                file, rd, c->head_dim);
+    }
+    c->rope_base = 10000.0f;
+    c->norm_eps = 1e-5f;
+    if (kv_gguf_has(g, "llama.rope.freq_base") && kv_gguf_get_f32(g, "llama.rope.freq_base", &c->rope_base, err))
+        return KV_EINPUT;
+    if (kv_gguf_has(g, "llama.attention.layer_norm_rms_epsilon") &&
+        kv_gguf_get_f32(g, "llama.attention.layer_norm_rms_epsilon", &c->norm_eps, err))
+        return KV_EINPUT;
+    if (!(c->rope_base > 1.0f) || !(c->norm_eps > 0.0f) || !(c->norm_eps < 1.0f))
+        return kv_error_set(err, KV_EINPUT, "%s: rope.freq_base %g or layer_norm_rms_epsilon %g out of range", file,
+                            (double)c->rope_base, (double)c->norm_eps);
+    if (kv_gguf_has(g, "llama.rope.scaling.type")) {
+        kv_gguf_str st;
+        if (kv_gguf_get_string(g, "llama.rope.scaling.type", &st, err))
+            return KV_EINPUT;
+        if (!kv_gguf_str_eq(st, "none"))
+            return kv_error_set(err, KV_EINPUT, "%s: key 'llama.rope.scaling.type': RoPE scaling is not supported",
+                                file);
+    }
+    return KV_OK;
+}
+
+int kv_model_load(const char *path, kv_model **out, kv_error *err)
+{
+    *out = NULL;
+    kv_gguf *g;
+    int rc = kv_gguf_open(path, &g, err);
+    if (rc)
+        return rc;
+    kv_model *m = kv_calloc(1, sizeof *m);
+    kv_model_config *c = &m->cfg;
+    rc = load_config(g, c, err);
+    if (!rc)
+        rc = kv_tokenizer_create(g, &m->tok, err);
+    const kv_gguf_tensor *emb = rc ? NULL : kv_gguf_find_tensor(g, "token_embd.weight");
+    if (!rc && !emb)
+        rc = kv_error_set(err, KV_EINPUT, "%s: tensor 'token_embd.weight' is missing", path);
+    if (!rc) {
+        c->vocab = (int)(emb->n_elements / emb->dims[0]);
+        if (c->vocab != kv_tokenizer_vocab_size(m->tok))
+            rc = kv_error_set(err, KV_EINPUT, "%s: token_embd.weight has %d rows but the tokenizer has %d tokens", path,
+                              c->vocab, kv_tokenizer_vocab_size(m->tok));
+    }
+    double n = 0;
+    uint64_t D = (uint64_t)c->dim, KV = (uint64_t)c->n_kv_heads * (uint64_t)c->head_dim, H = (uint64_t)c->hidden;
+    if (!rc)
+        rc = load_tensor(g, "token_embd.weight", D, (uint64_t)c->vocab, &m->embedding, &n, err);
+    if (!rc)
+        rc = load_tensor(g, "output_norm.weight", D, 1, &m->output_norm, &n, err);
+    if (!rc) {
+        if (kv_gguf_find_tensor(g, "output.weight")) {
+            rc = load_tensor(g, "output.weight", D, (uint64_t)c->vocab, &m->output, &n, err);
+        } else {
+            m->output = m->embedding;
+            m->output_tied = true;
+        }
+    }
+    if (!rc)
+        m->layers = kv_calloc((size_t)c->n_layers, sizeof *m->layers);
+    for (int l = 0; l < c->n_layers && !rc; l++) {
+        layer_weights *w = &m->layers[l];
+        char name[96];
+#define LOAD(field, suffix, d0, d1)                                                                              \
+    if (!rc) {                                                                                                   \
+        snprintf(name, sizeof name, "blk.%d." suffix, l);                                                        \
+        rc = load_tensor(g, name, d0, d1, &w->field, &n, err);                                                   \
+    }
+        LOAD(attn_norm, "attn_norm.weight", D, 1)
+        LOAD(wq, "attn_q.weight", D, D)
+        LOAD(wk, "attn_k.weight", D, KV)
+        LOAD(wv, "attn_v.weight", D, KV)
+        LOAD(wo, "attn_output.weight", D, D)
+        LOAD(ffn_norm, "ffn_norm.weight", D, 1)
+        LOAD(w_gate, "ffn_gate.weight", D, H)
+        LOAD(w_up, "ffn_up.weight", D, H)
+        LOAD(w_down, "ffn_down.weight", H, D)
+#undef LOAD
+    }
+    kv_gguf_destroy(g); /* everything needed was copied or dequantized */
+    if (rc) {
+        kv_model_destroy(m);
+        return rc;
+    }
+    c->parameters = n;
+    m->inv_freq = kv_malloc((size_t)(c->head_dim / 2) * sizeof *m->inv_freq);
+    for (int i = 0; i < c->head_dim / 2; i++)
+        m->inv_freq[i] = pow((double)c->rope_base, -2.0 * i / c->head_dim);
+    *out = m;
+    return KV_OK;
+}
+
+void kv_model_destroy(kv_model *m)
+{
+    if (!m)
+        return;
+    if (m->layers)
+        for (int l = 0; l < m->cfg.n_layers; l++) {
+            layer_weights *w = &m->layers[l];
+            float *all[] = {w->attn_norm, w->wq, w->wk, w->wv, w->wo, w->ffn_norm, w->w_gate, w->w_up, w->w_down};
+            for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+                kv_free(all[i]);
+        }
+    kv_free(m->layers);
+    if (!m->output_tied)
+        kv_free(m->output);
+    kv_free(m->embedding);
+    kv_free(m->output_norm);
+    kv_free(m->inv_freq);
+    kv_tokenizer_destroy(m->tok);
+    kv_free(m);
+}
+
+const kv_model_config *kv_model_get_config(const kv_model *m) { return &m->cfg; }
+const kv_tokenizer *kv_model_tokenizer(const kv_model *m) { return m->tok; }
+
+kv_kvstore_shape kv_model_kv_shape(const kv_model *m)
+{
+    return (kv_kvstore_shape){m->cfg.n_layers, m->cfg.n_heads, m->cfg.n_kv_heads, m->cfg.head_dim};
+}
+
+/* ---- The forward pass ------------------------------------------------------------------------ */
+
+/* out[n][dim] = x[n][dim] / rms(x) * w (sum of squares in double). */
+static void rmsnorm(float *out, const float *x, const float *w, int n, int dim, float eps)
+{
+    for (int r = 0; r < n; r++) {
+        const float *xr = x + (size_t)r * dim;
+        float *o = out + (size_t)r * dim;
+        double ss = 0;
+        for (int i = 0; i < dim; i++)
+            ss += (double)xr[i] * xr[i];
+        float inv = (float)(1.0 / sqrt(ss / dim + eps));
+        for (int i = 0; i < dim; i++)
+            o[i] = xr[i] * inv * w[i];
+    }
+}
+
+/* y[n][out] = x[n][in] · W^T with W [out][in]. */
+static void matmul(float *y, const float *x, const float *w, int n, int in, int out)
+{
+    if (n == 1) { /* sgemv streams W once; sgemm would pack it first */
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w, in, x, 1, 0.0f, y, 1);
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
+}
+
+/* Rotates adjacent pairs of every head of every row by its position. */
+static void rope(const kv_model *m, float *x, const int32_t *pos, int n, int heads)
+{
+    int hd = m->cfg.head_dim;
+    for (int r = 0; r < n; r++)
+        for (int i = 0; i < hd / 2; i++) {
+            double angle = (double)pos[r] * m->inv_freq[i];
+            float c = (float)cos(angle), s = (float)sin(angle);
+            for (int h = 0; h < heads; h++) {
+                float *p = x + ((size_t)r * heads + (size_t)h) * hd + 2 * i;
+                float x0 = p[0], x1 = p[1];
+                p[0] = x0 * c - x1 * s;
+                p[1] = x0 * s + x1 * c;
+            }
+        }
+}
+
+static int check_batch(const kv_model *m, const kv_batch *b, kv_kvstore **stores, kv_error *err)
+{
+    for (int i = 0; i < b->n; i++) {
+        if (b->tokens[i] < 0 || b->tokens[i] >= m->cfg.vocab)
+            return kv_error_set(err, KV_EINPUT, "row %d: token id %d is outside the vocabulary (%d)", i, b->tokens[i],
+                                m->cfg.vocab);
+        if (b->pos[i] < 0 || b->pos[i] >= m->cfg.context_length)
+            return kv_error_set(err, KV_EINPUT, "row %d: position %d is outside the context length %d", i, b->pos[i],
+                                m->cfg.context_length);
+        bool starts = i == 0 || b->seq[i] != b->seq[i - 1];
+        if (starts) {
+            for (int j = 0; j < i; j++)
+                if (b->seq[j] == b->seq[i])
+                    return kv_error_set(err, KV_EINPUT, "row %d: the rows of sequence %d are not contiguous", i,
+                                        b->seq[i]);
+            if (b->pos[i] < kv_kvstore_length(stores[b->seq[i]]))
+                return kv_error_set(err, KV_EINPUT, "row %d: position %d is already in sequence %d's KV store", i,
+                                    b->pos[i], b->seq[i]);
+        } else if (b->pos[i] <= b->pos[i - 1]) {
+            return kv_error_set(err, KV_EINPUT, "row %d: positions of sequence %d do not increase", i, b->seq[i]);
+        }
+    }
+    return KV_OK;
+}
+
+int kv_model_forward(kv_model *m, const kv_batch *b, kv_kvstore **stores, float *logits, kv_error *err)
+{
+    const kv_model_config *c = &m->cfg;
+    int n = b->n, D = c->dim, KV = c->n_kv_heads * c->head_dim, H = c->hidden;
+    if (n <= 0)
+        return KV_OK;
+    int rc = check_batch(m, b, stores, err);
+    if (rc)
+        return rc;
+    size_t N = (size_t)n;
+    float *x = kv_malloc(N * D * sizeof *x), *xb = kv_malloc(N * D * sizeof *xb);
+    float *q = kv_malloc(N * D * sizeof *q), *att = kv_malloc(N * D * sizeof *att);
+    float *k = kv_malloc(N * KV * sizeof *k), *v = kv_malloc(N * KV * sizeof *v);
+    float *hb = kv_malloc(N * H * sizeof *hb), *hb2 = kv_malloc(N * H * sizeof *hb2);
+
+    for (int r = 0; r < n; r++)
+        memcpy(x + (size_t)r * D, m->embedding + (size_t)b->tokens[r] * D, (size_t)D * sizeof *x);
+
+    for (int l = 0; l < c->n_layers; l++) {
+        const layer_weights *w = &m->layers[l];
+        /* attention */
+        rmsnorm(xb, x, w->attn_norm, n, D, c->norm_eps);
+        matmul(q, xb, w->wq, n, D, D);
+        matmul(k, xb, w->wk, n, D, KV);
+        matmul(v, xb, w->wv, n, D, KV);
+        rope(m, q, b->pos, n, c->n_heads);
+        rope(m, k, b->pos, n, c->n_kv_heads);
+        for (int r0 = 0; r0 < n;) {
+            int r1 = r0 + 1;
+            while (r1 < n && b->seq[r1] == b->seq[r0])
+                r1++;
+            kv_kvstore *s = stores[b->seq[r0]];
+            kv_kvstore_append(s, l, k + (size_t)r0 * KV, v + (size_t)r0 * KV, b->pos + r0, r1 - r0);
+            kv_kvstore_attention(s, l, q + (size_t)r0 * D, b->pos + r0, r1 - r0, att + (size_t)r0 * D);
+            r0 = r1;
+        }
+        matmul(xb, att, w->wo, n, D, D);
+        for (size_t i = 0; i < N * D; i++)
+            x[i] += xb[i];
+        /* feed-forward: SwiGLU */
+        rmsnorm(xb, x, w->ffn_norm, n, D, c->norm_eps);
+        matmul(hb, xb, w->w_gate, n, D, H);
+        matmul(hb2, xb, w->w_up, n, D, H);
+        for (size_t i = 0; i < N * H; i++)
+            hb[i] = hb[i] / (1.0f + expf(-hb[i])) * hb2[i];
+        matmul(xb, hb, w->w_down, n, H, D);
+        for (size_t i = 0; i < N * D; i++)
+            x[i] += xb[i];
+    }
+
+    /* final norm and logits of the wanted rows */
+    int nw = 0;
+    for (int r = 0; r < n; r++)
+        if (!b->want || b->want[r])
+            memcpy(q + (size_t)nw++ * D, x + (size_t)r * D, (size_t)D * sizeof *x);
+    if (nw > 0) {
+        rmsnorm(xb, q, m->output_norm, nw, D, c->norm_eps);
+        matmul(logits, xb, m->output, nw, D, c->vocab);
+    }
+    kv_free(x);
+    kv_free(xb);
+    kv_free(q);
+    kv_free(att);
+    kv_free(k);
+    kv_free(v);
+    kv_free(hb);
+    kv_free(hb2);
+    return KV_OK;
+}
+
+int32_t kv_argmax(const float *logits, int n)
+{
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (logits[i] > logits[best])
+            best = i;
+    return best;
+}
