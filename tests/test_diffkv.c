@@ -392,3 +392,234 @@ Test(diffkv, count_process_matches_tier_probabilities)
     cr_expect(fabs(sp / n - pp) < 0.005, "pruned %.4f vs %.4f", sp / n, pp);
     kv_diffkv_seq_destroy(s);
 }
+
+/* ---- The engine: DiffKV and paged KV in a run --------------------------------------------------- */
+
+#include "core/study.h"
+#include "tests/support.h"
+
+/* Runs a scenario through the C API with overrides. */
+static kv_study *run_scenario(const char *path, const char **sets, int n_sets, kv_scenario **s)
+{
+    kv_error err = {0};
+    kv_study *st = NULL;
+    cr_assert_eq(kv_scenario_load(path, sets, n_sets, s, &err), 0, "%s", err.msg);
+    cr_assert_eq(kv_study_prepare(*s, &st, &err), 0, "%s", err.msg);
+    cr_assert_eq(kv_study_run(st, &err), 0, "%s", err.msg);
+    return st;
+}
+
+static const kv_policy_outcome *outcome(const kv_study *st, const char *name)
+{
+    size_t n = 0;
+    const kv_policy_outcome *o = kv_study_outcomes(st, &n);
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(o[i].name, name) == 0)
+            return &o[i];
+    cr_assert_fail("no policy %s in the run", name);
+    return NULL;
+}
+
+static void expect_all_done(const kv_policy_outcome *o)
+{
+    for (size_t i = 0; i < o->run.n_requests; i++)
+        cr_expect_geq(o->run.requests[i].done_s, 0, "%s: request %zu never finished", o->name, i);
+    cr_expect_eq(o->summary.completed, o->run.n_requests);
+}
+
+/* scenarios/diffkv.yaml, small: DiffKV's tiers follow its thresholds, its KV is several times smaller, its
+   manager runs and is charged to its steps; bf16 runs on the same pages with one tier. */
+Test(diffkv_engine, scenario_small_run)
+{
+    const char *sets[] = {"workload.requests=12", "workload.output.min=200", "workload.output.max=400"};
+    kv_scenario *s = NULL;
+    kv_study *st = run_scenario("scenarios/diffkv.yaml", sets, 3, &s);
+    const kv_policy_outcome *bf = outcome(st, "bf16"), *dk = outcome(st, "diffkv");
+    expect_all_done(bf);
+    expect_all_done(dk);
+    /* alpha_high = 1, alpha_low = 0.02 over the lognormal of sigma 2 (heads spread): ~16% high, ~17% pruned of
+       the tokens that left the window; the window's 64 tokens per head are high too. */
+    cr_expect(dk->run.tier_high_fraction > 0.10 && dk->run.tier_high_fraction < 0.40, "high %.3f",
+              dk->run.tier_high_fraction);
+    cr_expect(dk->run.tier_pruned_fraction > 0.08 && dk->run.tier_pruned_fraction < 0.30, "pruned %.3f",
+              dk->run.tier_pruned_fraction);
+    cr_expect(fabs(dk->run.tier_high_fraction + dk->run.tier_low_fraction + dk->run.tier_pruned_fraction - 1) < 1e-9);
+    for (size_t i = 0; i < dk->run.n_requests; i++) {
+        cr_expect(!isnan(dk->run.requests[i].tier_high_fraction));
+        cr_expect(isnan(bf->run.requests[i].tier_high_fraction));
+    }
+    cr_expect_gt(dk->summary.compression_ratio, 3.0, "diffkv ratio %.2f", dk->summary.compression_ratio);
+    cr_expect_gt(dk->run.kv_manager_calls, 0);
+    cr_expect_gt(dk->run.kv_manager_charged_s, 0);
+    cr_expect_eq(bf->run.kv_manager_charged_s, 0, "bf16's paging is vLLM's block manager, not charged");
+    cr_expect(isnan(dk->run.kv_manager_measured_s), "wall time is reported only when memory.measure_manager");
+    cr_expect_lt(dk->run.kv_manager_charged_s, 0.01 * dk->run.decode_busy_s);
+    /* Per-head pages for DiffKV (its heads differ); one table a sequence for bf16 (vLLM's blocks). */
+    cr_expect_eq(bf->run.kv_tokens_per_page[0], 16);
+    cr_expect_eq(bf->run.kv_page_bytes, 16.0 * 32 * 8 * 128 * 2 * 2);
+    cr_expect_gt(dk->run.kv_tokens_per_page[1], dk->run.kv_tokens_per_page[0]);
+    cr_expect_lt(dk->run.kv_mem_peak_bytes, bf->run.kv_mem_peak_bytes / 2.5);
+    kv_study_destroy(st);
+    kv_scenario_destroy(s);
+}
+
+/* Capacity drives throughput: with KV memory for a handful of bf16 requests, bf16 preempts and runs small
+   batches; DiffKV's smaller KV admits several times more requests per step and finishes sooner. */
+Test(diffkv_engine, compression_turns_into_batch_and_throughput)
+{
+    const char *sets[] = {"workload.requests=64", "workload.output.min=1500", "workload.output.max=3000",
+                          "cluster.decode.memory_fraction=0.25", "policies=[bf16, diffkv]"};
+    kv_scenario *s = NULL;
+    kv_study *st = run_scenario("scenarios/diffkv.yaml", sets, 5, &s);
+    const kv_policy_outcome *bf = outcome(st, "bf16"), *dk = outcome(st, "diffkv");
+    expect_all_done(bf);
+    expect_all_done(dk);
+    cr_expect_gt(bf->run.preemptions, 0, "bf16 never ran out of pages: the test does not test capacity");
+    cr_expect_gt(dk->run.mean_decode_batch, 2.5 * bf->run.mean_decode_batch, "batch %.1f vs %.1f",
+                 dk->run.mean_decode_batch, bf->run.mean_decode_batch);
+    cr_expect_gt(dk->summary.output_throughput, 1.9 * bf->summary.output_throughput, "tok/s %.0f vs %.0f",
+                 dk->summary.output_throughput, bf->summary.output_throughput);
+    /* Neither ever holds more KV than the node has (invariant 3). */
+    cr_expect_leq(bf->run.kv_mem_peak_bytes, bf->run.kv_mem_capacity_bytes);
+    cr_expect_leq(dk->run.kv_mem_peak_bytes, dk->run.kv_mem_capacity_bytes);
+    kv_study_destroy(st);
+    kv_scenario_destroy(s);
+}
+
+/* The policy chooses what preemption does: recompute drops the KV (no copies), swap copies the pages out
+   and back. Both runs commit every token of every request. */
+Test(diffkv_engine, preemption_by_recompute_or_swap)
+{
+    char *dir = kvt_tempdir();
+    char *lua = kvt_write(dir, "bf16swap.lua",
+                          "return { name = 'bf16swap',\n"
+                          "  encode = function(ctx) return 'bf16' end,\n"
+                          "  transfer = function(ctx) return { preempt = 'swap' } end }\n");
+    char file_set[4200];
+    snprintf(file_set, sizeof file_set, "policy.bf16swap.file=%s", lua);
+    const char *sets[] = {"workload.requests=24", "workload.output.min=1500", "workload.output.max=3000",
+                          "cluster.decode.memory_fraction=0.25", "policies=[bf16, bf16swap]", file_set};
+    kv_scenario *s = NULL;
+    kv_study *st = run_scenario("scenarios/diffkv.yaml", sets, 6, &s);
+    const kv_policy_outcome *re = outcome(st, "bf16"), *sw = outcome(st, "bf16swap");
+    expect_all_done(re);
+    expect_all_done(sw);
+    cr_expect_gt(re->run.preemptions, 0);
+    cr_expect_gt(sw->run.preemptions, 0);
+    cr_expect_eq(re->run.swap_bytes, 0);
+    cr_expect_gt(sw->run.swap_bytes, 0);
+    uint64_t per_request = 0;
+    for (size_t i = 0; i < sw->run.n_requests; i++)
+        per_request += (uint64_t)sw->run.requests[i].preemptions;
+    cr_expect_eq(per_request, sw->run.preemptions);
+    kv_study_destroy(st);
+    kv_scenario_destroy(s);
+    kvt_rmtree(dir);
+    free(dir);
+    free(lua);
+}
+
+/* alpha_low = alpha_high = 0: nothing is pruned or demoted, and what DiffKV sends is a K8V4 encoding's
+   planes plus DiffKV's 8 bytes of score and position per token and head. Disaggregated, so the bytes cross
+   the network. */
+Test(diffkv_engine, zero_alphas_send_k8v4)
+{
+    char *dir = kvt_tempdir();
+    char *lua = kvt_write(dir, "k8v4.lua",
+                          "return { name = 'k8v4',\n"
+                          "  encode = function(ctx) return { key = { bits = 8, group_size = 32 },\n"
+                          "                                  value = { bits = 4, group_size = 32 } } end }\n");
+    char file_set[4200];
+    snprintf(file_set, sizeof file_set, "policy.k8v4.file=%s", lua);
+    const char *sets[] = {"workload.requests=6", "workload.output.min=100", "workload.output.max=200",
+                          "cluster.colocated=false", "policies=[k8v4, diffkv]", "policy.diffkv.alpha_high=0",
+                          "policy.diffkv.alpha_low=0", file_set};
+    kv_scenario *s = NULL;
+    kv_study *st = run_scenario("scenarios/diffkv.yaml", sets, 8, &s);
+    const kv_policy_outcome *k = outcome(st, "k8v4"), *dk = outcome(st, "diffkv");
+    expect_all_done(k);
+    expect_all_done(dk);
+    double heads = 32 * 8;
+    for (size_t i = 0; i < k->run.n_requests; i++) {
+        const kv_request_result *a = &k->run.requests[i], *b = &dk->run.requests[i];
+        cr_expect_eq(b->anchor_bytes, a->anchor_bytes + 8.0 * a->prompt_tokens * heads,
+                     "request %zu: diffkv %.0f bytes, k8v4 %.0f + meta", i, b->anchor_bytes, a->anchor_bytes);
+        cr_expect_eq(b->tier_high_fraction, 1.0);
+        cr_expect_eq(b->tier_pruned_fraction, 0.0);
+        cr_expect_eq(b->kept_tokens_fraction, 1.0);
+        cr_expect_gt(b->kv_arrived_s, b->encode_end_s); /* it did cross the network */
+    }
+    kv_study_destroy(st);
+    kv_scenario_destroy(s);
+    kvt_rmtree(dir);
+    free(dir);
+    free(lua);
+}
+
+/* Disaggregated: the prefill node sends only the kept tiers, so DiffKV's transfer is several times shorter. */
+Test(diffkv_engine, disaggregated_transfer_sends_only_kept_tiers)
+{
+    const char *sets[] = {"workload.requests=8", "workload.output.min=100", "workload.output.max=200",
+                          "cluster.colocated=false", "policies=[bf16, diffkv]", "network.nic_bandwidth_gbps=25"};
+    kv_scenario *s = NULL;
+    kv_study *st = run_scenario("scenarios/diffkv.yaml", sets, 6, &s);
+    const kv_policy_outcome *bf = outcome(st, "bf16"), *dk = outcome(st, "diffkv");
+    expect_all_done(dk);
+    cr_expect_gt(bf->summary.mean_kv_wire_bytes, 3 * dk->summary.mean_kv_wire_bytes);
+    cr_expect_gt(bf->summary.transfer_ms.mean, 3 * dk->summary.transfer_ms.mean, "transfer %.2f vs %.2f ms",
+                 bf->summary.transfer_ms.mean, dk->summary.transfer_ms.mean);
+    for (size_t i = 0; i < dk->run.n_requests; i++)
+        cr_expect_lt(dk->run.requests[i].kept_tokens_fraction, 0.95);
+    kv_study_destroy(st);
+    kv_scenario_destroy(s);
+}
+
+Test(diffkv_engine, request_larger_than_the_node_is_an_input_error)
+{
+    const char *sets[] = {"workload.requests=2", "workload.prompt.min=60000", "workload.prompt.max=60000",
+                          "workload.output.min=10", "workload.output.max=10", "cluster.decode.memory_fraction=0.25",
+                          "policies=[bf16]"};
+    kv_scenario *s = NULL;
+    kv_error err = {0};
+    kv_study *st = NULL;
+    cr_assert_eq(kv_scenario_load("scenarios/diffkv.yaml", sets, 7, &s, &err), 0, "%s", err.msg);
+    cr_assert_eq(kv_study_prepare(s, &st, &err), 0, "%s", err.msg);
+    cr_expect_eq(kv_study_run(st, &err), KV_EINPUT);
+    cr_expect(strstr(err.msg, "KV memory") != NULL, "%s", err.msg);
+    kv_study_destroy(st);
+    kv_scenario_destroy(s);
+}
+
+/* Both DiffKV scenarios run through the kvsim binary (small), print both tables, and give identical
+   results.json twice (the manager's wall time is not reported unless asked for). */
+Test(diffkv_engine, scenarios_run_and_are_deterministic)
+{
+    const char *files[] = {"scenarios/diffkv.yaml", "scenarios/diffkv-qwen2.5-32b.yaml"};
+    char *dir = kvt_tempdir();
+    for (int f = 0; f < 2; f++) {
+        char args[4096], *out = NULL;
+        for (int i = 0; i < 2; i++) {
+            snprintf(args, sizeof args,
+                     "run %s --set workload.requests=6 --set workload.output.min=64 --set workload.output.max=128 "
+                     "--out %s/s%d-r%d",
+                     files[f], dir, f, i);
+            cr_assert_eq(kvt_kvsim(args, &out), 0, "%s", out);
+            if (i == 0) {
+                cr_expect(strstr(out, "memory ") && strstr(out, "pruned") && strstr(out, "diffkv"), "%s", out);
+            }
+            free(out);
+        }
+        char a[4096], b[4096];
+        snprintf(a, sizeof a, "%s/s%d-r0/results.json", dir, f);
+        snprintf(b, sizeof b, "%s/s%d-r1/results.json", dir, f);
+        size_t la = 0, lb = 0;
+        char *ta = kvt_read(a, &la), *tb = kvt_read(b, &lb);
+        cr_assert(ta && tb);
+        cr_expect(la == lb && memcmp(ta, tb, la) == 0, "%s: results.json differs between identical runs", files[f]);
+        cr_expect(strstr(ta, "\"tier_high_fraction\"") && strstr(ta, "\"kv_manager_fraction\""), "fields missing");
+        free(ta);
+        free(tb);
+    }
+    kvt_rmtree(dir);
+    free(dir);
+}
