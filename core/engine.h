@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/policy.h"
+#include "core/progress.h"
 #include "core/scenario.h"
 #include "core/timeline.h"
 #include "core/workload.h"
@@ -29,6 +30,7 @@ typedef struct kv_run_inputs {
     const kv_workload *workload;
     const kv_kernel_costs *costs;  /* may be NULL */
     kv_timeline *timeline;         /* may be NULL */
+    kv_progress *progress;         /* terminal progress line; may be NULL */
     int network_model;             /* kv_net_model: scenario's unless overridden */
     const double *accept_conditional; /* measured per-position acceptance (NULL: the scenario's) */
     int accept_positions;

@@ -9,6 +9,7 @@
 #include "core/metrics.h"
 #include "core/model/feed.h"
 #include "core/policy.h"
+#include "core/progress.h"
 #include "core/rng.h"
 #include "core/timeline.h"
 #include "core/workload.h"
@@ -191,8 +192,11 @@ int kv_study_run(kv_study *st, kv_error *err)
     double bf16_per_token = kv_model_kv_values_per_token(&s->model_card) * 2.0;
     for (size_t i = 0; i < st->n; i++) {
         kv_feed *f = &st->feeds[i];
-        kv_run_inputs in = {s, st->policies[i], st->workload, &st->costs[i], st->timeline, model, NULL, 0, NULL,
-                            f->source};
+        kv_progress *progress = kv_progress_create(stderr, s->progress, s->policies.items[i],
+                                                   kv_workload_count(st->workload));
+        kv_run_inputs in = {.scenario = s, .policy = st->policies[i], .workload = st->workload,
+                            .costs = &st->costs[i], .timeline = st->timeline, .progress = progress,
+                            .network_model = model, .feed_source = f->source};
         if (strcmp(s->lynx_from, "reference-model") == 0 && f->positions > 0) {
             in.accept_conditional = f->accept_conditional;
             in.accept_positions = f->positions;
@@ -204,6 +208,7 @@ int kv_study_run(kv_study *st, kv_error *err)
         o->name = s->policies.items[i];
         o->file = st->files[i];
         int rc = kv_engine_run(&in, &o->run, err);
+        kv_progress_finish(progress);
         if (rc)
             return kv_error_prefix(err, "policy %s: ", o->name);
         kv_summary_compute(&o->run, bf16_per_token, &o->summary);
