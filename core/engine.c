@@ -1186,6 +1186,7 @@ static int setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_erro
         e->own_be = true;
     }
     e->model = (kv_policy_model){m->name, m->layers, m->heads, m->kv_heads, m->head_dim};
+    kv_policy_set_model(e->policy, &e->model); /* every hook, placement ones too, sees ctx.model */
     kv_timing_init(&e->prefill_timing, m, &s->prefill_device, s->prefill.tp);
     kv_timing_init(&e->decode_timing, m, &s->decode_device, s->decode.tp);
     if (in->costs) {

@@ -108,8 +108,11 @@ static int load_policy(kv_study *st, size_t i, kv_error *err)
         if (strcmp(settings->keys[k], "file") == 0)
             continue;
         const kv_ynode *v = settings->items[k];
-        snprintf(where[np], sizeof where[np], "%s:%d:%d", settings->file, settings->key_lines[k],
-                 settings->key_cols[k]);
+        if (strncmp(v->file, "--set", 5) == 0) /* given on the command line */
+            snprintf(where[np], sizeof where[np], "%s", v->file);
+        else
+            snprintf(where[np], sizeof where[np], "%s:%d:%d", settings->file, settings->key_lines[k],
+                     settings->key_cols[k]);
         if (v->kind != KV_YSCALAR) {
             rc = kv_error_set(err, KV_EINPUT, "%s: policy.%s.%s: expected a number, boolean or string", where[np],
                               name, settings->keys[k]);
