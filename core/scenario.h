@@ -66,7 +66,15 @@ typedef struct kv_scenario {
     int ttkt_k;
 
     char *diffkv_from;
+    char *diffkv_scores;               /* lognormal | fixed (core/diffkv.h) */
+    double diffkv_score_sigma, diffkv_head_spread;
     double diffkv_high_fraction, diffkv_low_fraction;
+
+    int page_tokens_min, page_tokens_max; /* memory: unified page size search range */
+    double memory_watermark;           /* share of pages admission leaves free */
+    double swap_bandwidth_gbs;         /* device <-> host, for swap preemption */
+    double manager_call_us;            /* modelled fixed cost of one compaction call */
+    bool measure_manager;              /* time the real manager calls (non-deterministic) */
 
     const kv_ynode *accuracy;  /* the accuracy: section, checked by core/model/eval_config.c */
 

@@ -7,6 +7,8 @@
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "backends/backend.h"
 #include "backends/kernel_fixture.h"
@@ -17,9 +19,10 @@
 typedef struct target {
     char name[32];
     int device;
+    int generic; /* cpu only: force the portable paths (KVSIM_CPU_ISA=generic) */
 } target;
 
-static target targets[16];
+static target targets[17];
 static size_t n_targets;
 static int targets_built;
 
@@ -41,6 +44,11 @@ static size_t build_targets(void)
         snprintf(targets[n_targets].name, sizeof targets[n_targets].name, "%s", reg->name);
         targets[n_targets].device = 0;
         n_targets++;
+        if (strcmp(reg->name, "cpu") == 0) { /* and the CPU's portable paths, which this machine may not pick */
+            targets[n_targets] = targets[n_targets - 1];
+            targets[n_targets].generic = 1;
+            n_targets++;
+        }
     }
     fprintf(stderr, "conformance: %zu backend(s) under test against the CPU reference (built: %s)\n", n_targets,
             kv_backend_reg_names());
@@ -63,7 +71,12 @@ typedef struct pair {
 
 static pair open_pair(const target *tg)
 {
-    pair p = {kvt_open(tg->name, tg->device), kvt_open_reference(), tg->name};
+    if (tg->generic)
+        setenv("KVSIM_CPU_ISA", "generic", 1); /* each Criterion test runs in its own process */
+    pair p = {kvt_open(tg->name, tg->device), kvt_open_reference(), tg->generic ? "cpu (generic paths)" : tg->name};
+    kv_backend_props props;
+    kv_backend_get_props(p.be, &props);
+    cr_log_info("backend under test: %s (%s)", p.name, props.device);
     return p;
 }
 
@@ -481,6 +494,8 @@ static const attn_case attn_cases[] = {
     {"verify k=4 causal", 4, 8, 2, 64, 120, 16, {Q(8, 32), Q(4, 32)}, {Q(4, 32), Q(2, 32)}, 2, 1, 0},
     {"prefill causal", 48, 4, 1, 32, 48, 16, {Q(8, 16)}, {Q(8, 16)}, 1, 1, 1},
     {"mha no gqa, b=16 and b=1", 2, 3, 3, 16, 40, 8, {Q(16, 8), Q(1, 4)}, {Q(1, 16), Q(16, 3)}, 2, 1, 0},
+    {"2-bit and 2-bit-anchor pages, head_dim 128, G 32", 2, 8, 2, 128, 70, 16, {Q(2, 32), QA(4, 2, 32), Q(4, 32)},
+     {QA(6, 2, 32), Q(2, 32), Q(2, 128)}, 3, 1, 0},
 };
 #define N_ATTN (sizeof attn_cases / sizeof attn_cases[0])
 
