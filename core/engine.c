@@ -240,6 +240,13 @@ static int plan_request(engine *e, request *r)
             kv_error_prefix(e->err, "%s: policy %s, request %llu: ", e->s->path, kv_policy_name(e->policy),
                             (unsigned long long)r->spec.id);
     }
+    if (!rc && r->cache.kind == KV_CACHE_DIFFKV && strcmp(e->s->diffkv_from, "reference-model") == 0) {
+        char w[512];
+        rc = kv_error_set(e->err, KV_EINPUT,
+                          "%s: diffkv.from: reference-model: the reference model's attention is not wired into the "
+                          "engine yet; use diffkv.from: scenario (diffkv.scores, diffkv.score_sigma)",
+                          kv_scenario_where(e->s, "diffkv.from", w, sizeof w));
+    }
     if (!rc && r->cache.kind == KV_CACHE_DIFFKV) {
         /* Only the kept tiers travel, each at its precision, with their scores and positions. */
         kv_cache_wire_bytes(&r->cache, enc, m->head_dim, tokens, &anchor, &kept);
@@ -1069,11 +1076,6 @@ static int setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_erro
     e->tiers = (kv_tier_split){s->diffkv_high_fraction, s->diffkv_low_fraction};
     const kv_model_card *m = &s->model_card;
     char w[512];
-    if (strcmp(s->diffkv_from, "reference-model") == 0)
-        return kv_error_set(err, KV_EINPUT,
-                            "%s: diffkv.from: reference-model: the reference model's attention is not wired into "
-                            "the engine yet; use diffkv.from: scenario (diffkv.scores, diffkv.score_sigma)",
-                            kv_scenario_where(s, "diffkv.from", w, sizeof w));
     e->score_model = (kv_diffkv_score_model){
         .kind = strcmp(s->diffkv_scores, "fixed") == 0 ? KV_DIFFKV_SCORES_FIXED : KV_DIFFKV_SCORES_LOGNORMAL,
         .sigma = s->diffkv_score_sigma, .head_spread = s->diffkv_head_spread,
