@@ -10,6 +10,9 @@
  *   plane and layer when layer-wise) ──► 5 WAIT (at the decode node, for
  *   memory and a batch slot) ──► 6 DECODE (continuous batching) ──► 7 DONE
  *
+ * A request preempted in DECODE for memory goes back to the head of WAIT; its
+ * KV is recomputed by a prefill step on the decode node or swapped back in.
+ *
  * Lynx (a policy whose encoding splits anchor and residual planes and whose
  * speculate hook returns k > 0) enters WAIT when its anchor plane has
  * arrived. In DECODE it then speculates on anchor-only KV, one token per step,
@@ -24,7 +27,9 @@
  *  2. A token is committed only by a normal decode step, a prefill step
  *     (colocated), or a verification; speculated tokens are never counted as
  *     committed unless a verification accepted them.
- *  3. A decode node's KV bytes in use never exceed its capacity.
+ *  3. A decode node's KV never exceeds its capacity: KV is held only in pages of
+ *     the node's memory manager (core/kvmem.h), which has capacity / page pages;
+ *     a step that needs more preempts (see "Decode nodes' paged KV memory").
  *  4. Every request ends DONE, or the run fails saying which request is stuck.
  *
  * Determinism: events tie-break on push order; flows complete in the
