@@ -98,6 +98,12 @@ typedef struct request {
     int action;             /* enum step_action of the step in progress */
     double last_commit_s;
     double transfer_start_s;
+    /* Timeline only (-1: did not happen): */
+    double plane_start_s[2];/* first flow of the anchor / residual plane started */
+    double enqueued_s;      /* joined its decode node's wait queue */
+    double spec_start_s;    /* first speculative step began */
+    double verify_start_s, verify_end_s; /* the verification step */
+    int track;              /* its track in the requests process */
     bool in_wait, running, done;
 } request;
 
@@ -141,7 +147,8 @@ typedef struct engine {
     int n_pnodes, n_dnodes;
     bool colocated;
     double accept_p;        /* lynx.acceptance */
-    const kv_doublelist *accept_pos;
+    const double *accept_pos; /* per-position conditional acceptance, or NULL */
+    size_t n_accept_pos;
     int ttkt_k;
     kv_tier_split tiers;
     kv_kernel_costs costs;  /* zeroes: roofline */
@@ -160,7 +167,8 @@ typedef struct engine {
     kv_run_result *out;
     kv_timeline *tl;
     int tl_process;
-    int *host_tracks;       /* timeline track per host NIC (transfers) */
+    int tl_requests;        /* timeline process holding one track per request */
+    int *host_tracks;       /* timeline track per host NIC (transfers): prefill out, then decode in */
     char platform_path[4096]; /* network.platform_file resolved against the scenario */
     kv_error *err;
     int failed;             /* first error code; stops the run */
@@ -318,9 +326,8 @@ static void commit_tokens(engine *e, request *r, int n, double t)
 /* Conditional acceptance of speculative position i (0-based). */
 static double accept_probability(const engine *e, int i)
 {
-    const kv_doublelist *l = e->accept_pos;
-    if (l && l->count > 0)
-        return l->items[(size_t)i < l->count ? (size_t)i : l->count - 1];
+    if (e->n_accept_pos > 0)
+        return e->accept_pos[(size_t)i < e->n_accept_pos ? (size_t)i : e->n_accept_pos - 1];
     return e->accept_p;
 }
 
@@ -550,6 +557,16 @@ static bool ensure_pages(engine *e, int d)
     }
 }
 
+/* Timeline: the decode node's KV memory in use, as a counter track. */
+static void memory_sample(engine *e, int d, double now)
+{
+    if (!e->tl)
+        return;
+    char name[48];
+    snprintf(name, sizeof name, "KV memory decode %d", d);
+    kv_timeline_counter(e->tl, e->tl_process, name, "GB", now, (double)kv_mem_used_pages(e->dnodes[d].mem) * kv_mem_page_bytes(e->dnodes[d].mem) / 1e9);
+}
+
 /* Admits waiting requests in arrival order while pages and batch slots allow; one compaction call
    allocates every admitted request's pages. */
 static void try_admit(engine *e, int d, double now)
@@ -629,6 +646,7 @@ static void try_admit(engine *e, int d, double now)
         kv_cache_sync(&r->cache, mem, r->slot);
     }
     account_manager(e, dn);
+    memory_sample(e, d, now);
 }
 
 /* A request is ready for its decode node: queue it and wake the node if idle. */
@@ -636,6 +654,7 @@ static void enqueue_decode(engine *e, request *r, double now)
 {
     decode_node *dn = &e->dnodes[r->res->decode_node];
     r->in_wait = true;
+    r->enqueued_s = now;
     fifo_push(&dn->wait, &dn->whead, &dn->wn, &dn->wcap, (int)(r - e->reqs));
     if (!dn->stepping) {
         try_admit(e, r->res->decode_node, now);
@@ -705,6 +724,48 @@ static void start_step(engine *e, int d)
     kv_eventq_push(&e->q, now + dt, EV_STEP_DONE, d, 0);
 }
 
+static void request_span(engine *e, request *r, const char *name, const char *cat, double t0, double t1)
+{
+    if (t0 >= 0 && t1 >= t0)
+        kv_timeline_span(e->tl, e->tl_requests, r->track, name, cat, t0, t1, (int64_t)r->spec.id);
+}
+
+/* Timeline: a finished request's phases on its own track (Lynx: the paper's Figure 1, request by request). */
+static void request_spans(engine *e, request *r)
+{
+    if (!e->tl)
+        return;
+    const kv_request_result *q = r->res;
+    char name[64];
+    if (!e->colocated) {
+        if (q->prefill_start_s > q->arrival_s)
+            request_span(e, r, "queue", "queue", q->arrival_s, q->prefill_start_s);
+        request_span(e, r, "prefill", "prefill", q->prefill_start_s, q->prefill_end_s);
+        if (q->encode_end_s > q->prefill_end_s)
+            request_span(e, r, "encode", "encode", q->prefill_end_s, q->encode_end_s);
+        request_span(e, r, r->split ? "anchor transfer" : "KV transfer", "transfer", r->plane_start_s[PLANE_ANCHOR],
+                     q->anchor_arrived_s);
+        if (r->split)
+            request_span(e, r, "residual transfer", "transfer", r->plane_start_s[PLANE_RESIDUAL], q->kv_arrived_s);
+    }
+    if (q->admitted_s > r->enqueued_s)
+        request_span(e, r, "wait (decode slot or memory)", "queue", r->enqueued_s, q->admitted_s);
+    if (e->colocated)
+        request_span(e, r, "prefill", "prefill", q->prefill_start_s, q->prefill_end_s);
+    double decode_from = e->colocated ? q->prefill_end_s : q->admitted_s;
+    if (r->verify_end_s >= 0) {
+        snprintf(name, sizeof name, "speculative decode (%d tokens)", q->spec_tokens);
+        request_span(e, r, name, "lynx", r->spec_start_s, r->verify_start_s);
+        snprintf(name, sizeof name, "verify (%d of %d accepted)", q->accepted_tokens, q->spec_tokens);
+        request_span(e, r, name, "lynx", r->verify_start_s, r->verify_end_s);
+        decode_from = r->verify_end_s;
+    }
+    if (q->done_s > decode_from) {
+        snprintf(name, sizeof name, "decode (%d tokens)", q->output_tokens);
+        request_span(e, r, name, "decode", decode_from, q->done_s);
+    }
+}
+
 /* Marks r done and records its tiers; its pages are released by the caller's batch. */
 static void finish_request(engine *e, request *r)
 {
@@ -720,6 +781,7 @@ static void finish_request(engine *e, request *r)
         e->out->tier_low_fraction += lo;
         e->out->tier_pruned_fraction += pr;
     }
+    request_spans(e, r);
     r->running = false;
     r->done = true;
     e->done_count++;
@@ -730,7 +792,15 @@ static void on_step_done(engine *e, int d, double now)
     decode_node *dn = &e->dnodes[d];
     dn->stepping = false;
     char name[48];
-    snprintf(name, sizeof name, "step B=%zu", dn->n_running);
+    int n_spec = 0, n_verify = 0;
+    for (size_t i = 0; i < dn->n_running; i++) {
+        n_spec += e->reqs[dn->running[i]].action == ACT_SPEC;
+        n_verify += e->reqs[dn->running[i]].action == ACT_VERIFY;
+    }
+    if (n_spec || n_verify)
+        snprintf(name, sizeof name, "step B=%zu spec=%d verify=%d", dn->n_running, n_spec, n_verify);
+    else
+        snprintf(name, sizeof name, "step B=%zu", dn->n_running);
     span(e, dn->track, name, "decode", dn->step_start_s, now, -1);
     size_t kept = 0, k = 0, n_closing = 0;
     int *closing = kv_calloc(dn->n_running + 1, sizeof *closing);
@@ -752,6 +822,8 @@ static void on_step_done(engine *e, int d, double now)
             commit_tokens(e, r, 1, now);
             break;
         case ACT_SPEC:
+            if (r->spec_start_s < 0)
+                r->spec_start_s = dn->step_start_s;
             r->speculated++;
             r->res->spec_tokens++;
             if (r->res->first_spec_s < 0)
@@ -763,6 +835,8 @@ static void on_step_done(engine *e, int d, double now)
                 accepted++;
             r->res->accepted_tokens += accepted;
             r->res->verifications++;
+            r->verify_start_s = dn->step_start_s;
+            r->verify_end_s = now;
             r->speculated = 0;
             /* The accepted prefix plus the token the verification pass itself produces. */
             commit_tokens(e, r, accepted + 1, now);
@@ -801,6 +875,7 @@ static void on_step_done(engine *e, int d, double now)
         kv_mem_seq_close(dn->mem, closing[i]);
     kv_free(closing);
     account_manager(e, dn);
+    memory_sample(e, d, now);
     try_admit(e, d, now);
     start_step(e, d);
 }
@@ -824,6 +899,8 @@ static void start_flow(engine *e, request *r, int layer, int plane, double now)
         .tag = flow_tag((size_t)(r - e->reqs), layer, plane),
     };
     kv_flow_id id;
+    if (r->plane_start_s[plane] < 0)
+        r->plane_start_s[plane] = now;
     int rc = kv_net_flow_start(e->net, &f, now, &id, e->err);
     if (rc)
         fail(e, rc);
@@ -846,6 +923,19 @@ static void start_transfer(engine *e, request *r, int layer, double now)
         start_flow(e, r, layer, PLANE_RESIDUAL, now);
 }
 
+/* Timeline: a whole plane's transfer (all its layers) on the sender's and the receiver's link tracks. */
+static void plane_spans(engine *e, request *r, int plane, double t)
+{
+    if (!e->tl)
+        return;
+    char name[64];
+    snprintf(name, sizeof name, "%s r%llu", plane == PLANE_ANCHOR ? (r->split ? "anchor" : "kv") : "residual",
+             (unsigned long long)r->spec.id);
+    span(e, e->host_tracks[r->res->prefill_node], name, "transfer", r->plane_start_s[plane], t, (int64_t)r->spec.id);
+    span(e, e->host_tracks[e->n_pnodes + r->res->decode_node], name, "transfer", r->plane_start_s[plane], t,
+         (int64_t)r->spec.id);
+}
+
 static void on_flow_done(void *user, kv_flow_id id, uint64_t tag, double t)
 {
     (void)id;
@@ -856,16 +946,11 @@ static void on_flow_done(void *user, kv_flow_id id, uint64_t tag, double t)
     request *r = &e->reqs[tag >> 20];
     int layer = (int)((tag >> 1) & 0x7ffff);
     int plane = (int)(tag & 1);
-    if (e->tl) {
-        char name[64];
-        snprintf(name, sizeof name, "%s r%llu", plane == PLANE_ANCHOR ? (r->split ? "anchor" : "kv") : "residual",
-                 (unsigned long long)r->spec.id);
-        span(e, e->host_tracks[r->res->prefill_node], name, "transfer", r->transfer_start_s, t, (int64_t)r->spec.id);
-    }
     if (plane == PLANE_ANCHOR) {
         if (r->split && r->plan.order == KV_ORDER_ANCHOR_FIRST)
             start_flow(e, r, layer, PLANE_RESIDUAL, t);
         if (--r->anchor_pending == 0) {
+            plane_spans(e, r, PLANE_ANCHOR, t);
             r->anchor_done = true;
             r->res->anchor_arrived_s = t;
             if (!r->split) {
@@ -879,6 +964,7 @@ static void on_flow_done(void *user, kv_flow_id id, uint64_t tag, double t)
         return;
     }
     if (--r->residual_pending == 0) {
+        plane_spans(e, r, PLANE_RESIDUAL, t);
         r->residual_done = true;
         r->merge_pending = true;
         r->res->kv_arrived_s = t;
@@ -1071,9 +1157,24 @@ static int setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_erro
     e->tl = in->timeline;
     e->colocated = s->colocated;
     e->accept_p = s->lynx_acceptance;
-    e->accept_pos = &s->lynx_acceptance_per_position;
+    e->accept_pos = s->lynx_acceptance_per_position.items;
+    e->n_accept_pos = s->lynx_acceptance_per_position.count;
+    snprintf(out->acceptance_source, sizeof out->acceptance_source, "scenario (lynx.acceptance%s)",
+             e->n_accept_pos ? "_per_position" : "");
+    if (in->accept_conditional && in->accept_positions > 0) {
+        e->accept_pos = in->accept_conditional;
+        e->n_accept_pos = (size_t)in->accept_positions;
+        snprintf(out->acceptance_source, sizeof out->acceptance_source, "%s",
+                 in->feed_source ? in->feed_source : "reference model");
+    }
     e->ttkt_k = s->ttkt_k;
     e->tiers = (kv_tier_split){s->diffkv_high_fraction, s->diffkv_low_fraction};
+    snprintf(out->tiers_source, sizeof out->tiers_source, "scenario (diffkv.high_fraction, low_fraction)");
+    if (in->tiers) {
+        e->tiers = (kv_tier_split){in->tiers[0], in->tiers[1]};
+        snprintf(out->tiers_source, sizeof out->tiers_source, "%s",
+                 in->feed_source ? in->feed_source : "reference model");
+    }
     const kv_model_card *m = &s->model_card;
     char w[512];
     e->score_model = (kv_diffkv_score_model){
@@ -1092,6 +1193,7 @@ static int setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_erro
         e->own_be = true;
     }
     e->model = (kv_policy_model){m->name, m->layers, m->heads, m->kv_heads, m->head_dim};
+    kv_policy_set_model(e->policy, &e->model); /* every hook, placement ones too, sees ctx.model */
     kv_timing_init(&e->prefill_timing, m, &s->prefill_device, s->prefill.tp);
     kv_timing_init(&e->decode_timing, m, &s->decode_device, s->decode.tp);
     if (in->costs) {
@@ -1146,6 +1248,12 @@ static int setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_erro
             snprintf(name, sizeof name, "link prefill %d out", i);
             e->host_tracks[i] = kv_timeline_track(e->tl, e->tl_process, name);
         }
+        for (int i = 0; i < e->n_dnodes && !e->colocated; i++) {
+            snprintf(name, sizeof name, "link decode %d in", i);
+            e->host_tracks[e->n_pnodes + i] = kv_timeline_track(e->tl, e->tl_process, name);
+        }
+        snprintf(name, sizeof name, "%s requests", kv_policy_name(e->policy));
+        e->tl_requests = kv_timeline_process(e->tl, name);
     }
 
     size_t n = kv_workload_count(in->workload);
@@ -1166,6 +1274,13 @@ static int setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_erro
                                    .done_s = -1, .kept_tokens_fraction = 1, .tier_high_fraction = NAN,
                                    .tier_low_fraction = NAN, .tier_pruned_fraction = NAN};
         kv_rng_fork(&e->base_rng, r->spec.id + 1, &r->rng);
+        r->plane_start_s[0] = r->plane_start_s[1] = -1;
+        r->enqueued_s = r->spec_start_s = r->verify_start_s = r->verify_end_s = -1;
+        if (e->tl) {
+            char name[48];
+            snprintf(name, sizeof name, "request %llu", (unsigned long long)r->spec.id);
+            r->track = kv_timeline_track(e->tl, e->tl_requests, name);
+        }
         int rc = plan_request(e, r);
         if (rc)
             return rc;
@@ -1276,6 +1391,7 @@ int kv_engine_run(const kv_run_inputs *in, kv_run_result *out, kv_error *err)
         default:
             rc = kv_error_set(err, KV_EFAIL, "internal: unknown event %d", ev.type);
         }
+        kv_progress_update(in->progress, ev.t_s, e.done_count, out->events);
     }
     if (!rc && e.failed)
         rc = e.failed;

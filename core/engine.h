@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/policy.h"
+#include "core/progress.h"
 #include "core/scenario.h"
 #include "core/timeline.h"
 #include "core/workload.h"
@@ -29,7 +30,12 @@ typedef struct kv_run_inputs {
     const kv_workload *workload;
     const kv_kernel_costs *costs;  /* may be NULL */
     kv_timeline *timeline;         /* may be NULL */
+    kv_progress *progress;         /* terminal progress line; may be NULL */
     int network_model;             /* kv_net_model: scenario's unless overridden */
+    const double *accept_conditional; /* measured per-position acceptance (NULL: the scenario's) */
+    int accept_positions;
+    const double *tiers;           /* measured DiffKV {high, low} fractions (NULL: the scenario's) */
+    const char *feed_source;       /* what measured them, for results.json */
     kv_backend *backend;           /* runs the decode nodes' memory managers; NULL: the engine opens
                                       timing.backend (device 0) for the run */
 } kv_run_inputs;
@@ -68,6 +74,8 @@ typedef struct kv_run_result {
     size_t n_links;
     char network[32];            /* "simgrid" or "ideal" */
     char timing_source[160];
+    char acceptance_source[256];   /* where Lynx acceptance came from */
+    char tiers_source[256];        /* where DiffKV tier fractions came from */
     double makespan_s;           /* last completion */
     double kv_mem_peak_bytes;    /* max over decode nodes of KV bytes held */
     double kv_mem_capacity_bytes;/* per decode node, after weights */

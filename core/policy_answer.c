@@ -473,7 +473,8 @@ int kv_policy_answer_node(lua_State *L, kv_policy_call *c, int t, int nodes_idx,
                 return 0;
             }
         }
-        return kv_policy_answer_bad(c, "a table that is not one of ctx.nodes; return a node from ctx.nodes or its index");
+        return kv_policy_answer_bad(c, "a table that is not one of ctx.nodes; return a node from ctx.nodes or its "
+                                       "index");
     }
     int isint = 0;
     lua_Integer v = lua_type(L, t) == LUA_TNUMBER ? lua_tointegerx(L, t, &isint) : 0;
@@ -487,8 +488,8 @@ int kv_policy_answer_node(lua_State *L, kv_policy_call *c, int t, int nodes_idx,
     kv_policy_describe_value(L, t, got, sizeof got);
     if (c->n_nodes > 0)
         snprintf(range, sizeof range, " (indices %d..%d)", c->nodes[0].index, c->nodes[c->n_nodes - 1].index);
-    return kv_policy_answer_bad(c, "%s; expected the index of one of the %d %s nodes%s, or one of ctx.nodes", got, c->n_nodes,
-               c->hook == H_PREFILL_NODE ? "prefill" : "decode", range);
+    return kv_policy_answer_bad(c, "%s; expected the index of one of the %d %s nodes%s, or one of ctx.nodes", got,
+                                c->n_nodes, c->hook == H_PREFILL_NODE ? "prefill" : "decode", range);
 }
 
 int kv_policy_answer_speculate(lua_State *L, kv_policy_call *c, int idx, int *out)

@@ -161,6 +161,12 @@ void kv_report_json(FILE *out, const kv_scenario *s, const kv_policy_outcome *o,
         fputc(',', out);
         jkey(out, "timing_source");
         kv_json_string(out, r->timing_source);
+        fputc(',', out);
+        jkey(out, "acceptance_source");
+        kv_json_string(out, r->acceptance_source);
+        fputc(',', out);
+        jkey(out, "tiers_source");
+        kv_json_string(out, r->tiers_source);
         fputs(",\n", out);
         jnum(out, "completed", (double)m->completed, 1);
         jnum(out, "duration", m->duration_s, 1);
