@@ -10,6 +10,9 @@
  *   plane and layer when layer-wise) ──► 5 WAIT (at the decode node, for
  *   memory and a batch slot) ──► 6 DECODE (continuous batching) ──► 7 DONE
  *
+ * A request preempted in DECODE for memory goes back to the head of WAIT; its
+ * KV is recomputed by a prefill step on the decode node or swapped back in.
+ *
  * Lynx (a policy whose encoding splits anchor and residual planes and whose
  * speculate hook returns k > 0) enters WAIT when its anchor plane has
  * arrived. In DECODE it then speculates on anchor-only KV, one token per step,
@@ -24,7 +27,9 @@
  *  2. A token is committed only by a normal decode step, a prefill step
  *     (colocated), or a verification; speculated tokens are never counted as
  *     committed unless a verification accepted them.
- *  3. A decode node's KV bytes in use never exceed its capacity.
+ *  3. A decode node's KV never exceeds its capacity: KV is held only in pages of
+ *     the node's memory manager (core/kvmem.h), which has capacity / page pages;
+ *     a step that needs more preempts (see "Decode nodes' paged KV memory").
  *  4. Every request ends DONE, or the run fails saying which request is stuck.
  *
  * Determinism: events tie-break on push order; flows complete in the
@@ -150,6 +155,7 @@ typedef struct engine {
     kv_backend *be;         /* where the memory managers' free lists and compaction kernels run */
     bool own_be;            /* opened here (timing.backend), closed at the end */
     kv_diffkv_score_model score_model;
+    bool tiers_measured;    /* DiffKV tier fractions come from the reference model */
     double *head_factors;   /* [layers * kv_heads] DiffKV per-head sparsity factors */
     bool charge_manager;    /* DiffKV: its on-device compaction calls are part of the step */
     uint64_t admit_counter;
@@ -242,6 +248,13 @@ static int plan_request(engine *e, request *r)
         if (rc)
             kv_error_prefix(e->err, "%s: policy %s, request %llu: ", e->s->path, kv_policy_name(e->policy),
                             (unsigned long long)r->spec.id);
+    }
+    if (!rc && r->cache.kind == KV_CACHE_DIFFKV && strcmp(e->s->diffkv_from, "reference-model") == 0 &&
+        !e->tiers_measured) {
+        char w[512];
+        rc = kv_error_set(e->err, KV_EINPUT, "%s: diffkv.from: reference-model: the reference model measured no "
+                          "DiffKV tiers for policy %s", kv_scenario_where(e->s, "diffkv.from", w, sizeof w),
+                          kv_policy_name(e->policy));
     }
     if (!rc && r->cache.kind == KV_CACHE_DIFFKV) {
         /* Only the kept tiers travel, each at its precision, with their scores and positions. */
@@ -1160,20 +1173,22 @@ static int setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_erro
     snprintf(out->tiers_source, sizeof out->tiers_source, "scenario (diffkv.high_fraction, low_fraction)");
     if (in->tiers) {
         e->tiers = (kv_tier_split){in->tiers[0], in->tiers[1]};
+        e->tiers_measured = true;
         snprintf(out->tiers_source, sizeof out->tiers_source, "%s",
                  in->feed_source ? in->feed_source : "reference model");
     }
     const kv_model_card *m = &s->model_card;
     char w[512];
-    if (strcmp(s->diffkv_from, "reference-model") == 0)
-        return kv_error_set(err, KV_EINPUT,
-                            "%s: diffkv.from: reference-model: the reference model's attention is not wired into "
-                            "the engine yet; use diffkv.from: scenario (diffkv.scores, diffkv.score_sigma)",
-                            kv_scenario_where(s, "diffkv.from", w, sizeof w));
     e->score_model = (kv_diffkv_score_model){
         .kind = strcmp(s->diffkv_scores, "fixed") == 0 ? KV_DIFFKV_SCORES_FIXED : KV_DIFFKV_SCORES_LOGNORMAL,
         .sigma = s->diffkv_score_sigma, .head_spread = s->diffkv_head_spread,
         .high_fraction = s->diffkv_high_fraction, .low_fraction = s->diffkv_low_fraction};
+    if (e->tiers_measured) {
+        /* Fractions measured on the reference model replace the scenario's score model. */
+        e->score_model.kind = KV_DIFFKV_SCORES_FIXED;
+        e->score_model.high_fraction = e->tiers.high;
+        e->score_model.low_fraction = e->tiers.low;
+    }
     e->head_factors = kv_calloc((size_t)m->layers * m->kv_heads, sizeof *e->head_factors);
     kv_diffkv_head_factors(&e->score_model, (uint64_t)s->seed, m->layers * m->kv_heads, e->head_factors);
     if (in->backend) {

@@ -623,3 +623,27 @@ Test(diffkv_engine, scenarios_run_and_are_deterministic)
     kvt_rmtree(dir);
     free(dir);
 }
+
+/* The policy host reads `preempt` from the transfer answer and rejects other values. */
+Test(diffkv_engine, preempt_field_of_the_transfer_answer)
+{
+    char *dir = kvt_tempdir();
+    char *good = kvt_write(dir, "good.lua", "return { transfer = function(ctx) return { preempt = 'swap' } end }\n");
+    char *bad = kvt_write(dir, "bad.lua", "return { transfer = function(ctx) return { preempt = 'later' } end }\n");
+    kv_policy *p = NULL;
+    kv_error err = {0};
+    kv_policy_request r = {1, 100, 10, 0};
+    kv_transfer_plan plan;
+    cr_assert_eq(kv_policy_load("good", good, NULL, 0, NULL, &p, &err), 0, "%s", err.msg);
+    cr_assert_eq(kv_policy_transfer(p, &r, &plan, &err), 0, "%s", err.msg);
+    cr_expect_eq(plan.preempt, KV_PREEMPT_SWAP);
+    kv_policy_destroy(p);
+    cr_assert_eq(kv_policy_load("bad", bad, NULL, 0, NULL, &p, &err), 0, "%s", err.msg);
+    cr_expect_eq(kv_policy_transfer(p, &r, &plan, &err), KV_EINPUT);
+    cr_expect(strstr(err.msg, "preempt") != NULL, "%s", err.msg);
+    kv_policy_destroy(p);
+    kvt_rmtree(dir);
+    free(dir);
+    free(good);
+    free(bad);
+}

@@ -373,6 +373,33 @@ KV_AVX512 static void softmax4(float *L, size_t T)
     }
 }
 
+/* Asks for a page's K or V data and metadata to be brought into L2: pages are
+   small (a few KiB), so the hardware prefetchers, which stop at 4 KiB page
+   boundaries, would leave every page start to a full memory latency. */
+static void prefetch_page(const attn *t, const kv_page_desc *pg, int value)
+{
+    const kv_store_format *f = value ? &pg->value : &pg->key;
+    uint32_t hd = t->a->head_dim;
+    size_t bytes, meta = 0;
+    if (f->kind == KV_STORE_F32) {
+        bytes = (size_t)pg->ntokens * hd * 4;
+    } else if (f->kind == KV_STORE_BF16) {
+        bytes = (size_t)pg->ntokens * hd * 2;
+    } else {
+        kv_quant_layout l = {pg->ntokens, hd, f->group_size, (kv_grouping)f->grouping};
+        bytes = kv_layout_packed_bytes(&l, f->anchor_bits ? f->anchor_bits : f->bits);
+        meta = kv_layout_meta_bytes(&l);
+    }
+    const char *d = (const char *)t->kv + (value ? pg->value_data : pg->key_data);
+    const char *m = (const char *)t->kv + (value ? pg->value_meta : pg->key_meta);
+    for (size_t o = 0; o < bytes; o += 64)
+        _mm_prefetch(d + o, _MM_HINT_T1);
+    for (size_t o = 0; o < meta; o += 64)
+        _mm_prefetch(m + o, _MM_HINT_T1);
+}
+
+enum { PREFETCH_PAGES = 2 }; /* how far ahead */
+
 KV_AVX512 void kv_cpu_attention_item_avx512(void *arg, size_t i0, size_t i1, int worker)
 {
     const fast_job *j = arg;
@@ -415,6 +442,8 @@ KV_AVX512 void kv_cpu_attention_item_avx512(void *arg, size_t i0, size_t i1, int
             size_t base = 0;
             for (uint32_t p = pfirst; p < pend; p++) {
                 const kv_page_desc *pg = &t->pages[p];
+                if (p + PREFETCH_PAGES < pend)
+                    prefetch_page(t, &t->pages[p + PREFETCH_PAGES], 0);
                 if (!pg->ntokens)
                     continue;
                 src_prepare(t, w, pg, 0, &ks);
@@ -444,6 +473,8 @@ KV_AVX512 void kv_cpu_attention_item_avx512(void *arg, size_t i0, size_t i1, int
             base = 0;
             for (uint32_t p = pfirst; p < pend; p++) {
                 const kv_page_desc *pg = &t->pages[p];
+                if (p + PREFETCH_PAGES < pend)
+                    prefetch_page(t, &t->pages[p + PREFETCH_PAGES], 1);
                 if (!pg->ntokens)
                     continue;
                 src_prepare(t, w, pg, 1, &vs);

@@ -369,6 +369,24 @@ KV_AVX512 static inline __m256i saturate_f16(__m256i h)
 KV_AVX512 static void params16(__m512 vmn, __m512 vmx, unsigned bits, __mmask16 live, uint16_t *scale,
                                uint16_t *zero, __m512 *S, __m512 *Z);
 
+/* A value that rounds (rint, after clamping to [0, 2^b − 1]) exactly like
+   the correctly rounded d / s, without a division in the common case.
+   t = d * fl(1/s) is within |d/s|·2^-22.4 of the exact quotient, and so is
+   fl(d/s); their roundings can differ only if a half-integer lies within
+   that distance of t. Such lanes are rare (about |t|·2^-19 of them), and a
+   vector holding one is divided exactly. NaN and ±Inf lanes (non-finite x)
+   never look risky and give NaN/±Inf like the division would. */
+KV_AVX512 static inline __m512 quotient(__m512 d, __m512 s, __m512 inv)
+{
+    __m512 t = _mm512_mul_ps(d, inv);
+    __m512 frac = _mm512_sub_ps(t, _mm512_roundscale_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
+    __m512 dist = _mm512_abs_ps(_mm512_sub_ps(frac, _mm512_set1_ps(0.5f)));
+    __m512 thr = _mm512_mul_ps(_mm512_max_ps(_mm512_abs_ps(t), _mm512_set1_ps(1.0f)), _mm512_set1_ps(0x1p-20f));
+    if (_mm512_cmp_ps_mask(dist, thr, _CMP_LE_OQ))
+        return _mm512_div_ps(d, s);
+    return t;
+}
+
 /* Encodes `count` (1..16) consecutive full groups of G values (G % 16 == 0).
    codes16 (with abits 0): write the codes unpacked, as u16, to aout (the
    quantize kernel: a 16-bit stream is the u16 array). */
@@ -400,6 +418,8 @@ KV_AVX512 static void encode_batch_avx512(const float *x, uint32_t count, uint32
              scale, zero, &S, &Z);
     _mm512_storeu_ps(sv, S);
     _mm512_storeu_ps(zv, Z);
+    float inv[16];
+    _mm512_storeu_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.0f), S)); /* Inf where s == 0: those use the scalar rule */
 
     unsigned r = abits ? bits - abits : 0, aw = codes16 ? 16 : abits ? abits : bits;
     size_t abytes = (size_t)G * aw / 8, rbytes = (size_t)G * r / 8;
@@ -413,13 +433,15 @@ KV_AVX512 static void encode_batch_avx512(const float *x, uint32_t count, uint32
         if (constant) /* scale 0: the scalar rule (N4), codes to scratch */
             for (uint32_t i = 0; i < G; i++)
                 s->a[i] = kv_quant_code(xj[i], sv[j], zv[j], bits);
-        const __m512 vz = _mm512_set1_ps(zv[j]), vs = _mm512_set1_ps(sv[j]);
+        const __m512 vz = _mm512_set1_ps(zv[j]), vs = _mm512_set1_ps(sv[j]), vinv = _mm512_set1_ps(inv[j]);
         for (uint32_t i = 0; i < G; i += 16) {
             __m512i q;
             if (constant) {
                 q = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(s->a + i)));
             } else {
-                __m512 v = _mm512_div_ps(_mm512_sub_ps(_mm512_loadu_ps(xj + i), vz), vs);
+                __m512 d = _mm512_sub_ps(_mm512_loadu_ps(xj + i), vz);
+                /* above 12 bits most vectors would hold a risky lane: divide outright */
+                __m512 v = bits <= 12 ? quotient(d, vs, vinv) : _mm512_div_ps(d, vs);
                 v = _mm512_min_ps(_mm512_max_ps(v, zero_v), vmax); /* NaN → 0 */
                 q = _mm512_cvtps_epi32(v);
             }

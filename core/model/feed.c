@@ -74,9 +74,12 @@ int kv_feed_measure(const kv_scenario *s, kv_policy *p, kv_feed *out, kv_error *
             out->low_fraction = low / (tokens - window);
         }
     }
-    if (!rc)
+    if (!rc && out->speculations > 0)
         snprintf(out->source, sizeof out->source, "reference model %s, %ld speculation samples, %d-token prompt of %s",
                  model_name, out->speculations, FEED_CONTEXT, FEED_TEXT);
+    else if (!rc)
+        snprintf(out->source, sizeof out->source, "reference model %s, %d-token prompt of %s", model_name,
+                 FEED_CONTEXT, FEED_TEXT);
     kv_eval_result_destroy(res);
     kv_free(enc);
     kv_model_destroy(m);
