@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "backends/backend.h"
+#include "backends/kernel_fixture.h"
 #include "backends/numerics.h"
 #include "backends/opencl/kv_device.h" /* host-C dialect: the scalar helpers only */
 #include "core/rng.h"
@@ -240,6 +241,117 @@ Test(vendors, opencl_division_mode_unknown_is_bad_input)
     unsetenv("KVSIM_OPENCL_DIV");
     cr_assert_eq(rc, KV_EINPUT, "%s", err.msg);
     cr_assert(strstr(err.msg, "KVSIM_OPENCL_DIV=approximate"), "got: %s", err.msg);
+}
+
+/* ---- OpenCL work-group sizes ----------------------------------------------------------- */
+
+/* Attention and compaction use work-group-wide reductions; their results must
+   not depend on the work-group size (KVSIM_OPENCL_WG_MAX caps it; 1 is also
+   the shape of the single-core Ascend port). Each size against the CPU
+   reference: attention within 1e-5 (including a 4K-token context, where
+   fp32 accumulation error would show), compaction exact. */
+static void attention_vs_reference(kv_backend *be, kv_backend *ref, const kv_attn_spec *spec, const char *what)
+{
+    kv_attn_problem *prob = NULL;
+    kv_error err = {0};
+    cr_assert_eq(kv_attn_problem_create(spec, &prob, &err), KV_OK, "%s", err.msg);
+    size_t no = kv_attn_problem_out_floats(prob), ns = kv_attn_problem_score_floats(prob);
+    float *o[2], *sc[2];
+    kv_backend *bes[2] = {be, ref};
+    for (int k = 0; k < 2; k++) {
+        o[k] = malloc(no * 4);
+        sc[k] = malloc(ns * 4 + 4);
+        kv_attn_device *d = NULL;
+        cr_assert_eq(kv_attn_device_create(prob, bes[k], &d, &err), KV_OK, "%s", err.msg);
+        cr_assert_eq(kv_attn_device_run(d, &err), KV_OK, "%s", err.msg);
+        cr_assert_eq(kv_attn_device_read(d, o[k], sc[k], &err), KV_OK, "%s", err.msg);
+        kv_attn_device_destroy(d);
+    }
+    double e = kv_attn_rel_error(o[0], o[1], (size_t)spec->n_queries * spec->n_heads, spec->head_dim);
+    cr_assert(e <= 1e-5, "%s: attention differs from the reference by %.3g", what, e);
+    if (spec->scores) {
+        double es = kv_attn_rel_error(sc[0], sc[1], spec->n_kv_heads, spec->tokens);
+        cr_assert(es <= 1e-5, "%s: scores differ from the reference by %.3g", what, es);
+    }
+    for (int k = 0; k < 2; k++)
+        free(o[k]), free(sc[k]);
+    kv_attn_problem_destroy(prob);
+}
+
+static void compaction_vs_reference(kv_backend *be, kv_backend *ref, const char *what)
+{
+    enum { N = 300, CAP = 2000 };
+    static uint32_t demand[N], fl[CAP];
+    uint32_t state[4] = {0, 0, CAP, 0};
+    for (uint32_t i = 0; i < CAP; i++)
+        fl[i] = i * 5 + 1;
+    for (uint32_t i = 0; i < N; i++)
+        demand[i] = (i * 7) % 5;
+    kv_backend *bes[2] = {be, ref};
+    uint32_t *got[2][3];
+    kv_error err = {0};
+    for (int k = 0; k < 2; k++) {
+        kv_buffer *bd, *bo, *bp, *bf, *bs;
+        cr_assert_eq(kv_buffer_alloc(bes[k], sizeof demand, &bd, &err), KV_OK);
+        cr_assert_eq(kv_buffer_alloc(bes[k], sizeof demand, &bo, &err), KV_OK);
+        cr_assert_eq(kv_buffer_alloc(bes[k], CAP * 4, &bp, &err), KV_OK);
+        cr_assert_eq(kv_buffer_alloc(bes[k], sizeof fl, &bf, &err), KV_OK);
+        cr_assert_eq(kv_buffer_alloc(bes[k], 16, &bs, &err), KV_OK);
+        cr_assert_eq(kv_buffer_write(bes[k], bd, 0, demand, sizeof demand, &err), KV_OK);
+        cr_assert_eq(kv_buffer_write(bes[k], bf, 0, fl, sizeof fl, &err), KV_OK);
+        cr_assert_eq(kv_buffer_write(bes[k], bs, 0, state, 16, &err), KV_OK);
+        kv_compact_args a = {N, CAP, {bd, 0}, {bo, 0}, {bp, 0}, {bf, 0}, {bs, 0}};
+        cr_assert_eq(kv_backend_compact_alloc(bes[k], &a, &err), KV_OK, "%s", err.msg);
+        cr_assert_eq(kv_backend_compact_alloc(bes[k], &a, &err), KV_OK, "%s", err.msg);
+        got[k][0] = malloc(sizeof demand);
+        got[k][1] = malloc(CAP * 4);
+        got[k][2] = malloc(16);
+        cr_assert_eq(kv_buffer_read(bes[k], bo, 0, got[k][0], sizeof demand, &err), KV_OK);
+        cr_assert_eq(kv_buffer_read(bes[k], bp, 0, got[k][1], CAP * 4, &err), KV_OK);
+        cr_assert_eq(kv_buffer_read(bes[k], bs, 0, got[k][2], 16, &err), KV_OK);
+        kv_buffer_free(bes[k], bd), kv_buffer_free(bes[k], bo), kv_buffer_free(bes[k], bp);
+        kv_buffer_free(bes[k], bf), kv_buffer_free(bes[k], bs);
+    }
+    cr_assert(memcmp(got[0][0], got[1][0], sizeof demand) == 0, "%s: compaction offsets differ", what);
+    cr_assert(memcmp(got[0][1], got[1][1], CAP * 4) == 0, "%s: compaction pages differ", what);
+    cr_assert(memcmp(got[0][2], got[1][2], 16) == 0, "%s: compaction state differs", what);
+    for (int k = 0; k < 2; k++)
+        free(got[k][0]), free(got[k][1]), free(got[k][2]);
+}
+
+Test(vendors, opencl_work_group_sizes)
+{
+    if (!kv_backend_reg_find("opencl") || kv_backend_reg_find("opencl")->device_count(&(kv_error){0}) <= 0) {
+        fprintf(stderr, "skipped: opencl: not built or no device (work-group sizes)\n");
+        cr_skip_test("opencl unavailable");
+    }
+    kv_backend *ref = NULL;
+    kv_error err = {0};
+    cr_assert_eq(kv_backend_open("cpu", 1, &ref, &err), KV_OK, "%s", err.msg);
+    const kv_store_format i8 = {KV_STORE_QUANT, 8, 0, KV_GROUP_TOKEN, 32};
+    const kv_store_format mix_k[2] = {{KV_STORE_QUANT, 8, 0, KV_GROUP_TOKEN, 32}, {KV_STORE_QUANT, 2, 0, KV_GROUP_CHANNEL, 16}};
+    const kv_store_format mix_v[2] = {{KV_STORE_QUANT, 16, 4, KV_GROUP_TOKEN, 64}, {KV_STORE_BF16, 0, 0, 0, 0}};
+    const char *sizes[] = {"1", "4", "16", "64"};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        setenv("KVSIM_OPENCL_WG_MAX", sizes[i], 1);
+        kv_backend *be = NULL;
+        int rc = kv_backend_open("opencl", 0, &be, &err);
+        unsetenv("KVSIM_OPENCL_WG_MAX");
+        cr_assert_eq(rc, KV_OK, "%s", err.msg);
+        char what[64];
+        snprintf(what, sizeof what, "work-group size <= %s", sizes[i]);
+        kv_attn_spec prefill = {24, 4, 2, 64, 60, 16, mix_k, mix_v, 2, 1, 1, 7};
+        attention_vs_reference(be, ref, &prefill, what);
+        kv_attn_spec odd = {3, 6, 3, 33, 45, 7, mix_k, mix_v, 2, 1, 0, 8};
+        attention_vs_reference(be, ref, &odd, what);
+        if (i == 0 || i == 3) { /* a long context: fp32 accumulation over 4096 tokens */
+            kv_attn_spec longctx = {1, 8, 2, 128, 4096, 32, &i8, &i8, 1, 1, 0, 9};
+            attention_vs_reference(be, ref, &longctx, what);
+        }
+        compaction_vs_reference(be, ref, what);
+        kv_backend_close(be);
+    }
+    kv_backend_close(ref);
 }
 
 /* ---- kv_device.h's scalar numerics, compiled here as C, against numerics.h ------------- */

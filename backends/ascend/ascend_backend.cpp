@@ -460,6 +460,8 @@ static int npu_attention(void *vctx, const kv_attention_args *q, kv_error *err)
 {
     npu_ctx *c = (npu_ctx *)vctx;
     uint64_t qh = (uint64_t)q->n_queries * q->n_heads;
+    if (q->head_dim > 256) /* KV_MAX_HEAD_DIM of kernels.cl */
+        return fail(err, KV_EINPUT, "ascend: attention: head_dim %u is above the 256 this backend supports", q->head_dim);
     int rc = check_range("attention", "q", q->q.buf, q->q.offset, qh * q->head_dim * 4, err);
     if (!rc)
         rc = check_range("attention", "q_pos", q->q_pos.buf, q->q_pos.offset, (size_t)q->n_queries * 4, err);

@@ -462,6 +462,8 @@ static int gpu_attention(void *vctx, const kv_attention_args *q, kv_error *err)
 {
     gpu_ctx *c = (gpu_ctx *)vctx;
     kv_u64 qh = (kv_u64)q->n_queries * q->n_heads;
+    if (q->head_dim > 256) /* KV_MAX_HEAD_DIM of kernels.cl */
+        return fail(err, KV_EINPUT, KV_GPU_NAME ": attention: head_dim %u is above the 256 this backend supports", q->head_dim);
     int rc = check_range("attention", "q", q->q.buf, q->q.offset, qh * q->head_dim * 4, err);
     if (!rc)
         rc = check_range("attention", "q_pos", q->q_pos.buf, q->q_pos.offset, (size_t)q->n_queries * 4, err);

@@ -16,6 +16,9 @@
  *    divides in double when the device has cl_khr_fp64 (1), else in software
  *    (2). The environment variable KVSIM_OPENCL_DIV=native|double|soft forces
  *    a mode (tests use it to run the fallbacks on PoCL).
+ *  - Work-groups: KV_WG = the largest power of two <= min(64, the device's
+ *    maximum); KVSIM_OPENCL_WG_MAX=n caps it (tests check that results do not
+ *    depend on it).
  *  - Asynchrony: kernels are enqueued on one in-order queue and return at
  *    once; buffer writes and reads are blocking (the host's memory is free to
  *    reuse on return, and a read sees every kernel enqueued before it);
@@ -268,7 +271,9 @@ static int opencl_open(int index, const kv_backend_i **iface, void **out, kv_err
     size_t max_wg = 1;
     clGetDeviceInfo(c->device, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof max_wg, &max_wg, NULL);
     c->wg = 1;
-    while (c->wg * 2 <= max_wg && c->wg * 2 <= 64)
+    const char *wg_env = getenv("KVSIM_OPENCL_WG_MAX"); /* tests: results must not depend on it */
+    size_t wg_cap = wg_env && atoi(wg_env) > 0 ? (size_t)atoi(wg_env) : 64;
+    while (c->wg * 2 <= max_wg && c->wg * 2 <= wg_cap)
         c->wg *= 2;
     rc = choose_div_mode(c->device, &c->div_mode, err);
     if (rc)
@@ -673,6 +678,8 @@ static int opencl_attention(void *vctx, const kv_attention_args *q, kv_error *er
 {
     cl_ctx *c = vctx;
     uint64_t qh = (uint64_t)q->n_queries * q->n_heads;
+    if (q->head_dim > 256) /* KV_MAX_HEAD_DIM of kernels.cl */
+        return kv_error_set(err, KV_EINPUT, "opencl: attention: head_dim %u is above the 256 this backend supports", q->head_dim);
     int rc = check_range("attention", "q", q->q.buf, q->q.offset, qh * q->head_dim * 4, err);
     if (!rc)
         rc = check_range("attention", "q_pos", q->q_pos.buf, q->q_pos.offset, (size_t)q->n_queries * 4, err);
