@@ -819,6 +819,12 @@ int kv_cmd_bench_kernels(int argc, char **argv)
             continue;
         kv_error why = {0};
         if (reg->device_count(&why) <= 0) {
+            if (strcmp(o.backend, "all") != 0) { /* asked for by name: bad input, as for an unbuilt one */
+                fprintf(stderr, "kvsim bench kernels: backend '%s' has no usable device: %s (built: %s)\n",
+                        reg->name, why.msg[0] ? why.msg : "no device", kv_backend_reg_names());
+                kv_free(json.s);
+                return 2;
+            }
             printf("\nskipped: %s: %s\n", reg->name, why.msg[0] ? why.msg : "no device");
             continue;
         }

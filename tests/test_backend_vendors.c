@@ -15,6 +15,7 @@
 #include "backends/numerics.h"
 #include "backends/opencl/kv_device.h" /* host-C dialect: the scalar helpers only */
 #include "core/rng.h"
+#include "tests/support.h"
 
 static const char *const vendors[] = {"opencl", "cuda", "hip", "ascend"};
 
@@ -62,6 +63,28 @@ Test(vendors, unbuilt_backend_lists_the_built_ones)
         cr_assert_eq(kv_backend_open(vendors[i], 0, &be, &e2), KV_EINPUT);
         cr_assert(strstr(e2.msg, "not built") && strstr(e2.msg, kv_backend_reg_names()), "got: %s", e2.msg);
     }
+}
+
+/* `kvsim bench kernels --backend X` for a vendor that is not built or has no
+   device: exit code 2 and a message naming the built backends. */
+Test(vendors, bench_rejects_unusable_backend)
+{
+    int tried = 0;
+    for (size_t i = 0; i < sizeof vendors / sizeof vendors[0]; i++) {
+        const kv_backend_reg *reg = kv_backend_reg_find(vendors[i]);
+        if (reg && reg->device_count(&(kv_error){0}) > 0)
+            continue;
+        char args[96], *out = NULL;
+        snprintf(args, sizeof args, "bench kernels --quick --repeats 1 --backend %s", vendors[i]);
+        int rc = kvt_kvsim(args, &out);
+        cr_assert_eq(rc, 2, "%s: exit %d: %s", vendors[i], rc, out);
+        cr_assert(strstr(out, reg ? "has no usable device" : "is not built"), "%s: %s", vendors[i], out);
+        cr_assert(strstr(out, kv_backend_reg_names()), "%s: %s", vendors[i], out);
+        free(out);
+        tried++;
+    }
+    if (!tried)
+        cr_skip_test("every vendor backend has a device here");
 }
 
 /* One vendor: skipped (visibly) when not built or without a device — then the
@@ -300,6 +323,8 @@ static void compaction_vs_reference(kv_backend *be, kv_backend *ref, const char 
         cr_assert_eq(kv_buffer_write(bes[k], bd, 0, demand, sizeof demand, &err), KV_OK);
         cr_assert_eq(kv_buffer_write(bes[k], bf, 0, fl, sizeof fl, &err), KV_OK);
         cr_assert_eq(kv_buffer_write(bes[k], bs, 0, state, 16, &err), KV_OK);
+        static const uint32_t zeros[CAP];
+        cr_assert_eq(kv_buffer_write(bes[k], bp, 0, zeros, sizeof zeros, &err), KV_OK);
         kv_compact_args a = {N, CAP, {bd, 0}, {bo, 0}, {bp, 0}, {bf, 0}, {bs, 0}};
         cr_assert_eq(kv_backend_compact_alloc(bes[k], &a, &err), KV_OK, "%s", err.msg);
         cr_assert_eq(kv_backend_compact_alloc(bes[k], &a, &err), KV_OK, "%s", err.msg);
