@@ -109,7 +109,7 @@ struct kv_buffer {
 struct npu_ctx {
     int32_t device;
     aclrtStream stream;
-    void *scratch; // attention's (max, normaliser) pairs
+    void *scratch; // attention's (max hi, max lo, normaliser) per (query, head)
     size_t scratch_bytes;
     kv_backend_props props;
 };
@@ -490,7 +490,7 @@ static int npu_attention(void *vctx, const kv_attention_args *q, kv_error *err)
     aclrtSetDevice(c->device);
     void *ml = NULL;
     if (q->scores.buf) {
-        size_t need = qh * 2 * sizeof(float);
+        size_t need = qh * 3 * sizeof(float);
         if (c->scratch_bytes < need) {
             aclrtSynchronizeStream(c->stream);
             if (c->scratch)

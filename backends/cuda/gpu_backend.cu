@@ -99,7 +99,7 @@ struct kv_buffer {
 struct gpu_ctx {
     int device;
     cudaStream_t stream;
-    void *scratch; // attention's (max, normaliser) pairs; grown on demand
+    void *scratch; // attention's (max hi, max lo, normaliser) per (query, head); grown on demand
     size_t scratch_bytes;
     kv_backend_props props;
 };
@@ -491,7 +491,7 @@ static int gpu_attention(void *vctx, const kv_attention_args *q, kv_error *err)
     kv_u64 data_bytes = data.buf ? data.buf->bytes - data.offset : 0;
     float *ml = NULL;
     if (q->scores.buf && qh) {
-        size_t need = qh * 2 * sizeof(float);
+        size_t need = qh * 3 * sizeof(float);
         if (c->scratch_bytes < need) {
             cudaSetDevice(c->device);
             cudaStreamSynchronize(c->stream);

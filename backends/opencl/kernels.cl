@@ -471,19 +471,60 @@ KV_FN kv_dev_page kv_dev_page_get(KV_GLOBAL const kv_u32 *pages, kv_u32 p, kv_u3
     return pg;
 }
 
-/* scale * dot(q, K_t), summed in head_dim order. */
-KV_FN float kv_dev_logit(KV_GLOBAL const float *q, KV_GLOBAL const kv_u8 *data, int aligned, const kv_dev_store *k,
-                         kv_u32 t, kv_u32 head_dim, float scale)
+/* Logits carry about twice fp32's precision (an unevaluated sum hi + lo):
+   with a peaked softmax the largest logits are large (tens), and fp32's
+   rounding of them alone would move the probabilities by ~3e-6 relative —
+   too close to the 1e-5 tolerance against the CPU reference, which works in
+   double. Products are split exactly with fma (TwoProduct) and summed with
+   TwoSum (no FMA contraction, so the error terms are exact), then e^(l - m) is
+   taken of the float-float difference, exact for the dominant tokens. */
+typedef struct kv_dev_ff {
+    float hi, lo;
+} kv_dev_ff;
+
+/* s + e = a + b exactly (TwoSum). */
+KV_FN kv_dev_ff kv_dev_two_sum(float a, float b)
+{
+    kv_dev_ff r;
+    r.hi = a + b;
+    float bb = r.hi - a;
+    r.lo = (a - (r.hi - bb)) + (b - bb);
+    return r;
+}
+
+/* a - b, rounded once to float from the (nearly) exact difference. */
+KV_FN float kv_dev_ff_sub(kv_dev_ff a, kv_dev_ff b)
+{
+    return (a.hi - b.hi) + (a.lo - b.lo);
+}
+
+KV_FN int kv_dev_ff_gt(kv_dev_ff a, kv_dev_ff b)
+{
+    return a.hi > b.hi || (a.hi == b.hi && a.lo > b.lo);
+}
+
+/* scale * dot(q, K_t), as float-float. */
+KV_FN kv_dev_ff kv_dev_logit(KV_GLOBAL const float *q, KV_GLOBAL const kv_u8 *data, int aligned,
+                             const kv_dev_store *k, kv_u32 t, kv_u32 head_dim, float scale)
 {
     float row[KV_CHUNK];
-    float dot = 0.0f;
+    float hi = 0.0f, lo = 0.0f;
     for (kv_u32 d0 = 0; d0 < head_dim; d0 += KV_CHUNK) {
         kv_u32 n = head_dim - d0 < KV_CHUNK ? head_dim - d0 : KV_CHUNK;
         kv_dev_row_chunk(data, aligned, k, t, d0, n, row);
-        for (kv_u32 j = 0; j < n; j++)
-            dot += q[d0 + j] * row[j];
+        for (kv_u32 j = 0; j < n; j++) {
+            float p = q[d0 + j] * row[j];
+            float pe = KV_FMA(q[d0 + j], row[j], -p); /* p + pe = the exact product */
+            kv_dev_ff s = kv_dev_two_sum(hi, p);
+            hi = s.hi;
+            lo += s.lo + pe;
+        }
     }
-    return dot * scale;
+    kv_dev_ff dot = kv_dev_two_sum(hi, lo);
+    kv_dev_ff r;
+    r.hi = dot.hi * scale;
+    r.lo = KV_FMA(dot.hi, scale, -r.hi) + dot.lo * scale;
+    return kv_dev_two_sum(r.hi, r.lo);
 }
 
 /* acc[d] += p * V_t[d] for every d < head_dim. */
@@ -521,7 +562,7 @@ KV_FN void kv_dev_head_range(KV_GLOBAL const kv_u32 *head_pages, kv_u32 kh, kv_u
    (KV_TILE dimensions at a time through local memory). Pages of 16..64 tokens
    keep every work-item busy, and the partial sums keep fp32 rounding far below
    the 1e-5 tolerance even at 32K tokens. head_dim <= KV_MAX_HEAD_DIM (the host
-   checks). ml (optional) receives (M, L) per (query, head) for the scores. */
+   checks). ml (optional) receives (M.hi, M.lo, L) per (query, head) for the scores. */
 #ifndef KV_MAX_HEAD_DIM
 #define KV_MAX_HEAD_DIM 256
 #endif
@@ -535,6 +576,7 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
                        float scale)
 {
     KV_LOCAL float red[KV_WG];
+    KV_LOCAL float red_lo[KV_WG];
     KV_LOCAL float tile[KV_WG * KV_TILE];
     KV_LOCAL kv_u32 seen_any[KV_WG];
     float acc[KV_MAX_HEAD_DIM];
@@ -556,7 +598,8 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
         /* This work-item's pages: online softmax. */
         for (kv_u32 d = 0; d < head_dim; d++)
             acc[d] = 0.0f;
-        float m = 0.0f, l = 0.0f;
+        kv_dev_ff m = {0.0f, 0.0f};
+        float l = 0.0f;
         int seen = 0;
         for (kv_u32 p = first + lid; p < first + count; p += KV_WG) {
             kv_dev_page pg = kv_dev_page_get(pages, p, head_dim, data_bytes, n_positions);
@@ -565,35 +608,38 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
             for (kv_u32 t = 0; t < pg.ntok; t++) {
                 if (positions[pg.pos_index + t] > qpos)
                     continue;
-                float lg = kv_dev_logit(q, data, aligned, &pg.k, t, head_dim, scale);
+                kv_dev_ff lg = kv_dev_logit(q, data, aligned, &pg.k, t, head_dim, scale);
                 if (!seen) {
                     m = lg;
                     seen = 1;
-                } else if (lg > m) {
-                    float f = KV_EXP(m - lg);
+                } else if (kv_dev_ff_gt(lg, m)) {
+                    float f = KV_EXP(kv_dev_ff_sub(m, lg));
                     l *= f;
                     for (kv_u32 d = 0; d < head_dim; d++)
                         acc[d] *= f;
                     m = lg;
                 }
-                float pr = KV_EXP(lg - m);
+                float pr = KV_EXP(kv_dev_ff_sub(lg, m));
                 l += pr;
                 kv_dev_axpy(acc, pr, data, aligned, &pg.v, t, head_dim);
             }
         }
 
         /* Combine the work-items: the common max, then the weighted sums. */
-        red[lid] = m;
+        red[lid] = m.hi;
+        red_lo[lid] = m.lo;
         seen_any[lid] = (kv_u32)seen;
         KV_BARRIER();
-        float gm = 0.0f;
+        kv_dev_ff gm = {0.0f, 0.0f};
         int any = 0;
-        for (kv_u32 w = 0; w < KV_WG; w++)
-            if (seen_any[w] && (!any || red[w] > gm)) {
-                gm = red[w];
+        for (kv_u32 w = 0; w < KV_WG; w++) {
+            kv_dev_ff mw = {red[w], red_lo[w]};
+            if (seen_any[w] && (!any || kv_dev_ff_gt(mw, gm))) {
+                gm = mw;
                 any = 1;
             }
-        float f = seen ? KV_EXP(m - gm) : 0.0f;
+        }
+        float f = seen ? KV_EXP(kv_dev_ff_sub(m, gm)) : 0.0f;
         KV_BARRIER();
         red[lid] = l * f;
         KV_BARRIER();
@@ -616,8 +662,9 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
             KV_BARRIER();
         }
         if (ml && lid == 0) {
-            ml[2 * (qi * n_heads + h)] = any ? gm : 0.0f;
-            ml[2 * (qi * n_heads + h) + 1] = any ? gl : 0.0f;
+            ml[3 * (qi * n_heads + h)] = any ? gm.hi : 0.0f;
+            ml[3 * (qi * n_heads + h) + 1] = any ? gm.lo : 0.0f;
+            ml[3 * (qi * n_heads + h) + 2] = any ? gl : 0.0f;
         }
         KV_BARRIER(); /* local memory is reused by the next (query, head) */
     }
@@ -663,12 +710,14 @@ KV_KERNEL kv_attention_scores(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL co
                             kv_u32 h = kh * group + hh;
                             float sum = 0.0f;
                             for (kv_u32 qi = 0; qi < n_queries; qi++) {
-                                float lsum = ml[2 * ((kv_u64)qi * n_heads + h) + 1];
+                                kv_u64 at = 3 * ((kv_u64)qi * n_heads + h);
+                                float lsum = ml[at + 2];
                                 if (pos > qpos[qi] || lsum == 0.0f)
                                     continue;
                                 KV_GLOBAL const float *q = qall + ((kv_u64)qi * n_heads + h) * head_dim;
-                                float lg = kv_dev_logit(q, data, aligned, &pg.k, t, head_dim, scale);
-                                sum += KV_EXP(lg - ml[2 * ((kv_u64)qi * n_heads + h)]) / lsum;
+                                kv_dev_ff lg = kv_dev_logit(q, data, aligned, &pg.k, t, head_dim, scale);
+                                kv_dev_ff mq = {ml[at], ml[at + 1]};
+                                sum += KV_EXP(kv_dev_ff_sub(lg, mq)) / lsum;
                             }
                             if (hh == 0 || sum > best)
                                 best = sum;

@@ -706,10 +706,10 @@ static int opencl_attention(void *vctx, const kv_attention_args *q, kv_error *er
     uint64_t n_positions = positions.buf ? (positions.buf->bytes - positions.offset) / 4 : 0;
     uint64_t data_bytes = data.buf ? data.buf->bytes - data.offset : 0;
 
-    cl_mem ml = NULL; /* (max logit, normaliser) per (query, head), for the scores */
+    cl_mem ml = NULL; /* (max logit hi, lo, normaliser) per (query, head), for the scores */
     if (q->scores.buf && qh) {
         cl_int e = CL_SUCCESS;
-        ml = clCreateBuffer(c->context, CL_MEM_READ_WRITE, qh * 2 * sizeof(float), NULL, &e);
+        ml = clCreateBuffer(c->context, CL_MEM_READ_WRITE, qh * 3 * sizeof(float), NULL, &e);
         if (e != CL_SUCCESS)
             return cl_fail(err, e, "attention scratch allocation");
     }
