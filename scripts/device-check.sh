@@ -34,6 +34,9 @@ die() {
     exit 1
 }
 
+step "packages (scripts/setup.sh)"
+sh scripts/setup.sh || die "missing packages (scripts/setup.sh printed the command to install them)"
+
 step "configure ($BUILD)"
 ARCH_ARGS=""
 if [ -n "${KV_CUDA_ARCHS:-}" ]; then ARCH_ARGS="-DKV_CUDA_ARCHS=$KV_CUDA_ARCHS"; fi
