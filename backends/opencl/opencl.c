@@ -6,7 +6,8 @@
  *    then the others; device 0 is therefore "the first GPU, else the first
  *    CPU or other device".
  *  - The kernel source is compiled into kvsim (embed.cmake); the program is
- *    built when a device is opened and its kernels are created on first use,
+ *    built when a device is opened (and rebuilt with a smaller work-group if
+ *    the device cannot run the barrier kernels at 64); kernels are created on first use,
  *    both cached in the context. PoCL also caches the compiled program on disk
  *    (~/.cache/pocl), which keeps repeated test processes fast.
  *  - Numerics: never -cl-fast-relaxed-math or -cl-mad-enable; the source turns
@@ -281,6 +282,34 @@ static int opencl_open(int index, const kv_backend_i **iface, void **out, kv_err
     rc = build_program(c, err);
     if (rc)
         goto fail;
+    /* A device may allow fewer work-items for the kernels with local arrays
+       and barriers than its maximum (registers): then rebuild with that. */
+    for (int k = K_ATTENTION; k <= K_COMPACT; k++) {
+        size_t kwg = 0;
+        cl_kernel kern = get_kernel(c, (kernel_id)k, err);
+        if (!kern) {
+            rc = KV_EFAIL;
+            goto fail;
+        }
+        clGetKernelWorkGroupInfo(kern, c->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg, NULL);
+        if (kwg >= 1 && kwg < c->wg) {
+            size_t wg = 1;
+            while (wg * 2 <= kwg)
+                wg *= 2;
+            for (int j = 0; j < K_COUNT; j++)
+                if (c->kernels[j]) {
+                    clReleaseKernel(c->kernels[j]);
+                    c->kernels[j] = NULL;
+                }
+            clReleaseProgram(c->program);
+            c->program = NULL;
+            c->wg = wg;
+            rc = build_program(c, err);
+            if (rc)
+                goto fail;
+            k = K_ATTENTION - 1; /* check again with the smaller size */
+        }
+    }
 
     c->props.backend = "opencl";
     clGetDeviceInfo(c->device, CL_DEVICE_NAME, sizeof c->props.device - 1, c->props.device, NULL);
