@@ -782,6 +782,12 @@ int kv_cmd_bench_kernels(int argc, char **argv)
                 kv_backend_reg_names());
         return 2;
     }
+    kv_error no_device = {0}; /* a backend asked for by name without a device is bad input too */
+    if (strcmp(o.backend, "all") != 0 && kv_backend_reg_find(o.backend)->device_count(&no_device) <= 0) {
+        fprintf(stderr, "kvsim bench kernels: backend '%s' has no usable device: %s (built: %s)\n", o.backend,
+                no_device.msg[0] ? no_device.msg : "no device", kv_backend_reg_names());
+        return 2;
+    }
     kv_backend *probe = NULL;
     kv_error err = {0};
     if (kv_backend_open("cpu", 0, &probe, &err) != KV_OK) {

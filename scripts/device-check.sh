@@ -2,7 +2,7 @@
 # device-check.sh — on a machine that has a GPU: build kvsim with the CUDA
 # backend (or HIP: `scripts/device-check.sh hip`), make sure the backend sees a
 # device, run the conformance suite against the CPU reference, then
-# `kvsim bench kernels --backend <b> --json`. Exits non-zero on any mismatch,
+# `kvsim bench kernels --backend <b> --json FILE`. Exits non-zero on any mismatch,
 # on a missing device, or on a failed step; prints where the logs are.
 #
 #   scripts/device-check.sh [cuda|hip] [build-dir]
@@ -33,6 +33,9 @@ die() {
     echo "device-check: logs in $OUT" >&2
     exit 1
 }
+
+step "packages (scripts/setup.sh)"
+sh scripts/setup.sh || die "missing packages (scripts/setup.sh printed the command to install them)"
 
 step "configure ($BUILD)"
 ARCH_ARGS=""
@@ -66,8 +69,13 @@ if grep -q "skipped: $BACKEND" "$OUT/conformance.log"; then
 fi
 
 step "kvsim bench kernels --backend $BACKEND --json"
-"$BUILD/kvsim" bench kernels --backend "$BACKEND" --json >"$OUT/bench_$BACKEND.json" 2>"$OUT/bench.log" ||
-    die "kvsim bench kernels (see $OUT/bench.log; output $OUT/bench_$BACKEND.json)"
-cat "$OUT/bench_$BACKEND.json"
+"$BUILD/kvsim" bench kernels --backend "$BACKEND" --json "$OUT/bench_$BACKEND.json" >"$OUT/bench.txt" 2>&1 || {
+    cat "$OUT/bench.txt"
+    die "kvsim bench kernels (see $OUT/bench.txt)"
+}
+cat "$OUT/bench.txt"
+if grep -q "OFF BY" "$OUT/bench.txt"; then
+    die "kvsim bench kernels reports a mismatch against the CPU reference"
+fi
 
 step "all checks passed on $BACKEND; logs and bench_$BACKEND.json in $OUT"

@@ -6,14 +6,19 @@
  * The kernels themselves are checked on every backend with a device by
  * test_conformance.c. */
 #include <criterion/criterion.h>
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backends/backend.h"
+#include "backends/backend_impl.h"
+#include "backends/cuda/kv_module.h"
+#include "backends/kernel_fixture.h"
 #include "backends/numerics.h"
 #include "backends/opencl/kv_device.h" /* host-C dialect: the scalar helpers only */
 #include "core/rng.h"
+#include "tests/support.h"
 
 static const char *const vendors[] = {"opencl", "cuda", "hip", "ascend"};
 
@@ -61,6 +66,28 @@ Test(vendors, unbuilt_backend_lists_the_built_ones)
         cr_assert_eq(kv_backend_open(vendors[i], 0, &be, &e2), KV_EINPUT);
         cr_assert(strstr(e2.msg, "not built") && strstr(e2.msg, kv_backend_reg_names()), "got: %s", e2.msg);
     }
+}
+
+/* `kvsim bench kernels --backend X` for a vendor that is not built or has no
+   device: exit code 2 and a message naming the built backends. */
+Test(vendors, bench_rejects_unusable_backend)
+{
+    int tried = 0;
+    for (size_t i = 0; i < sizeof vendors / sizeof vendors[0]; i++) {
+        const kv_backend_reg *reg = kv_backend_reg_find(vendors[i]);
+        if (reg && reg->device_count(&(kv_error){0}) > 0)
+            continue;
+        char args[96], *out = NULL;
+        snprintf(args, sizeof args, "bench kernels --quick --repeats 1 --backend %s", vendors[i]);
+        int rc = kvt_kvsim(args, &out);
+        cr_assert_eq(rc, 2, "%s: exit %d: %s", vendors[i], rc, out);
+        cr_assert(strstr(out, reg ? "has no usable device" : "is not built"), "%s: %s", vendors[i], out);
+        cr_assert(strstr(out, kv_backend_reg_names()), "%s: %s", vendors[i], out);
+        free(out);
+        tried++;
+    }
+    if (!tried)
+        cr_skip_test("every vendor backend has a device here");
 }
 
 /* One vendor: skipped (visibly) when not built or without a device — then the
@@ -242,6 +269,119 @@ Test(vendors, opencl_division_mode_unknown_is_bad_input)
     cr_assert(strstr(err.msg, "KVSIM_OPENCL_DIV=approximate"), "got: %s", err.msg);
 }
 
+/* ---- OpenCL work-group sizes ----------------------------------------------------------- */
+
+/* Attention and compaction use work-group-wide reductions; their results must
+   not depend on the work-group size (KVSIM_OPENCL_WG_MAX caps it; 1 is also
+   the shape of the single-core Ascend port). Each size against the CPU
+   reference: attention within 1e-5 (including a 4K-token context, where
+   fp32 accumulation error would show), compaction exact. */
+static void attention_vs_reference(kv_backend *be, kv_backend *ref, const kv_attn_spec *spec, const char *what)
+{
+    kv_attn_problem *prob = NULL;
+    kv_error err = {0};
+    cr_assert_eq(kv_attn_problem_create(spec, &prob, &err), KV_OK, "%s", err.msg);
+    size_t no = kv_attn_problem_out_floats(prob), ns = kv_attn_problem_score_floats(prob);
+    float *o[2], *sc[2];
+    kv_backend *bes[2] = {be, ref};
+    for (int k = 0; k < 2; k++) {
+        o[k] = malloc(no * 4);
+        sc[k] = malloc(ns * 4 + 4);
+        kv_attn_device *d = NULL;
+        cr_assert_eq(kv_attn_device_create(prob, bes[k], &d, &err), KV_OK, "%s", err.msg);
+        cr_assert_eq(kv_attn_device_run(d, &err), KV_OK, "%s", err.msg);
+        cr_assert_eq(kv_attn_device_read(d, o[k], sc[k], &err), KV_OK, "%s", err.msg);
+        kv_attn_device_destroy(d);
+    }
+    double e = kv_attn_rel_error(o[0], o[1], (size_t)spec->n_queries * spec->n_heads, spec->head_dim);
+    cr_assert(e <= 1e-5, "%s: attention differs from the reference by %.3g", what, e);
+    if (spec->scores) {
+        double es = kv_attn_rel_error(sc[0], sc[1], spec->n_kv_heads, spec->tokens);
+        cr_assert(es <= 1e-5, "%s: scores differ from the reference by %.3g", what, es);
+    }
+    for (int k = 0; k < 2; k++)
+        free(o[k]), free(sc[k]);
+    kv_attn_problem_destroy(prob);
+}
+
+static void compaction_vs_reference(kv_backend *be, kv_backend *ref, const char *what)
+{
+    enum { N = 300, CAP = 2000 };
+    static uint32_t demand[N], fl[CAP];
+    uint32_t state[4] = {0, 0, CAP, 0};
+    for (uint32_t i = 0; i < CAP; i++)
+        fl[i] = i * 5 + 1;
+    for (uint32_t i = 0; i < N; i++)
+        demand[i] = (i * 7) % 5;
+    kv_backend *bes[2] = {be, ref};
+    uint32_t *got[2][3];
+    kv_error err = {0};
+    for (int k = 0; k < 2; k++) {
+        kv_buffer *bd, *bo, *bp, *bf, *bs;
+        cr_assert_eq(kv_buffer_alloc(bes[k], sizeof demand, &bd, &err), KV_OK);
+        cr_assert_eq(kv_buffer_alloc(bes[k], sizeof demand, &bo, &err), KV_OK);
+        cr_assert_eq(kv_buffer_alloc(bes[k], CAP * 4, &bp, &err), KV_OK);
+        cr_assert_eq(kv_buffer_alloc(bes[k], sizeof fl, &bf, &err), KV_OK);
+        cr_assert_eq(kv_buffer_alloc(bes[k], 16, &bs, &err), KV_OK);
+        cr_assert_eq(kv_buffer_write(bes[k], bd, 0, demand, sizeof demand, &err), KV_OK);
+        cr_assert_eq(kv_buffer_write(bes[k], bf, 0, fl, sizeof fl, &err), KV_OK);
+        cr_assert_eq(kv_buffer_write(bes[k], bs, 0, state, 16, &err), KV_OK);
+        static const uint32_t zeros[CAP];
+        cr_assert_eq(kv_buffer_write(bes[k], bp, 0, zeros, sizeof zeros, &err), KV_OK);
+        kv_compact_args a = {N, CAP, {bd, 0}, {bo, 0}, {bp, 0}, {bf, 0}, {bs, 0}};
+        cr_assert_eq(kv_backend_compact_alloc(bes[k], &a, &err), KV_OK, "%s", err.msg);
+        cr_assert_eq(kv_backend_compact_alloc(bes[k], &a, &err), KV_OK, "%s", err.msg);
+        got[k][0] = malloc(sizeof demand);
+        got[k][1] = malloc(CAP * 4);
+        got[k][2] = malloc(16);
+        cr_assert_eq(kv_buffer_read(bes[k], bo, 0, got[k][0], sizeof demand, &err), KV_OK);
+        cr_assert_eq(kv_buffer_read(bes[k], bp, 0, got[k][1], CAP * 4, &err), KV_OK);
+        cr_assert_eq(kv_buffer_read(bes[k], bs, 0, got[k][2], 16, &err), KV_OK);
+        kv_buffer_free(bes[k], bd), kv_buffer_free(bes[k], bo), kv_buffer_free(bes[k], bp);
+        kv_buffer_free(bes[k], bf), kv_buffer_free(bes[k], bs);
+    }
+    cr_assert(memcmp(got[0][0], got[1][0], sizeof demand) == 0, "%s: compaction offsets differ", what);
+    cr_assert(memcmp(got[0][1], got[1][1], CAP * 4) == 0, "%s: compaction pages differ", what);
+    cr_assert(memcmp(got[0][2], got[1][2], 16) == 0, "%s: compaction state differs", what);
+    for (int k = 0; k < 2; k++)
+        free(got[k][0]), free(got[k][1]), free(got[k][2]);
+}
+
+Test(vendors, opencl_work_group_sizes)
+{
+    if (!kv_backend_reg_find("opencl") || kv_backend_reg_find("opencl")->device_count(&(kv_error){0}) <= 0) {
+        fprintf(stderr, "skipped: opencl: not built or no device (work-group sizes)\n");
+        cr_skip_test("opencl unavailable");
+    }
+    kv_backend *ref = NULL;
+    kv_error err = {0};
+    cr_assert_eq(kv_backend_open("cpu", 1, &ref, &err), KV_OK, "%s", err.msg);
+    const kv_store_format i8 = {KV_STORE_QUANT, 8, 0, KV_GROUP_TOKEN, 32};
+    const kv_store_format mix_k[2] = {{KV_STORE_QUANT, 8, 0, KV_GROUP_TOKEN, 32}, {KV_STORE_QUANT, 2, 0, KV_GROUP_CHANNEL, 16}};
+    const kv_store_format mix_v[2] = {{KV_STORE_QUANT, 16, 4, KV_GROUP_TOKEN, 64}, {KV_STORE_BF16, 0, 0, 0, 0}};
+    const char *sizes[] = {"1", "4", "16", "64"};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        setenv("KVSIM_OPENCL_WG_MAX", sizes[i], 1);
+        kv_backend *be = NULL;
+        int rc = kv_backend_open("opencl", 0, &be, &err);
+        unsetenv("KVSIM_OPENCL_WG_MAX");
+        cr_assert_eq(rc, KV_OK, "%s", err.msg);
+        char what[64];
+        snprintf(what, sizeof what, "work-group size <= %s", sizes[i]);
+        kv_attn_spec prefill = {24, 4, 2, 64, 60, 16, mix_k, mix_v, 2, 1, 1, 7};
+        attention_vs_reference(be, ref, &prefill, what);
+        kv_attn_spec odd = {3, 6, 3, 33, 45, 7, mix_k, mix_v, 2, 1, 0, 8};
+        attention_vs_reference(be, ref, &odd, what);
+        if (i == 0 || i == 3) { /* a long context: fp32 accumulation over 4096 tokens */
+            kv_attn_spec longctx = {1, 8, 2, 128, 4096, 32, &i8, &i8, 1, 1, 0, 9};
+            attention_vs_reference(be, ref, &longctx, what);
+        }
+        compaction_vs_reference(be, ref, what);
+        kv_backend_close(be);
+    }
+    kv_backend_close(ref);
+}
+
 /* ---- kv_device.h's scalar numerics, compiled here as C, against numerics.h ------------- */
 
 /* The software division is correctly rounded: random operands of every class
@@ -393,4 +533,97 @@ Test(vendors, soft_fma_rint_exp)
     }
     cr_assert(worst < 4e-7, "exp: worst relative error %.3g", worst);
     cr_assert(kv_exp_soft(-200.0f) == 0.0f && isinf(kv_exp_soft(200.0f)) && kv_exp_soft(0.0f) == 1.0f);
+}
+
+/* ---- The Ascend port, emulated on the host ----------------------------------------------- */
+
+/* Without CANN the build makes libkvsim_ascend_emu.so: ascend_backend.cpp and
+   the Ascend C dialect of the kernels compiled as host C++ against stand-in
+   AscendCL/Ascend C headers (backends/ascend/emu/). It is not a backend; this
+   test opens it directly and checks it against the CPU reference, which covers
+   the port's host logic and its kernel dialect (one work-item per work-group,
+   integer division/fma/rint, polynomial exp) — not CANN itself. */
+Test(vendors, ascend_port_on_host_emulation)
+{
+    const char *path = KV_BINARY_DIR "/libkvsim_ascend_emu.so";
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        fprintf(stderr, "skipped: ascend emulation: %s not built (a CANN toolkit was found instead)\n", path);
+        cr_skip_test("no emulation module");
+    }
+    kv_module_entry_fn get = NULL;
+    void *sym = dlsym(h, KV_MODULE_SYMBOL);
+    memcpy(&get, &sym, sizeof get);
+    cr_assert(get, "%s: no %s", path, KV_MODULE_SYMBOL);
+    const kv_module_entry *e = get();
+    cr_assert_eq(e->abi, KV_MODULE_ABI);
+    cr_assert_eq(e->api_version, KV_BACKEND_API_VERSION);
+    kv_error err = {0};
+    cr_assert_eq(e->device_count(&err), 1, "%s", err.msg);
+    static const kv_backend_reg emu_reg = {"ascend-emulated", NULL, NULL};
+    kv_backend be = {NULL, NULL, &emu_reg, 0};
+    cr_assert_eq(e->open(0, &be.iface, &be.ctx, &err), KV_OK, "%s", err.msg);
+    kv_backend *ref = NULL;
+    cr_assert_eq(kv_backend_open("cpu", 1, &ref, &err), KV_OK, "%s", err.msg);
+
+    /* Quantization, packing, split and the fused encode/decode, bit for bit. */
+    kv_rng rng;
+    kv_rng_seed(&rng, 61);
+    const kv_quant_layout layouts[] = {{7, 33, 8, KV_GROUP_TOKEN}, {33, 13, 7, KV_GROUP_CHANNEL}, {4, 128, 32, KV_GROUP_TOKEN}};
+    for (size_t li = 0; li < sizeof layouts / sizeof layouts[0]; li++)
+        for (unsigned bits = 2; bits <= 16; bits += 7) {
+            const kv_quant_layout *l = &layouts[li];
+            size_t n = (size_t)l->rows * l->cols, groups = kv_layout_groups(l);
+            unsigned a = bits / 2, r = bits - a;
+            size_t pa = kv_layout_packed_bytes(l, a), pr = kv_layout_packed_bytes(l, r);
+            float *x = malloc(n * 4);
+            for (size_t i = 0; i < n; i++)
+                x[i] = i % 97 == 5 ? NAN : (float)(kv_rng_normal(&rng) * 3.0);
+            void *got[2][5];
+            kv_backend *bes[2] = {&be, ref};
+            for (int k = 0; k < 2; k++) {
+                kv_buffer *bx, *ba, *br, *bs, *bz, *bo;
+                cr_assert_eq(kv_buffer_alloc(bes[k], n * 4, &bx, &err), KV_OK, "%s", err.msg);
+                cr_assert_eq(kv_buffer_alloc(bes[k], pa + 1, &ba, &err), KV_OK, "%s", err.msg);
+                cr_assert_eq(kv_buffer_alloc(bes[k], pr + 1, &br, &err), KV_OK, "%s", err.msg);
+                cr_assert_eq(kv_buffer_alloc(bes[k], groups * 2, &bs, &err), KV_OK, "%s", err.msg);
+                cr_assert_eq(kv_buffer_alloc(bes[k], groups * 2, &bz, &err), KV_OK, "%s", err.msg);
+                cr_assert_eq(kv_buffer_alloc(bes[k], n * 4, &bo, &err), KV_OK, "%s", err.msg);
+                cr_assert_eq(kv_buffer_write(bes[k], bx, 0, x, n * 4, &err), KV_OK, "%s", err.msg);
+                kv_encode_args en = {*l, bits, a, {bx, 0}, {ba, 0}, {br, 0}, {bs, 0}, {bz, 0}};
+                cr_assert_eq(kv_backend_encode(bes[k], &en, &err), KV_OK, "%s", err.msg);
+                kv_decode_args de = {*l, bits, a, {ba, 0}, {br, 0}, {bs, 0}, {bz, 0}, {bo, 0}};
+                cr_assert_eq(kv_backend_decode(bes[k], &de, &err), KV_OK, "%s", err.msg);
+                size_t sizes[5] = {pa, pr, groups * 2, groups * 2, n * 4};
+                kv_buffer *bufs[5] = {ba, br, bs, bz, bo};
+                for (int j = 0; j < 5; j++) {
+                    got[k][j] = malloc(sizes[j] + 1);
+                    cr_assert_eq(kv_buffer_read(bes[k], bufs[j], 0, got[k][j], sizes[j], &err), KV_OK, "%s", err.msg);
+                }
+                for (int j = 0; j < 5; j++)
+                    kv_buffer_free(bes[k], bufs[j]);
+                kv_buffer_free(bes[k], bx);
+            }
+            const char *names[5] = {"anchor plane", "residual plane", "scale", "zero", "decoded values"};
+            size_t sizes[5] = {pa, pr, groups * 2, groups * 2, n * 4};
+            for (int j = 0; j < 5; j++) {
+                cr_assert(memcmp(got[0][j], got[1][j], sizes[j]) == 0, "ascend emulation: %s differ (layout %zu, b=%u)",
+                          names[j], li, bits);
+                free(got[0][j]), free(got[1][j]);
+            }
+            free(x);
+        }
+
+    /* Attention (mixed formats, scores, causal) and compaction. */
+    const kv_store_format mix_k[2] = {{KV_STORE_QUANT, 8, 0, KV_GROUP_TOKEN, 32}, {KV_STORE_QUANT, 2, 0, KV_GROUP_CHANNEL, 16}};
+    const kv_store_format mix_v[2] = {{KV_STORE_QUANT, 16, 4, KV_GROUP_TOKEN, 64}, {KV_STORE_BF16, 0, 0, 0, 0}};
+    kv_attn_spec prefill = {12, 4, 2, 64, 40, 16, mix_k, mix_v, 2, 1, 1, 17};
+    attention_vs_reference(&be, ref, &prefill, "ascend emulation");
+    kv_attn_spec odd = {2, 6, 3, 33, 45, 7, mix_k, mix_v, 2, 1, 0, 18};
+    attention_vs_reference(&be, ref, &odd, "ascend emulation");
+    compaction_vs_reference(&be, ref, "ascend emulation");
+
+    be.iface->destroy(be.ctx);
+    kv_backend_close(ref);
+    dlclose(h);
 }

@@ -109,7 +109,7 @@ struct kv_buffer {
 struct npu_ctx {
     int32_t device;
     aclrtStream stream;
-    void *scratch; // attention's (max, normaliser) pairs
+    void *scratch; // attention's (max hi, max lo, normaliser) per (query, head)
     size_t scratch_bytes;
     kv_backend_props props;
 };
@@ -460,6 +460,8 @@ static int npu_attention(void *vctx, const kv_attention_args *q, kv_error *err)
 {
     npu_ctx *c = (npu_ctx *)vctx;
     uint64_t qh = (uint64_t)q->n_queries * q->n_heads;
+    if (q->head_dim > 256) /* KV_MAX_HEAD_DIM of kernels.cl */
+        return fail(err, KV_EINPUT, "ascend: attention: head_dim %u is above the 256 this backend supports", q->head_dim);
     int rc = check_range("attention", "q", q->q.buf, q->q.offset, qh * q->head_dim * 4, err);
     if (!rc)
         rc = check_range("attention", "q_pos", q->q_pos.buf, q->q_pos.offset, (size_t)q->n_queries * 4, err);
@@ -488,7 +490,7 @@ static int npu_attention(void *vctx, const kv_attention_args *q, kv_error *err)
     aclrtSetDevice(c->device);
     void *ml = NULL;
     if (q->scores.buf) {
-        size_t need = qh * 2 * sizeof(float);
+        size_t need = qh * 3 * sizeof(float);
         if (c->scratch_bytes < need) {
             aclrtSynchronizeStream(c->stream);
             if (c->scratch)

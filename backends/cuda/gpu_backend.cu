@@ -99,7 +99,7 @@ struct kv_buffer {
 struct gpu_ctx {
     int device;
     cudaStream_t stream;
-    void *scratch; // attention's (max, normaliser) pairs; grown on demand
+    void *scratch; // attention's (max hi, max lo, normaliser) per (query, head); grown on demand
     size_t scratch_bytes;
     kv_backend_props props;
 };
@@ -462,6 +462,8 @@ static int gpu_attention(void *vctx, const kv_attention_args *q, kv_error *err)
 {
     gpu_ctx *c = (gpu_ctx *)vctx;
     kv_u64 qh = (kv_u64)q->n_queries * q->n_heads;
+    if (q->head_dim > 256) /* KV_MAX_HEAD_DIM of kernels.cl */
+        return fail(err, KV_EINPUT, KV_GPU_NAME ": attention: head_dim %u is above the 256 this backend supports", q->head_dim);
     int rc = check_range("attention", "q", q->q.buf, q->q.offset, qh * q->head_dim * 4, err);
     if (!rc)
         rc = check_range("attention", "q_pos", q->q_pos.buf, q->q_pos.offset, (size_t)q->n_queries * 4, err);
@@ -489,7 +491,7 @@ static int gpu_attention(void *vctx, const kv_attention_args *q, kv_error *err)
     kv_u64 data_bytes = data.buf ? data.buf->bytes - data.offset : 0;
     float *ml = NULL;
     if (q->scores.buf && qh) {
-        size_t need = qh * 2 * sizeof(float);
+        size_t need = qh * 3 * sizeof(float);
         if (c->scratch_bytes < need) {
             cudaSetDevice(c->device);
             cudaStreamSynchronize(c->stream);

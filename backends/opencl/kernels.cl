@@ -387,27 +387,67 @@ KV_FN float kv_dev_load_f32(KV_GLOBAL const kv_u8 *p)
     return KV_F32_FROM_BITS((kv_u32)p[0] | ((kv_u32)p[1] << 8) | ((kv_u32)p[2] << 16) | ((kv_u32)p[3] << 24));
 }
 
-/* Element (t, d) of a page's K or V as f32. data is 4-byte aligned when
-   aligned != 0 (then F32 and BF16 pages load whole words). */
-KV_FN float kv_dev_store_load(KV_GLOBAL const kv_u8 *data, int aligned, const kv_dev_store *st, kv_u32 t, kv_u32 d)
+/* Values d0 .. d0 + n - 1 (n <= KV_CHUNK) of token t of a page's K or V, as
+   f32, into out. Quantized rows walk their groups incrementally: TOKEN groups
+   run along the row (one group lookup per group_size values), CHANNEL groups
+   share the row's block (one lookup per row). */
+#define KV_CHUNK 16
+
+KV_FN void kv_dev_row_chunk(KV_GLOBAL const kv_u8 *data, int aligned, const kv_dev_store *st, kv_u32 t, kv_u32 d0,
+                            kv_u32 n, float *out)
 {
-    kv_u64 e = (kv_u64)t * st->l.cols + d;
-    if (st->kind == 0)
-        return aligned ? KV_CPTR(float, data, st->data)[e] : kv_dev_load_f32(data + st->data + 4 * e);
-    if (st->kind == 1)
-        return kv_dev_bf16_to_f32(aligned ? KV_CPTR(kv_u16, data, st->data)[e]
-                                          : kv_dev_load_u16(data + st->data + 2 * e));
-    kv_u32 i;
-    kv_u64 g = kv_dev_elem_group(st->l, t, d, &i);
-    kv_u64 off = st->data + kv_dev_group_offset(st->l, st->plane_bits, g);
-    kv_u32 q = kv_dev_stream_code(data + off, kv_dev_stream_bytes(kv_dev_group_len(st->l, g), st->plane_bits),
-                                  st->plane_bits, i);
+    kv_u64 e0 = (kv_u64)t * st->l.cols + d0;
+    if (st->kind == 0) {
+        for (kv_u32 j = 0; j < n; j++)
+            out[j] = aligned ? KV_CPTR(float, data, st->data)[e0 + j] : kv_dev_load_f32(data + st->data + 4 * (e0 + j));
+        return;
+    }
+    if (st->kind == 1) {
+        for (kv_u32 j = 0; j < n; j++)
+            out[j] = kv_dev_bf16_to_f32(aligned ? KV_CPTR(kv_u16, data, st->data)[e0 + j]
+                                                : kv_dev_load_u16(data + st->data + 2 * (e0 + j)));
+        return;
+    }
+    kv_u32 pb = st->plane_bits, r = st->bits - st->anchor_bits;
     KV_GLOBAL const kv_u8 *meta = data + st->meta;
-    float s = kv_dev_f16_to_f32(kv_dev_load_u16(meta + 2 * g));
-    float z = kv_dev_f16_to_f32(kv_dev_load_u16(meta + 2 * (st->groups + g)));
-    if (st->anchor_bits)
-        return kv_dev_dequant_anchor(q, st->bits - st->anchor_bits, s, z);
-    return kv_dev_dequant(q, s, z);
+    if (st->l.grouping == 0) {
+        kv_u32 i;
+        kv_u64 g = kv_dev_elem_group(st->l, t, d0, &i);
+        kv_u32 len = kv_dev_group_len(st->l, g);
+        KV_GLOBAL const kv_u8 *stream = data + st->data + kv_dev_group_offset(st->l, pb, g);
+        kv_u64 nbytes = kv_dev_stream_bytes(len, pb);
+        float s = kv_dev_f16_to_f32(kv_dev_load_u16(meta + 2 * g));
+        float z = kv_dev_f16_to_f32(kv_dev_load_u16(meta + 2 * (st->groups + g)));
+        for (kv_u32 j = 0; j < n; j++) {
+            if (i == len) { /* next group of the row */
+                g++;
+                i = 0;
+                len = kv_dev_group_len(st->l, g);
+                stream = data + st->data + kv_dev_group_offset(st->l, pb, g);
+                nbytes = kv_dev_stream_bytes(len, pb);
+                s = kv_dev_f16_to_f32(kv_dev_load_u16(meta + 2 * g));
+                z = kv_dev_f16_to_f32(kv_dev_load_u16(meta + 2 * (st->groups + g)));
+            }
+            kv_u32 q = kv_dev_stream_code(stream, nbytes, pb, i);
+            out[j] = st->anchor_bits ? kv_dev_dequant_anchor(q, r, s, z) : kv_dev_dequant(q, s, z);
+            i++;
+        }
+        return;
+    }
+    /* CHANNEL: group (t / G) * head_dim + d, element t % G, every group of the
+       block with the same length. */
+    kv_u64 block = t / st->l.group_size;
+    kv_u32 i = t % st->l.group_size;
+    kv_u32 len = kv_dev_group_len(st->l, block * st->l.cols);
+    kv_u64 sb = kv_dev_stream_bytes(len, pb);
+    kv_u64 base = st->data + block * st->l.cols * kv_dev_stream_bytes(st->l.group_size, pb);
+    for (kv_u32 j = 0; j < n; j++) {
+        kv_u64 g = block * st->l.cols + d0 + j;
+        kv_u32 q = kv_dev_stream_code(data + base + (d0 + j) * sb, sb, pb, i);
+        float s = kv_dev_f16_to_f32(kv_dev_load_u16(meta + 2 * g));
+        float z = kv_dev_f16_to_f32(kv_dev_load_u16(meta + 2 * (st->groups + g)));
+        out[j] = st->anchor_bits ? kv_dev_dequant_anchor(q, r, s, z) : kv_dev_dequant(q, s, z);
+    }
 }
 
 /* Everything attention needs to know about one page. */
@@ -431,14 +471,73 @@ KV_FN kv_dev_page kv_dev_page_get(KV_GLOBAL const kv_u32 *pages, kv_u32 p, kv_u3
     return pg;
 }
 
-/* scale * dot(q, K_t), summed in head_dim order. */
-KV_FN float kv_dev_logit(KV_GLOBAL const float *q, KV_GLOBAL const kv_u8 *data, int aligned, const kv_dev_store *k,
-                         kv_u32 t, kv_u32 head_dim, float scale)
+/* Logits carry about twice fp32's precision (an unevaluated sum hi + lo):
+   with a peaked softmax the largest logits are large (tens), and fp32's
+   rounding of them alone would move the probabilities by ~3e-6 relative —
+   too close to the 1e-5 tolerance against the CPU reference, which works in
+   double. Products are split exactly with fma (TwoProduct) and summed with
+   TwoSum (no FMA contraction, so the error terms are exact), then e^(l - m) is
+   taken of the float-float difference, exact for the dominant tokens. */
+typedef struct kv_dev_ff {
+    float hi, lo;
+} kv_dev_ff;
+
+/* s + e = a + b exactly (TwoSum). */
+KV_FN kv_dev_ff kv_dev_two_sum(float a, float b)
 {
-    float dot = 0.0f;
-    for (kv_u32 d = 0; d < head_dim; d++)
-        dot += q[d] * kv_dev_store_load(data, aligned, k, t, d);
-    return dot * scale;
+    kv_dev_ff r;
+    r.hi = a + b;
+    float bb = r.hi - a;
+    r.lo = (a - (r.hi - bb)) + (b - bb);
+    return r;
+}
+
+/* a - b, rounded once to float from the (nearly) exact difference. */
+KV_FN float kv_dev_ff_sub(kv_dev_ff a, kv_dev_ff b)
+{
+    return (a.hi - b.hi) + (a.lo - b.lo);
+}
+
+KV_FN int kv_dev_ff_gt(kv_dev_ff a, kv_dev_ff b)
+{
+    return a.hi > b.hi || (a.hi == b.hi && a.lo > b.lo);
+}
+
+/* scale * dot(q, K_t), as float-float. */
+KV_FN kv_dev_ff kv_dev_logit(KV_GLOBAL const float *q, KV_GLOBAL const kv_u8 *data, int aligned,
+                             const kv_dev_store *k, kv_u32 t, kv_u32 head_dim, float scale)
+{
+    float row[KV_CHUNK];
+    float hi = 0.0f, lo = 0.0f;
+    for (kv_u32 d0 = 0; d0 < head_dim; d0 += KV_CHUNK) {
+        kv_u32 n = head_dim - d0 < KV_CHUNK ? head_dim - d0 : KV_CHUNK;
+        kv_dev_row_chunk(data, aligned, k, t, d0, n, row);
+        for (kv_u32 j = 0; j < n; j++) {
+            float p = q[d0 + j] * row[j];
+            float pe = KV_FMA(q[d0 + j], row[j], -p); /* p + pe = the exact product */
+            kv_dev_ff s = kv_dev_two_sum(hi, p);
+            hi = s.hi;
+            lo += s.lo + pe;
+        }
+    }
+    kv_dev_ff dot = kv_dev_two_sum(hi, lo);
+    kv_dev_ff r;
+    r.hi = dot.hi * scale;
+    r.lo = KV_FMA(dot.hi, scale, -r.hi) + dot.lo * scale;
+    return kv_dev_two_sum(r.hi, r.lo);
+}
+
+/* acc[d] += p * V_t[d] for every d < head_dim. */
+KV_FN void kv_dev_axpy(float *acc, float p, KV_GLOBAL const kv_u8 *data, int aligned, const kv_dev_store *v, kv_u32 t,
+                       kv_u32 head_dim)
+{
+    float row[KV_CHUNK];
+    for (kv_u32 d0 = 0; d0 < head_dim; d0 += KV_CHUNK) {
+        kv_u32 n = head_dim - d0 < KV_CHUNK ? head_dim - d0 : KV_CHUNK;
+        kv_dev_row_chunk(data, aligned, v, t, d0, n, row);
+        for (kv_u32 j = 0; j < n; j++)
+            acc[d0 + j] += p * row[j];
+    }
 }
 
 /* The first page and page count of KV head kh, clamped to [0, n_pages). */
@@ -454,15 +553,21 @@ KV_FN void kv_dev_head_range(KV_GLOBAL const kv_u32 *head_pages, kv_u32 kh, kv_u
     *count = c;
 }
 
-/* One work-group of KV_WG per (query, head) (grid-stride over them): pass 1
-   finds the largest visible logit, pass 2 walks the tokens in chunks of
-   KV_WG — each work-item computes one probability numerator into local
-   memory, then each owns the output dimensions d = lid, lid + KV_WG, ... and
-   accumulates p_t * V_t[d] over the chunk in token order (into out, which only
-   it touches). The normaliser is summed in token order by every work-item
-   alike. ml (optional) receives (max logit, normaliser) per (query, head) for
-   kv_attention_scores. Loop bounds are uniform across a work-group, so every
-   work-item reaches every barrier. */
+/* Attention, split-K inside a work-group. One work-group of KV_WG per (query,
+   head) (grid-stride over them). Work-item w takes the head's pages w, w +
+   KV_WG, ... and runs an online softmax over their visible tokens: running max
+   m_w, normaliser l_w and a private output acc_w (rescaled when the max
+   grows). The work-group then combines: M = max m_w, L = sum l_w e^(m_w - M),
+   out = sum acc_w e^(m_w - M) / L, the sums over w taken in work-item order
+   (KV_TILE dimensions at a time through local memory). Pages of 16..64 tokens
+   keep every work-item busy, and the partial sums keep fp32 rounding far below
+   the 1e-5 tolerance even at 32K tokens. head_dim <= KV_MAX_HEAD_DIM (the host
+   checks). ml (optional) receives (M.hi, M.lo, L) per (query, head) for the scores. */
+#ifndef KV_MAX_HEAD_DIM
+#define KV_MAX_HEAD_DIM 256
+#endif
+#define KV_TILE KV_WG
+
 KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_u8 *qpb, kv_u64 qpo,
                        KV_GLOBAL const kv_u8 *pgb, kv_u64 pgo, KV_GLOBAL const kv_u8 *hpb, kv_u64 hpo,
                        KV_GLOBAL const kv_u8 *posb, kv_u64 poso, kv_u64 n_positions, KV_GLOBAL const kv_u8 *datab,
@@ -471,7 +576,10 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
                        float scale)
 {
     KV_LOCAL float red[KV_WG];
-    KV_LOCAL float prob[KV_WG];
+    KV_LOCAL float red_lo[KV_WG];
+    KV_LOCAL float tile[KV_WG * KV_TILE];
+    KV_LOCAL kv_u32 seen_any[KV_WG];
+    float acc[KV_MAX_HEAD_DIM];
     KV_GLOBAL const kv_u8 *data = datab + datao;
     int aligned = (datao % 4) == 0;
     kv_u32 lid = KV_LOCAL_ID();
@@ -487,83 +595,87 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
         kv_u32 first, count;
         kv_dev_head_range(KV_CPTR(kv_u32, hpb, hpo), kh, n_pages, &first, &count);
 
-        /* Pass 1: the largest visible logit. */
-        float m = -KV_INF;
+        /* This work-item's pages: online softmax. */
+        for (kv_u32 d = 0; d < head_dim; d++)
+            acc[d] = 0.0f;
+        kv_dev_ff m = {0.0f, 0.0f};
+        float l = 0.0f;
         int seen = 0;
-        for (kv_u32 p = first; p < first + count; p++) {
+        for (kv_u32 p = first + lid; p < first + count; p += KV_WG) {
             kv_dev_page pg = kv_dev_page_get(pages, p, head_dim, data_bytes, n_positions);
             if (!pg.ok)
                 continue;
-            for (kv_u32 t = lid; t < pg.ntok; t += KV_WG) {
+            for (kv_u32 t = 0; t < pg.ntok; t++) {
                 if (positions[pg.pos_index + t] > qpos)
                     continue;
-                float lg = kv_dev_logit(q, data, aligned, &pg.k, t, head_dim, scale);
-                if (!seen || lg > m)
+                kv_dev_ff lg = kv_dev_logit(q, data, aligned, &pg.k, t, head_dim, scale);
+                if (!seen) {
                     m = lg;
-                seen = 1;
+                    seen = 1;
+                } else if (kv_dev_ff_gt(lg, m)) {
+                    float f = KV_EXP(kv_dev_ff_sub(m, lg));
+                    l *= f;
+                    for (kv_u32 d = 0; d < head_dim; d++)
+                        acc[d] *= f;
+                    m = lg;
+                }
+                float pr = KV_EXP(kv_dev_ff_sub(lg, m));
+                l += pr;
+                kv_dev_axpy(acc, pr, data, aligned, &pg.v, t, head_dim);
             }
         }
-        red[lid] = seen ? m : -KV_INF;
-        prob[lid] = seen ? 1.0f : 0.0f;
+
+        /* Combine the work-items: the common max, then the weighted sums. */
+        red[lid] = m.hi;
+        red_lo[lid] = m.lo;
+        seen_any[lid] = (kv_u32)seen;
         KV_BARRIER();
-        for (kv_u32 s = KV_WG / 2; s > 0; s >>= 1) {
-            if (lid < s) {
-                if (prob[lid + s] != 0.0f && (prob[lid] == 0.0f || red[lid + s] > red[lid]))
-                    red[lid] = red[lid + s];
-                if (prob[lid + s] != 0.0f)
-                    prob[lid] = 1.0f;
+        kv_dev_ff gm = {0.0f, 0.0f};
+        int any = 0;
+        for (kv_u32 w = 0; w < KV_WG; w++) {
+            kv_dev_ff mw = {red[w], red_lo[w]};
+            if (seen_any[w] && (!any || kv_dev_ff_gt(mw, gm))) {
+                gm = mw;
+                any = 1;
+            }
+        }
+        float f = seen ? KV_EXP(kv_dev_ff_sub(m, gm)) : 0.0f;
+        KV_BARRIER();
+        red[lid] = l * f;
+        KV_BARRIER();
+        float gl = 0.0f;
+        for (kv_u32 w = 0; w < KV_WG; w++)
+            gl += red[w];
+        for (kv_u32 d0 = 0; d0 < head_dim; d0 += KV_TILE) {
+            for (kv_u32 j = 0; j < KV_TILE; j++)
+                tile[lid * KV_TILE + j] = d0 + j < head_dim ? acc[d0 + j] * f : 0.0f;
+            KV_BARRIER();
+            for (kv_u32 j0 = 0; j0 < KV_TILE; j0 += KV_WG) { /* the same trip count for every work-item */
+                kv_u32 j = j0 + lid;
+                if (j < KV_TILE && d0 + j < head_dim) {
+                    float sum = 0.0f;
+                    for (kv_u32 w = 0; w < KV_WG; w++)
+                        sum += tile[w * KV_TILE + j];
+                    out[d0 + j] = any ? sum / gl : 0.0f;
+                }
             }
             KV_BARRIER();
         }
-        m = red[0];
-        int any = prob[0] != 0.0f;
-        KV_BARRIER();
-
-        for (kv_u32 d = lid; d < head_dim; d += KV_WG)
-            out[d] = 0.0f;
-        float lsum = 0.0f;
-        if (any) {
-            /* Pass 2: probabilities (unnormalised) and the weighted sum of V. */
-            for (kv_u32 p = first; p < first + count; p++) {
-                kv_dev_page pg = kv_dev_page_get(pages, p, head_dim, data_bytes, n_positions);
-                if (!pg.ok)
-                    continue;
-                for (kv_u32 c0 = 0; c0 < pg.ntok; c0 += KV_WG) {
-                    kv_u32 t = c0 + lid;
-                    float pr = 0.0f;
-                    if (t < pg.ntok && positions[pg.pos_index + t] <= qpos)
-                        pr = KV_EXP(kv_dev_logit(q, data, aligned, &pg.k, t, head_dim, scale) - m);
-                    prob[lid] = pr;
-                    KV_BARRIER();
-                    kv_u32 n = pg.ntok - c0 < KV_WG ? pg.ntok - c0 : KV_WG;
-                    for (kv_u32 j = 0; j < n; j++)
-                        lsum += prob[j];
-                    for (kv_u32 d = lid; d < head_dim; d += KV_WG) {
-                        float acc = out[d];
-                        for (kv_u32 j = 0; j < n; j++)
-                            if (prob[j] != 0.0f)
-                                acc += prob[j] * kv_dev_store_load(data, aligned, &pg.v, c0 + j, d);
-                        out[d] = acc;
-                    }
-                    KV_BARRIER();
-                }
-            }
-            for (kv_u32 d = lid; d < head_dim; d += KV_WG)
-                out[d] = out[d] / lsum;
-        }
         if (ml && lid == 0) {
-            ml[2 * (qi * n_heads + h)] = any ? m : 0.0f;
-            ml[2 * (qi * n_heads + h) + 1] = any ? lsum : 0.0f;
+            ml[3 * (qi * n_heads + h)] = any ? gm.hi : 0.0f;
+            ml[3 * (qi * n_heads + h) + 1] = any ? gm.lo : 0.0f;
+            ml[3 * (qi * n_heads + h) + 2] = any ? gl : 0.0f;
         }
-        KV_BARRIER(); /* red and prob are reused by the next (query, head) */
+        KV_BARRIER(); /* local memory is reused by the next (query, head) */
     }
     KV_KERNEL_END();
 }
 
-/* Scores: one work-group of KV_WG per KV head (grid-stride); work-item lid
-   takes the head's tokens lid, lid + KV_WG, ... (in page order). For each
-   token: per query head of the GQA group, the probability summed over the
-   queries that see it; then the maximum over the group's heads. */
+/* Scores: one work-group of KV_WG per KV head (grid-stride); work-item w takes
+   the head's pages w, w + KV_WG, ... (every work-item walks the page list to
+   know where each page's tokens start). For each token: per query head of the
+   GQA group, the probability summed over the queries that see it; then the
+   maximum over the group's heads. */
 KV_KERNEL kv_attention_scores(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_u8 *qpb, kv_u64 qpo,
                               KV_GLOBAL const kv_u8 *pgb, kv_u64 pgo, KV_GLOBAL const kv_u8 *hpb, kv_u64 hpo,
                               KV_GLOBAL const kv_u8 *posb, kv_u64 poso, kv_u64 n_positions,
@@ -587,30 +699,32 @@ KV_KERNEL kv_attention_scores(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL co
         kv_dev_head_range(KV_CPTR(kv_u32, hpb, hpo), kh, n_pages, &first, &count);
         kv_u64 base = 0; /* index of the page's first token among the head's tokens */
         for (kv_u32 p = first; p < first + count; p++) {
-            kv_dev_page pg = kv_dev_page_get(pages, p, head_dim, data_bytes, n_positions);
             kv_u32 ntok = pages[(kv_u64)p * KV_PAGE_WORDS];
-            for (kv_u32 t = lid; t < ntok; t += KV_WG) {
-                if (base + t >= score_stride)
-                    break;
-                float best = 0.0f;
-                if (pg.ok) {
-                    kv_u32 pos = positions[pg.pos_index + t];
-                    for (kv_u32 hh = 0; hh < group; hh++) {
-                        kv_u32 h = kh * group + hh;
-                        float sum = 0.0f;
-                        for (kv_u32 qi = 0; qi < n_queries; qi++) {
-                            float lsum = ml[2 * ((kv_u64)qi * n_heads + h) + 1];
-                            if (pos > qpos[qi] || lsum == 0.0f)
-                                continue;
-                            KV_GLOBAL const float *q = qall + ((kv_u64)qi * n_heads + h) * head_dim;
-                            float lg = kv_dev_logit(q, data, aligned, &pg.k, t, head_dim, scale);
-                            sum += KV_EXP(lg - ml[2 * ((kv_u64)qi * n_heads + h)]) / lsum;
+            if ((p - first) % KV_WG == lid) {
+                kv_dev_page pg = kv_dev_page_get(pages, p, head_dim, data_bytes, n_positions);
+                for (kv_u32 t = 0; t < ntok && base + t < score_stride; t++) {
+                    float best = 0.0f;
+                    if (pg.ok) {
+                        kv_u32 pos = positions[pg.pos_index + t];
+                        for (kv_u32 hh = 0; hh < group; hh++) {
+                            kv_u32 h = kh * group + hh;
+                            float sum = 0.0f;
+                            for (kv_u32 qi = 0; qi < n_queries; qi++) {
+                                kv_u64 at = 3 * ((kv_u64)qi * n_heads + h);
+                                float lsum = ml[at + 2];
+                                if (pos > qpos[qi] || lsum == 0.0f)
+                                    continue;
+                                KV_GLOBAL const float *q = qall + ((kv_u64)qi * n_heads + h) * head_dim;
+                                kv_dev_ff lg = kv_dev_logit(q, data, aligned, &pg.k, t, head_dim, scale);
+                                kv_dev_ff mq = {ml[at], ml[at + 1]};
+                                sum += KV_EXP(kv_dev_ff_sub(lg, mq)) / lsum;
+                            }
+                            if (hh == 0 || sum > best)
+                                best = sum;
                         }
-                        if (hh == 0 || sum > best)
-                            best = sum;
                     }
+                    scores[base + t] = best;
                 }
-                scores[base + t] = best;
             }
             base += ntok;
         }

@@ -6,7 +6,8 @@
  *    then the others; device 0 is therefore "the first GPU, else the first
  *    CPU or other device".
  *  - The kernel source is compiled into kvsim (embed.cmake); the program is
- *    built when a device is opened and its kernels are created on first use,
+ *    built when a device is opened (and rebuilt with a smaller work-group if
+ *    the device cannot run the barrier kernels at 64); kernels are created on first use,
  *    both cached in the context. PoCL also caches the compiled program on disk
  *    (~/.cache/pocl), which keeps repeated test processes fast.
  *  - Numerics: never -cl-fast-relaxed-math or -cl-mad-enable; the source turns
@@ -16,6 +17,9 @@
  *    divides in double when the device has cl_khr_fp64 (1), else in software
  *    (2). The environment variable KVSIM_OPENCL_DIV=native|double|soft forces
  *    a mode (tests use it to run the fallbacks on PoCL).
+ *  - Work-groups: KV_WG = the largest power of two <= min(64, the device's
+ *    maximum); KVSIM_OPENCL_WG_MAX=n caps it (tests check that results do not
+ *    depend on it).
  *  - Asynchrony: kernels are enqueued on one in-order queue and return at
  *    once; buffer writes and reads are blocking (the host's memory is free to
  *    reuse on return, and a read sees every kernel enqueued before it);
@@ -268,7 +272,9 @@ static int opencl_open(int index, const kv_backend_i **iface, void **out, kv_err
     size_t max_wg = 1;
     clGetDeviceInfo(c->device, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof max_wg, &max_wg, NULL);
     c->wg = 1;
-    while (c->wg * 2 <= max_wg && c->wg * 2 <= 64)
+    const char *wg_env = getenv("KVSIM_OPENCL_WG_MAX"); /* tests: results must not depend on it */
+    size_t wg_cap = wg_env && atoi(wg_env) > 0 ? (size_t)atoi(wg_env) : 64;
+    while (c->wg * 2 <= max_wg && c->wg * 2 <= wg_cap)
         c->wg *= 2;
     rc = choose_div_mode(c->device, &c->div_mode, err);
     if (rc)
@@ -276,6 +282,34 @@ static int opencl_open(int index, const kv_backend_i **iface, void **out, kv_err
     rc = build_program(c, err);
     if (rc)
         goto fail;
+    /* A device may allow fewer work-items for the kernels with local arrays
+       and barriers than its maximum (registers): then rebuild with that. */
+    for (int k = K_ATTENTION; k <= K_COMPACT; k++) {
+        size_t kwg = 0;
+        cl_kernel kern = get_kernel(c, (kernel_id)k, err);
+        if (!kern) {
+            rc = KV_EFAIL;
+            goto fail;
+        }
+        clGetKernelWorkGroupInfo(kern, c->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg, NULL);
+        if (kwg >= 1 && kwg < c->wg) {
+            size_t wg = 1;
+            while (wg * 2 <= kwg)
+                wg *= 2;
+            for (int j = 0; j < K_COUNT; j++)
+                if (c->kernels[j]) {
+                    clReleaseKernel(c->kernels[j]);
+                    c->kernels[j] = NULL;
+                }
+            clReleaseProgram(c->program);
+            c->program = NULL;
+            c->wg = wg;
+            rc = build_program(c, err);
+            if (rc)
+                goto fail;
+            k = K_ATTENTION - 1; /* check again with the smaller size */
+        }
+    }
 
     c->props.backend = "opencl";
     clGetDeviceInfo(c->device, CL_DEVICE_NAME, sizeof c->props.device - 1, c->props.device, NULL);
@@ -673,6 +707,8 @@ static int opencl_attention(void *vctx, const kv_attention_args *q, kv_error *er
 {
     cl_ctx *c = vctx;
     uint64_t qh = (uint64_t)q->n_queries * q->n_heads;
+    if (q->head_dim > 256) /* KV_MAX_HEAD_DIM of kernels.cl */
+        return kv_error_set(err, KV_EINPUT, "opencl: attention: head_dim %u is above the 256 this backend supports", q->head_dim);
     int rc = check_range("attention", "q", q->q.buf, q->q.offset, qh * q->head_dim * 4, err);
     if (!rc)
         rc = check_range("attention", "q_pos", q->q_pos.buf, q->q_pos.offset, (size_t)q->n_queries * 4, err);
@@ -699,10 +735,10 @@ static int opencl_attention(void *vctx, const kv_attention_args *q, kv_error *er
     uint64_t n_positions = positions.buf ? (positions.buf->bytes - positions.offset) / 4 : 0;
     uint64_t data_bytes = data.buf ? data.buf->bytes - data.offset : 0;
 
-    cl_mem ml = NULL; /* (max logit, normaliser) per (query, head), for the scores */
+    cl_mem ml = NULL; /* (max logit hi, lo, normaliser) per (query, head), for the scores */
     if (q->scores.buf && qh) {
         cl_int e = CL_SUCCESS;
-        ml = clCreateBuffer(c->context, CL_MEM_READ_WRITE, qh * 2 * sizeof(float), NULL, &e);
+        ml = clCreateBuffer(c->context, CL_MEM_READ_WRITE, qh * 3 * sizeof(float), NULL, &e);
         if (e != CL_SUCCESS)
             return cl_fail(err, e, "attention scratch allocation");
     }
