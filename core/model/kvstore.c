@@ -12,6 +12,8 @@
  *  4. tokens [0, n_split) of a Lynx lane keep their anchor-only and merged
  *     reconstructions in ka/va and kf/vf; k/v hold a copy of the one shown
  *     (anchor until the residual arrives).
+ *  5. every change to k or rk at token i lowers kt_valid to at most i, so the
+ *     transposed copies that decode attention reads are refreshed from there.
  */
 #include "core/model/kvstore.h"
 
@@ -51,6 +53,9 @@ typedef struct lane {
     int n_quant;      /* invariant 3 */
     int n_split;      /* invariant 4 */
     int pruned;       /* tokens pruned so far */
+    float *kt, *rkt;  /* [head_dim][kt_cap]: k and rk transposed, for decode attention */
+    int kt_cap;       /* columns of kt */
+    int kt_valid;     /* columns [0, kt_valid) of kt/rkt match k/rk (invariant 5) */
 } lane;
 
 struct kv_kvstore {
@@ -237,12 +242,39 @@ static void lane_reserve(lane *L, int need, int hd, unsigned flags, bool split)
 
 static void lane_free(lane *L)
 {
-    float *arrays[] = {L->k, L->v, L->ka, L->va, L->kf, L->vf, L->rk, L->rv, L->sig, L->sig_n};
+    float *arrays[] = {L->k, L->v, L->ka, L->va, L->kf, L->vf, L->rk, L->rv, L->sig, L->sig_n, L->kt, L->rkt};
     for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++)
         kv_free(arrays[i]);
     kv_free(L->pos);
     kv_free(L->tier);
     kv_free(L->fixed);
+}
+
+/* Token i's keys changed (invariant 5). */
+static void lane_touch(lane *L, int i)
+{
+    if (i < L->kt_valid)
+        L->kt_valid = i;
+}
+
+/* Brings kt/rkt up to date with k/rk for the lane's n tokens. */
+static void lane_sync_kt(lane *L, int hd)
+{
+    if (L->kt_cap < L->n) {
+        L->kt_cap = L->cap;
+        L->kt = kv_realloc(L->kt, (size_t)hd * L->kt_cap * sizeof(float));
+        if (L->rk)
+            L->rkt = kv_realloc(L->rkt, (size_t)hd * L->kt_cap * sizeof(float));
+        L->kt_valid = 0;
+    }
+    size_t cap = (size_t)L->kt_cap;
+    for (int j = L->kt_valid; j < L->n; j++)
+        for (int c = 0; c < hd; c++) {
+            L->kt[(size_t)c * cap + j] = L->k[(size_t)j * hd + c];
+            if (L->rk)
+                L->rkt[(size_t)c * cap + j] = L->rk[(size_t)j * hd + c];
+        }
+    L->kt_valid = L->n;
 }
 
 /* Removes token i (DiffKV pruning; DiffKV lanes have no split planes). */
@@ -262,6 +294,7 @@ static void lane_remove(lane *L, int i, int hd)
     memmove(L->sig_n + at, L->sig_n + at + 1, tail * sizeof *L->sig_n);
     L->n--;
     L->pruned++;
+    lane_touch(L, i);
 }
 
 /* ---- Creation -------------------------------------------------------------------------------- */
@@ -375,6 +408,7 @@ static bool apply_tier(const kv_encoding *e, lane *L, int i, int tier, int hd)
         return false;
     }
     L->tier[i] = (uint8_t)tier;
+    lane_touch(L, i);
     if (tier == TIER_LOW) { /* demotion re-quantizes what the cache holds */
         encode_row(&e->key_low, L->k + (size_t)i * hd, hd, NULL);
         encode_row(&e->value_low, L->v + (size_t)i * hd, hd, NULL);
@@ -389,6 +423,7 @@ static void flush_window(const kv_encoding *e, lane *L, int hd)
     int B = block_tokens(e), W = e->full_precision_window;
     while (L->n - L->n_quant - W >= B) {
         size_t at = (size_t)L->n_quant * hd;
+        lane_touch(L, L->n_quant);
         encode_tokens(&e->key, L->k + at, B, hd, NULL);
         encode_tokens(&e->value, L->v + at, B, hd, NULL);
         for (int t = 0; t < B; t++)
@@ -400,6 +435,7 @@ static void flush_window(const kv_encoding *e, lane *L, int hd)
 static void seal_lane(kv_kvstore *s, const kv_encoding *e, lane *L)
 {
     int hd = s->shape.head_dim, n = L->n;
+    lane_touch(L, 0);
     if (e->diffkv) {
         int context = s->length;
         /* Every token takes the high tier first; those outside the recent
@@ -469,6 +505,7 @@ void kv_kvstore_set_residual(kv_kvstore *s, bool arrived)
         if (!L->n_split)
             continue;
         size_t bytes = (size_t)L->n_split * s->shape.head_dim * sizeof(float);
+        lane_touch(L, 0);
         memcpy(L->k, arrived ? L->kf : L->ka, bytes);
         memcpy(L->v, arrived ? L->vf : L->va, bytes);
     }
@@ -481,6 +518,7 @@ void kv_kvstore_truncate(kv_kvstore *s, int32_t pos)
         lane *L = &s->lanes[i];
         while (L->n > 0 && L->pos[L->n - 1] >= pos)
             L->n--;
+        lane_touch(L, L->n);
         if (L->n_quant > L->n)
             L->n_quant = L->n;
         if (L->n_split > L->n)
@@ -504,6 +542,7 @@ void kv_kvstore_append(kv_kvstore *s, int layer, const float *k, const float *v,
             kv_assert(L->n == 0 || pos[t] > L->pos[L->n - 1]); /* invariant 1 */
             int i = L->n++;
             size_t at = (size_t)i * hd;
+            lane_touch(L, i);
             const float *kr = k + ((size_t)t * H + (size_t)h) * hd, *vr = v + ((size_t)t * H + (size_t)h) * hd;
             memcpy(L->k + at, kr, (size_t)hd * sizeof(float));
             memcpy(L->v + at, vr, (size_t)hd * sizeof(float));
@@ -648,18 +687,32 @@ static void attention_exact(kv_kvstore *s, int layer, const float *q, const int3
     kv_free(Og);
 }
 
-/* Attention of one query row over rows K, V [m][hd] (BLAS sgemv); p [m] scratch
-   receives the probabilities. */
-static void attend_row(const float *qr, const float *K, const float *V, int m, int hd, float scale, float *p,
-                       float *o)
+/* Attention of one query row over the first m tokens of a lane: keys from
+   the transposed copy Kt (stride ld), values V [m][hd]. Plain loops that
+   vectorize across tokens and channels while every sum keeps its order;
+   p [m] receives the probabilities. */
+static void attend_row(const float *qr, const float *Kt, size_t ld, const float *V, int m, int hd, float scale,
+                       float *p, float *o)
 {
-    if (m == 0) {
-        memset(o, 0, (size_t)hd * sizeof *o);
+    memset(o, 0, (size_t)hd * sizeof *o);
+    if (m == 0)
         return;
+    memset(p, 0, (size_t)m * sizeof *p);
+    for (int c = 0; c < hd; c++) {
+        float qc = qr[c];
+        const float *kc = Kt + (size_t)c * ld;
+        for (int j = 0; j < m; j++)
+            p[j] += qc * kc[j];
     }
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, m, hd, scale, K, hd, qr, 1, 0.0f, p, 1);
+    for (int j = 0; j < m; j++)
+        p[j] *= scale;
     softmax(p, m);
-    cblas_sgemv(CblasRowMajor, CblasTrans, m, hd, 1.0f, V, hd, p, 1, 0.0f, o, 1);
+    for (int j = 0; j < m; j++) {
+        float pj = p[j];
+        const float *vj = V + (size_t)j * hd;
+        for (int c = 0; c < hd; c++)
+            o[c] += pj * vj[c];
+    }
 }
 
 /* Attention over the stored (encoded, reconstructed) values after the seal.
@@ -675,6 +728,8 @@ static void attention_stored(kv_kvstore *s, int layer, const float *q, const int
         lane *L = &s->lanes[li];
         bool scores = s->enc && s->enc[li].diffkv;
         int nk_all = L->n ? L->n : 1;
+        lane_sync_kt(L, hd);
+        size_t ldk = (size_t)L->kt_cap;
         float *p = kv_malloc((size_t)nk_all * sizeof *p);
         float *acc = scores ? kv_calloc((size_t)G * (size_t)nk_all, sizeof *acc) : NULL;
         for (int t = 0; t < T; t++) {
@@ -683,13 +738,13 @@ static void attention_stored(kv_kvstore *s, int layer, const float *q, const int
                 int h = g * G + hh;
                 const float *qr = q + ((size_t)t * H + (size_t)h) * hd;
                 float *o = out + ((size_t)t * H + (size_t)h) * hd;
-                attend_row(qr, L->k, L->v, m, hd, scale, p, o);
+                attend_row(qr, L->kt, ldk, L->v, m, hd, scale, p, o);
                 if (scores)
                     for (int j = 0; j < m; j++)
                         acc[(size_t)hh * nk_all + j] += p[j];
                 if (measure) {
                     /* The same query over bf16 K/V of the same tokens, pruned ones included. */
-                    attend_row(qr, L->rk, L->rv, m, hd, scale, p, ref);
+                    attend_row(qr, L->rkt, ldk, L->rv, m, hd, scale, p, ref);
                     double e2 = 0, r2 = 0;
                     for (int c = 0; c < hd; c++) {
                         double d = (double)o[c] - ref[c];
