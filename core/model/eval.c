@@ -184,6 +184,7 @@ static int make_stores(evaluator *ev, const kv_kvstore *prefilled, unsigned flag
                 kv_kvstore_destroy(stores[j]);
             return rc;
         }
+        kv_kvstore_set_backend(stores[r], ev->cfg->backend);
         kv_kvstore_seal(stores[r]);
         if (!ev->res->rows[r].anchor_view)
             kv_kvstore_set_residual(stores[r], true);
@@ -338,6 +339,7 @@ static int speculate(evaluator *ev, int r, int n_prompt, const kv_kvstore *prefi
     if (rc)
         return rc;
     kv_kvstore_truncate(s, n_prompt); /* the prefill of a prefix is the prefix of the prefill */
+    kv_kvstore_set_backend(s, ev->cfg->backend);
     kv_kvstore_seal(s);               /* the anchor has arrived, the residual has not */
     int32_t *in = kv_malloc((size_t)k * sizeof *in), *spec = kv_malloc((size_t)k * sizeof *spec);
     int32_t *pos = kv_malloc((size_t)k * sizeof *pos), *seq = kv_calloc((size_t)k, sizeof *seq);

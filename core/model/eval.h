@@ -49,6 +49,8 @@ typedef struct kv_eval_config {
     int speculative_positions; /* k for acceptance; 0: each policy's own speculate */
     int speculation_points;    /* Lynx samples per prompt: prompt prefixes spread over its second half */
     uint64_t seed;             /* needle numbers and depths */
+    kv_backend *backend;       /* decode attention over the encoded pages runs here (borrowed);
+                                  NULL: the KV store's own loop over the reconstructed values */
     FILE *progress;            /* one line per prompt; NULL: quiet */
 } kv_eval_config;
 

@@ -357,7 +357,8 @@ int kv_model_forward(kv_model *m, const kv_batch *b, kv_kvstore **stores, float 
                 r1++;
             kv_kvstore *s = stores[b->seq[r0]];
             kv_kvstore_append(s, l, k + (size_t)r0 * KV, v + (size_t)r0 * KV, b->pos + r0, r1 - r0);
-            kv_kvstore_attention(s, l, q + (size_t)r0 * D, b->pos + r0, r1 - r0, att + (size_t)r0 * D);
+            if (!rc)
+                rc = kv_kvstore_attention(s, l, q + (size_t)r0 * D, b->pos + r0, r1 - r0, att + (size_t)r0 * D, err);
             r0 = r1;
         }
         matmul(xb, att, w->wo, n, D, D);
@@ -391,7 +392,7 @@ int kv_model_forward(kv_model *m, const kv_batch *b, kv_kvstore **stores, float 
     kv_free(v);
     kv_free(hb);
     kv_free(hb2);
-    return KV_OK;
+    return rc;
 }
 
 int32_t kv_argmax(const float *logits, int n)
