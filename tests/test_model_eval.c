@@ -96,6 +96,10 @@ Test(eval, tiny_model_api)
         pruned += dk->layers[l].tokens_pruned;
     }
     cr_assert_gt(low + pruned, 0);
+    double th, tl, tp;
+    kv_eval_row_tiers(dk, 2, &th, &tl, &tp);
+    cr_assert_float_eq(th + tl + tp, 1.0, 1e-12);
+    cr_assert_gt(tl + tp, 0.0);
     /* The whole evaluation repeats exactly. */
     kv_eval_result *r2 = run_tiny(m, text);
     for (int i = 0; i < r->n_rows; i++) {

@@ -634,6 +634,21 @@ double kv_eval_layer_att_err(const kv_kvstore_layer_stats *l)
     return l->att_ref_sq > 0 ? sqrt(l->att_err_sq / l->att_ref_sq) : NAN;
 }
 
+void kv_eval_row_tiers(const kv_eval_row *row, int n_layers, double *high, double *low, double *pruned)
+{
+    double t = 0, h = 0, lo = 0, p = 0;
+    for (int l = 0; l < n_layers; l++) {
+        t += row->layers[l].tokens;
+        h += row->layers[l].tokens_high;
+        lo += row->layers[l].tokens_low;
+        p += row->layers[l].tokens_pruned;
+    }
+    t = t > 0 ? t : 1;
+    *high = h / t;
+    *low = lo / t;
+    *pruned = p / t;
+}
+
 static double mean_att_err(const kv_eval_row *row, int n_layers)
 {
     double e = 0, ref = 0;
