@@ -84,6 +84,7 @@ int kv_cmd_eval(int argc, char **argv)
     kv_encoding **encs = NULL;
     kv_eval_policy *pp = NULL;
     kv_eval_result *res = NULL;
+    kv_backend *be = NULL;
     char model_path[4096];
     int rc = kv_eval_scenario_load(scenario, argv[0], &sc, &err);
     if (!rc)
@@ -93,6 +94,11 @@ int kv_cmd_eval(int argc, char **argv)
         fprintf(stderr, "kvsim eval: loading %s\n", model_path);
     if (!rc)
         rc = kv_model_load(model_path, &m, &err);
+    if (!rc && strcmp(sc->backend, "none") != 0) {
+        rc = kv_backend_open(sc->backend, 0, &be, &err);
+        if (rc)
+            kv_error_prefix(&err, "accuracy.backend: ");
+    }
     if (!rc) {
         pols = kv_calloc((size_t)sc->n_policies, sizeof *pols);
         encs = kv_calloc((size_t)sc->n_policies, sizeof *encs);
@@ -112,11 +118,13 @@ int kv_cmd_eval(int argc, char **argv)
             .speculation_points = sc->speculation_points,
             .seed = sc->seed,
             .progress = quiet ? NULL : stderr,
+            .backend = be,
         };
         rc = kv_eval_run(m, &cfg, pp, sc->n_policies, &res, &err);
     }
     if (!rc) {
-        printf("kvsim eval %s: %d policies, model %s\n", scenario, sc->n_policies, model_path);
+        printf("kvsim eval %s: %d policies, model %s, decode attention on %s\n", scenario, sc->n_policies,
+               model_path, be ? kv_backend_name(be) : "the reference loop");
         kv_eval_print(stdout, res);
         fflush(stdout);
         if (out_dir) {
@@ -141,6 +149,7 @@ int kv_cmd_eval(int argc, char **argv)
     kv_free(encs);
     kv_free(pp);
     kv_model_destroy(m);
+    kv_backend_close(be);
     kv_eval_scenario_destroy(sc);
     return rc == KV_OK ? 0 : (rc == KV_EINPUT ? 2 : 1);
 }

@@ -184,6 +184,7 @@ static int make_stores(evaluator *ev, const kv_kvstore *prefilled, unsigned flag
                 kv_kvstore_destroy(stores[j]);
             return rc;
         }
+        kv_kvstore_set_backend(stores[r], ev->cfg->backend);
         kv_kvstore_seal(stores[r]);
         if (!ev->res->rows[r].anchor_view)
             kv_kvstore_set_residual(stores[r], true);
@@ -338,6 +339,7 @@ static int speculate(evaluator *ev, int r, int n_prompt, const kv_kvstore *prefi
     if (rc)
         return rc;
     kv_kvstore_truncate(s, n_prompt); /* the prefill of a prefix is the prefix of the prefill */
+    kv_kvstore_set_backend(s, ev->cfg->backend);
     kv_kvstore_seal(s);               /* the anchor has arrived, the residual has not */
     int32_t *in = kv_malloc((size_t)k * sizeof *in), *spec = kv_malloc((size_t)k * sizeof *spec);
     int32_t *pos = kv_malloc((size_t)k * sizeof *pos), *seq = kv_calloc((size_t)k, sizeof *seq);
@@ -630,6 +632,21 @@ double kv_eval_row_accept(const kv_eval_row *row, int j)
 double kv_eval_layer_att_err(const kv_kvstore_layer_stats *l)
 {
     return l->att_ref_sq > 0 ? sqrt(l->att_err_sq / l->att_ref_sq) : NAN;
+}
+
+void kv_eval_row_tiers(const kv_eval_row *row, int n_layers, double *high, double *low, double *pruned)
+{
+    double t = 0, h = 0, lo = 0, p = 0;
+    for (int l = 0; l < n_layers; l++) {
+        t += row->layers[l].tokens;
+        h += row->layers[l].tokens_high;
+        lo += row->layers[l].tokens_low;
+        p += row->layers[l].tokens_pruned;
+    }
+    t = t > 0 ? t : 1;
+    *high = h / t;
+    *low = lo / t;
+    *pruned = p / t;
 }
 
 static double mean_att_err(const kv_eval_row *row, int n_layers)

@@ -49,6 +49,8 @@ typedef struct kv_eval_config {
     int speculative_positions; /* k for acceptance; 0: each policy's own speculate */
     int speculation_points;    /* Lynx samples per prompt: prompt prefixes spread over its second half */
     uint64_t seed;             /* needle numbers and depths */
+    kv_backend *backend;       /* decode attention over the encoded pages runs here (borrowed);
+                                  NULL: the KV store's own loop over the reconstructed values */
     FILE *progress;            /* one line per prompt; NULL: quiet */
 } kv_eval_config;
 
@@ -91,6 +93,11 @@ double kv_eval_row_ppl(const kv_eval_row *row);            /* NaN if nothing was
 double kv_eval_row_ratio(const kv_eval_row *row, int n_layers); /* bf16 bytes / stored bytes */
 double kv_eval_row_accept(const kv_eval_row *row, int j);  /* acceptance at position j (1-based) */
 double kv_eval_layer_att_err(const kv_kvstore_layer_stats *l); /* relative L2 error */
+/* Tier fractions over all layers: of the (token, KV head) pairs, the shares in
+   the high tier (or the main encoding), the low tier, and pruned. For the
+   simulator's `diffkv.from: reference-model`; kv_eval_row_accept serves
+   `lynx.from: reference-model`. */
+void kv_eval_row_tiers(const kv_eval_row *row, int n_layers, double *high, double *low, double *pruned);
 
 /* The tables (main, Lynx acceptance, DiffKV tiers per layer, attention error per layer). */
 void kv_eval_print(FILE *f, const kv_eval_result *r);

@@ -27,6 +27,7 @@ static const akey accuracy_keys[] = {
     {"needle", 1, 0},
     {"speculative_positions", 0, 256},
     {"speculation_points", 1, 64},
+    {"backend", 1, 0},
 };
 static const akey needle_keys[] = {
     {"count", 0, 1000},
@@ -161,7 +162,13 @@ static int load_accuracy(kv_eval_scenario *s, const kv_ynode *acc, const char *c
         char full[128];
         snprintf(full, sizeof full, "accuracy.%s", key);
         int rc = KV_OK;
-        if (strcmp(key, "model") == 0) {
+        if (strcmp(key, "backend") == 0) {
+            if (v->kind != KV_YSCALAR || !v->value[0])
+                return kv_error_set(err, KV_EINPUT, "%s: accuracy.backend: expected a backend name or none",
+                                    kv_ytree_where(v, w, sizeof w));
+            kv_free(s->backend);
+            s->backend = kv_strdup(v->value);
+        } else if (strcmp(key, "model") == 0) {
             if (v->kind != KV_YSCALAR || !v->value[0])
                 return kv_error_set(err, KV_EINPUT, "%s: accuracy.model: expected smollm2-135m or a .gguf path",
                                     kv_ytree_where(v, w, sizeof w));
@@ -293,6 +300,7 @@ int kv_eval_scenario_load(const char *path, const char *exe_path, kv_eval_scenar
     s->needle_count = 4;
     s->needle_context_tokens = 1024;
     s->speculation_points = 4;
+    s->backend = kv_strdup("cpu");
     char *sdir = dir_of(path), *updir = kv_malloc(strlen(sdir) + 4), *exedir = NULL;
     sprintf(updir, "%s/..", sdir);
     if (exe_path && strchr(exe_path, '/')) {
@@ -355,6 +363,7 @@ void kv_eval_scenario_destroy(kv_eval_scenario *s)
         kv_free(s->texts[t]);
     kv_free(s->texts);
     kv_free(s->model);
+    kv_free(s->backend);
     kv_free(s->path);
     kv_ytree_free(s->tree);
     kv_free(s);

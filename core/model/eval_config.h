@@ -38,6 +38,8 @@ typedef struct kv_eval_scenario {
     int needle_context_tokens; /* accuracy.needle.context_tokens (default 1024) */
     int speculative_positions; /* accuracy.speculative_positions (default 0: the policy's) */
     int speculation_points;    /* accuracy.speculation_points (default 4): Lynx samples per prompt */
+    char *backend;             /* accuracy.backend (default "cpu"): where decode attention runs; "none": the
+                                  KV store's own loop */
     void *tree;                /* the parsed YAML (owns the param strings) */
 } kv_eval_scenario;
 

@@ -12,6 +12,8 @@
  *  4. tokens [0, n_split) of a Lynx lane keep their anchor-only and merged
  *     reconstructions in ka/va and kf/vf; k/v hold a copy of the one shown
  *     (anchor until the residual arrives).
+ *  5. every change to k or rk at token i lowers kt_valid to at most i, so the
+ *     transposed copies that decode attention reads are refreshed from there.
  */
 #include "core/model/kvstore.h"
 
@@ -51,11 +53,18 @@ typedef struct lane {
     int n_quant;      /* invariant 3 */
     int n_split;      /* invariant 4 */
     int pruned;       /* tokens pruned so far */
+    uint16_t *kc, *vc; /* [cap][head_dim] codes of quantized tokens (b bits, before any split) */
+    uint16_t *ks, *kz, *vs, *vz; /* [cap][head_dim] fp16 scale/zero: entry g of a token's row is its
+                                   g-th group (per-token groups) or channel g's group (per-channel) */
+    float *kt, *rkt;  /* [head_dim][kt_cap]: k and rk transposed, for decode attention */
+    int kt_cap;       /* columns of kt */
+    int kt_valid;     /* columns [0, kt_valid) of kt/rkt match k/rk (invariant 5) */
 } lane;
 
 struct kv_kvstore {
     kv_kvstore_shape shape;
     kv_encoding *enc;   /* [n_layers * n_kv_heads], NULL = exact forever */
+    kv_backend *backend;/* attention after the seal runs here when set (borrowed) */
     unsigned flags;
     bool sealed, residual;
     int length;         /* positions seen (max position + 1) */
@@ -124,10 +133,16 @@ static int block_tokens(const kv_encoding *e)
     return 1;
 }
 
+/* Where an encoding's codes and metadata go: row-major [tokens][head_dim]
+   arrays (see lane.kc); codes NULL discards them. */
+typedef struct code_sink {
+    uint16_t *codes, *scale, *zero;
+} code_sink;
+
 /* Encodes one token's row x[0..hd) in place (x then holds the merged
    reconstruction); anchor, if not NULL, receives the anchor-only one (equal to
    the merged one for a tensor without an anchor split). */
-static void encode_row(const kv_tensor_enc *t, float *x, int hd, float *anchor)
+static void encode_row(const kv_tensor_enc *t, float *x, int hd, float *anchor, code_sink cs)
 {
     if (t->kind == KV_TENSOR_BF16) {
         for (int i = 0; i < hd; i++) {
@@ -139,9 +154,14 @@ static void encode_row(const kv_tensor_enc *t, float *x, int hd, float *anchor)
     }
     uint16_t small[256], s, z;
     uint16_t *codes = t->group_size <= 256 ? small : kv_malloc((size_t)t->group_size * sizeof *codes);
-    for (int g0 = 0; g0 < hd; g0 += t->group_size) {
+    for (int g0 = 0, gi = 0; g0 < hd; g0 += t->group_size, gi++) {
         int n = hd - g0 < t->group_size ? hd - g0 : t->group_size;
         kv_group_quantize(x + g0, (size_t)n, 1, (unsigned)t->bits, codes, &s, &z);
+        if (cs.codes) {
+            memcpy(cs.codes + g0, codes, (size_t)n * sizeof *codes);
+            cs.scale[gi] = s;
+            cs.zero[gi] = z;
+        }
         for (int i = 0; i < n; i++) {
             x[g0 + i] = kv_group_dequantize(codes[i], s, z);
             if (anchor)
@@ -155,14 +175,19 @@ static void encode_row(const kv_tensor_enc *t, float *x, int hd, float *anchor)
 }
 
 /* Encodes B tokens x[B][hd] in place with per-channel groups (the B values
-   of one channel form a group); anchor as in encode_row. */
-static void encode_block_channel(const kv_tensor_enc *t, float *x, int B, int hd, float *anchor)
+   of one channel form a group); anchor and sink as in encode_row. */
+static void encode_block_channel(const kv_tensor_enc *t, float *x, int B, int hd, float *anchor, code_sink cs)
 {
     uint16_t *codes = kv_malloc((size_t)B * sizeof *codes), s, z;
     for (int c = 0; c < hd; c++) {
         kv_group_quantize(x + c, (size_t)B, (size_t)hd, (unsigned)t->bits, codes, &s, &z);
         for (int i = 0; i < B; i++) {
             size_t at = (size_t)i * hd + (size_t)c;
+            if (cs.codes) {
+                cs.codes[at] = codes[i];
+                cs.scale[at] = s;
+                cs.zero[at] = z;
+            }
             x[at] = kv_group_dequantize(codes[i], s, z);
             if (anchor)
                 anchor[at] = t->anchor_bits > 0 ? kv_group_dequantize_anchor(codes[i], (unsigned)t->bits,
@@ -174,13 +199,17 @@ static void encode_block_channel(const kv_tensor_enc *t, float *x, int B, int hd
 }
 
 /* Encodes B consecutive tokens of one tensor (rows x[B][hd]) with t. */
-static void encode_tokens(const kv_tensor_enc *t, float *x, int B, int hd, float *anchor)
+static void encode_tokens(const kv_tensor_enc *t, float *x, int B, int hd, float *anchor, code_sink cs)
 {
-    if (t->kind == KV_TENSOR_INT && t->per_channel)
-        encode_block_channel(t, x, B, hd, anchor);
-    else
-        for (int i = 0; i < B; i++)
-            encode_row(t, x + (size_t)i * hd, hd, anchor ? anchor + (size_t)i * hd : NULL);
+    if (t->kind == KV_TENSOR_INT && t->per_channel) {
+        encode_block_channel(t, x, B, hd, anchor, cs);
+        return;
+    }
+    for (int i = 0; i < B; i++) {
+        size_t at = (size_t)i * hd;
+        code_sink row = cs.codes ? (code_sink){cs.codes + at, cs.scale + at, cs.zero + at} : cs;
+        encode_row(t, x + at, hd, anchor ? anchor + at : NULL, row);
+    }
 }
 
 /* Bytes one token of a tensor costs (per-channel: its share of a block). */
@@ -222,6 +251,9 @@ static void lane_reserve(lane *L, int need, int hd, unsigned flags, bool split)
     L->v = kv_realloc(L->v, (size_t)cap * row);
     L->sig = kv_realloc(L->sig, (size_t)cap * sizeof *L->sig);
     L->sig_n = kv_realloc(L->sig_n, (size_t)cap * sizeof *L->sig_n);
+    uint16_t **codes[] = {&L->kc, &L->vc, &L->ks, &L->kz, &L->vs, &L->vz};
+    for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++)
+        *codes[i] = kv_realloc(*codes[i], (size_t)cap * (size_t)hd * sizeof(uint16_t));
     if (split || L->ka) {
         L->ka = kv_realloc(L->ka, (size_t)cap * row);
         L->va = kv_realloc(L->va, (size_t)cap * row);
@@ -237,12 +269,54 @@ static void lane_reserve(lane *L, int need, int hd, unsigned flags, bool split)
 
 static void lane_free(lane *L)
 {
-    float *arrays[] = {L->k, L->v, L->ka, L->va, L->kf, L->vf, L->rk, L->rv, L->sig, L->sig_n};
+    float *arrays[] = {L->k, L->v, L->ka, L->va, L->kf, L->vf, L->rk, L->rv, L->sig, L->sig_n, L->kt, L->rkt};
     for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++)
         kv_free(arrays[i]);
+    uint16_t *codes[] = {L->kc, L->vc, L->ks, L->kz, L->vs, L->vz};
+    for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++)
+        kv_free(codes[i]);
     kv_free(L->pos);
     kv_free(L->tier);
     kv_free(L->fixed);
+}
+
+static code_sink key_sink(const lane *L, int i, int hd)
+{
+    size_t at = (size_t)i * hd;
+    return (code_sink){L->kc + at, L->ks + at, L->kz + at};
+}
+
+static code_sink value_sink(const lane *L, int i, int hd)
+{
+    size_t at = (size_t)i * hd;
+    return (code_sink){L->vc + at, L->vs + at, L->vz + at};
+}
+
+/* Token i's keys changed (invariant 5). */
+static void lane_touch(lane *L, int i)
+{
+    if (i < L->kt_valid)
+        L->kt_valid = i;
+}
+
+/* Brings kt/rkt up to date with k/rk for the lane's n tokens. */
+static void lane_sync_kt(lane *L, int hd)
+{
+    if (L->kt_cap < L->n) {
+        L->kt_cap = L->cap;
+        L->kt = kv_realloc(L->kt, (size_t)hd * L->kt_cap * sizeof(float));
+        if (L->rk)
+            L->rkt = kv_realloc(L->rkt, (size_t)hd * L->kt_cap * sizeof(float));
+        L->kt_valid = 0;
+    }
+    size_t cap = (size_t)L->kt_cap;
+    for (int j = L->kt_valid; j < L->n; j++)
+        for (int c = 0; c < hd; c++) {
+            L->kt[(size_t)c * cap + j] = L->k[(size_t)j * hd + c];
+            if (L->rk)
+                L->rkt[(size_t)c * cap + j] = L->rk[(size_t)j * hd + c];
+        }
+    L->kt_valid = L->n;
 }
 
 /* Removes token i (DiffKV pruning; DiffKV lanes have no split planes). */
@@ -260,8 +334,12 @@ static void lane_remove(lane *L, int i, int hd)
     }
     memmove(L->sig + at, L->sig + at + 1, tail * sizeof *L->sig);
     memmove(L->sig_n + at, L->sig_n + at + 1, tail * sizeof *L->sig_n);
+    uint16_t *codes[] = {L->kc, L->vc, L->ks, L->kz, L->vs, L->vz};
+    for (size_t c = 0; c < sizeof codes / sizeof codes[0]; c++)
+        memmove(codes[c] + at * row, codes[c] + (at + 1) * row, tail * row * sizeof(uint16_t));
     L->n--;
     L->pruned++;
+    lane_touch(L, i);
 }
 
 /* ---- Creation -------------------------------------------------------------------------------- */
@@ -375,9 +453,10 @@ static bool apply_tier(const kv_encoding *e, lane *L, int i, int tier, int hd)
         return false;
     }
     L->tier[i] = (uint8_t)tier;
+    lane_touch(L, i);
     if (tier == TIER_LOW) { /* demotion re-quantizes what the cache holds */
-        encode_row(&e->key_low, L->k + (size_t)i * hd, hd, NULL);
-        encode_row(&e->value_low, L->v + (size_t)i * hd, hd, NULL);
+        encode_row(&e->key_low, L->k + (size_t)i * hd, hd, NULL, key_sink(L, i, hd));
+        encode_row(&e->value_low, L->v + (size_t)i * hd, hd, NULL, value_sink(L, i, hd));
     }
     return true;
 }
@@ -389,8 +468,9 @@ static void flush_window(const kv_encoding *e, lane *L, int hd)
     int B = block_tokens(e), W = e->full_precision_window;
     while (L->n - L->n_quant - W >= B) {
         size_t at = (size_t)L->n_quant * hd;
-        encode_tokens(&e->key, L->k + at, B, hd, NULL);
-        encode_tokens(&e->value, L->v + at, B, hd, NULL);
+        lane_touch(L, L->n_quant);
+        encode_tokens(&e->key, L->k + at, B, hd, NULL, key_sink(L, L->n_quant, hd));
+        encode_tokens(&e->value, L->v + at, B, hd, NULL, value_sink(L, L->n_quant, hd));
         for (int t = 0; t < B; t++)
             L->tier[L->n_quant + t] = TIER_HIGH;
         L->n_quant += B;
@@ -400,13 +480,14 @@ static void flush_window(const kv_encoding *e, lane *L, int hd)
 static void seal_lane(kv_kvstore *s, const kv_encoding *e, lane *L)
 {
     int hd = s->shape.head_dim, n = L->n;
+    lane_touch(L, 0);
     if (e->diffkv) {
         int context = s->length;
         /* Every token takes the high tier first; those outside the recent
            window are then decided for good from their prefill significance. */
         for (int i = 0; i < n; i++) {
-            encode_row(&e->key, L->k + (size_t)i * hd, hd, NULL);
-            encode_row(&e->value, L->v + (size_t)i * hd, hd, NULL);
+            encode_row(&e->key, L->k + (size_t)i * hd, hd, NULL, key_sink(L, i, hd));
+            encode_row(&e->value, L->v + (size_t)i * hd, hd, NULL, value_sink(L, i, hd));
             L->tier[i] = TIER_HIGH;
             L->fixed[i] = 0;
         }
@@ -425,8 +506,8 @@ static void seal_lane(kv_kvstore *s, const kv_encoding *e, lane *L)
         lane_reserve(L, n, hd, s->flags, true);
     for (int i0 = 0; i0 < Q; i0 += B) {
         size_t at = (size_t)i0 * hd;
-        encode_tokens(&e->key, L->k + at, B, hd, split ? L->ka + at : NULL);
-        encode_tokens(&e->value, L->v + at, B, hd, split ? L->va + at : NULL);
+        encode_tokens(&e->key, L->k + at, B, hd, split ? L->ka + at : NULL, key_sink(L, i0, hd));
+        encode_tokens(&e->value, L->v + at, B, hd, split ? L->va + at : NULL, value_sink(L, i0, hd));
     }
     for (int i = 0; i < n; i++) {
         L->tier[i] = i < Q ? TIER_HIGH : TIER_WINDOW;
@@ -469,6 +550,7 @@ void kv_kvstore_set_residual(kv_kvstore *s, bool arrived)
         if (!L->n_split)
             continue;
         size_t bytes = (size_t)L->n_split * s->shape.head_dim * sizeof(float);
+        lane_touch(L, 0);
         memcpy(L->k, arrived ? L->kf : L->ka, bytes);
         memcpy(L->v, arrived ? L->vf : L->va, bytes);
     }
@@ -481,6 +563,7 @@ void kv_kvstore_truncate(kv_kvstore *s, int32_t pos)
         lane *L = &s->lanes[i];
         while (L->n > 0 && L->pos[L->n - 1] >= pos)
             L->n--;
+        lane_touch(L, L->n);
         if (L->n_quant > L->n)
             L->n_quant = L->n;
         if (L->n_split > L->n)
@@ -504,6 +587,7 @@ void kv_kvstore_append(kv_kvstore *s, int layer, const float *k, const float *v,
             kv_assert(L->n == 0 || pos[t] > L->pos[L->n - 1]); /* invariant 1 */
             int i = L->n++;
             size_t at = (size_t)i * hd;
+            lane_touch(L, i);
             const float *kr = k + ((size_t)t * H + (size_t)h) * hd, *vr = v + ((size_t)t * H + (size_t)h) * hd;
             memcpy(L->k + at, kr, (size_t)hd * sizeof(float));
             memcpy(L->v + at, vr, (size_t)hd * sizeof(float));
@@ -522,8 +606,8 @@ void kv_kvstore_append(kv_kvstore *s, int layer, const float *k, const float *v,
             if (e->diffkv) {
                 /* New tokens enter the high tier; the one leaving the recent
                    window is decided for good (at most one per step). */
-                encode_row(&e->key, L->k + at, hd, NULL);
-                encode_row(&e->value, L->v + at, hd, NULL);
+                encode_row(&e->key, L->k + at, hd, NULL, key_sink(L, i, hd));
+                encode_row(&e->value, L->v + at, hd, NULL, value_sink(L, i, hd));
                 L->tier[i] = TIER_HIGH;
                 int leaving = L->n - 1 - e->window;
                 if (leaving >= 0 && !L->fixed[leaving])
@@ -536,8 +620,8 @@ void kv_kvstore_append(kv_kvstore *s, int layer, const float *k, const float *v,
                 L->tier[i] = TIER_WINDOW;
                 flush_window(e, L, hd);
             } else {
-                encode_row(&e->key, L->k + at, hd, NULL);
-                encode_row(&e->value, L->v + at, hd, NULL);
+                encode_row(&e->key, L->k + at, hd, NULL, key_sink(L, i, hd));
+                encode_row(&e->value, L->v + at, hd, NULL, value_sink(L, i, hd));
                 L->tier[i] = TIER_HIGH;
                 L->n_quant = L->n;
             }
@@ -648,33 +732,320 @@ static void attention_exact(kv_kvstore *s, int layer, const float *q, const int3
     kv_free(Og);
 }
 
-/* Attention of one query row over rows K, V [m][hd] (BLAS sgemv); p [m] scratch
-   receives the probabilities. */
-static void attend_row(const float *qr, const float *K, const float *V, int m, int hd, float scale, float *p,
-                       float *o)
+/* Attention of one query row over the first m tokens of a lane: keys from
+   the transposed copy Kt (stride ld), values V [m][hd]. Plain loops that
+   vectorize across tokens and channels while every sum keeps its order;
+   p [m] receives the probabilities. */
+static void attend_row(const float *qr, const float *Kt, size_t ld, const float *V, int m, int hd, float scale,
+                       float *p, float *o)
 {
-    if (m == 0) {
-        memset(o, 0, (size_t)hd * sizeof *o);
+    memset(o, 0, (size_t)hd * sizeof *o);
+    if (m == 0)
         return;
+    memset(p, 0, (size_t)m * sizeof *p);
+    for (int c = 0; c < hd; c++) {
+        float qc = qr[c];
+        const float *kc = Kt + (size_t)c * ld;
+        for (int j = 0; j < m; j++)
+            p[j] += qc * kc[j];
     }
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, m, hd, scale, K, hd, qr, 1, 0.0f, p, 1);
+    for (int j = 0; j < m; j++)
+        p[j] *= scale;
     softmax(p, m);
-    cblas_sgemv(CblasRowMajor, CblasTrans, m, hd, 1.0f, V, hd, p, 1, 0.0f, o, 1);
+    for (int j = 0; j < m; j++) {
+        float pj = p[j];
+        const float *vj = V + (size_t)j * hd;
+        for (int c = 0; c < hd; c++)
+            o[c] += pj * vj[c];
+    }
 }
 
-/* Attention over the stored (encoded, reconstructed) values after the seal.
-   This is the place where kv_backend_attention over the encoded pages goes. */
-static void attention_stored(kv_kvstore *s, int layer, const float *q, const int32_t *pos, int T, float *out)
+/* ---- Attention through a backend ------------------------------------------------------------ */
+
+/* How token i of a lane stores K (value false) or V, as a backend page format. */
+static kv_store_format token_format(const kv_kvstore *s, const kv_encoding *e, const lane *L, int i, bool value)
+{
+    kv_store_format f = {0};
+    const kv_tensor_enc *t = NULL;
+    switch (L->tier[i]) {
+    case TIER_EXACT:
+        f.kind = KV_STORE_F32;
+        return f;
+    case TIER_WINDOW:
+        f.kind = KV_STORE_BF16;
+        return f;
+    case TIER_HIGH:
+        t = value ? &e->value : &e->key;
+        break;
+    default:
+        t = value ? &e->value_low : &e->key_low;
+        break;
+    }
+    if (t->kind == KV_TENSOR_BF16) {
+        f.kind = KV_STORE_BF16;
+        return f;
+    }
+    f.kind = KV_STORE_QUANT;
+    f.bits = (uint8_t)t->bits;
+    f.anchor_bits = (uint8_t)(i < L->n_split && !s->residual ? t->anchor_bits : 0);
+    f.grouping = (uint8_t)(t->per_channel ? KV_GROUP_CHANNEL : KV_GROUP_TOKEN);
+    f.group_size = (uint32_t)t->group_size;
+    return f;
+}
+
+static bool same_format(const kv_store_format *a, const kv_store_format *b)
+{
+    return a->kind == b->kind && a->bits == b->bits && a->anchor_bits == b->anchor_bits &&
+           a->grouping == b->grouping && a->group_size == b->group_size;
+}
+
+typedef struct bytes_vec {
+    uint8_t *p;
+    size_t n, cap;
+} bytes_vec;
+
+/* Reserves n zeroed bytes at a 16-byte aligned offset; returns the offset. */
+static size_t bv_take(bytes_vec *b, size_t n)
+{
+    size_t at = (b->n + 15) & ~(size_t)15;
+    if (at + n > b->cap)
+        kv_grow((void **)&b->p, 1, &b->cap, at + n);
+    memset(b->p + b->n, 0, at + n - b->n);
+    b->n = at + n;
+    return at;
+}
+
+/* Writes one group's codes (element i at codes[i * stride], shifted right by
+   shift) as a little-endian bit stream of width w into zeroed dst. */
+static void pack_group(uint8_t *dst, const uint16_t *codes, size_t n, size_t stride, unsigned shift, unsigned w)
+{
+    uint64_t acc = 0;
+    unsigned have = 0;
+    uint32_t mask = (1u << w) - 1u;
+    for (size_t i = 0; i < n; i++) {
+        acc |= (uint64_t)(((uint32_t)codes[i * stride] >> shift) & mask) << have;
+        for (have += w; have >= 8; have -= 8, acc >>= 8)
+            *dst++ = (uint8_t)acc;
+    }
+    if (have)
+        *dst = (uint8_t)acc;
+}
+
+/* Writes tokens [i0, i0 + n) of one tensor of lane L in format f into kv;
+   returns the data offset and sets *meta_off (scale[groups] then zero[groups]). */
+static size_t put_tensor(bytes_vec *kv, const kv_store_format *f, const lane *L, bool value, int i0, int n, int hd,
+                         uint64_t *meta_off)
+{
+    const float *x = (value ? L->v : L->k) + (size_t)i0 * hd;
+    size_t count = (size_t)n * hd;
+    *meta_off = 0;
+    if (f->kind == KV_STORE_F32) {
+        size_t at = bv_take(kv, count * 4);
+        memcpy(kv->p + at, x, count * 4);
+        return at;
+    }
+    if (f->kind == KV_STORE_BF16) { /* the stored values are bf16 numbers: their top 16 bits */
+        size_t at = bv_take(kv, count * 2);
+        for (size_t i = 0; i < count; i++) {
+            uint32_t bits;
+            memcpy(&bits, &x[i], 4);
+            uint16_t h = (uint16_t)(bits >> 16);
+            memcpy(kv->p + at + 2 * i, &h, 2);
+        }
+        return at;
+    }
+    const uint16_t *codes = (value ? L->vc : L->kc) + (size_t)i0 * hd;
+    const uint16_t *sc = (value ? L->vs : L->ks) + (size_t)i0 * hd, *zr = (value ? L->vz : L->kz) + (size_t)i0 * hd;
+    kv_quant_layout lay = {(uint32_t)n, (uint32_t)hd, f->group_size, (kv_grouping)f->grouping};
+    unsigned w = f->anchor_bits ? f->anchor_bits : f->bits;
+    unsigned shift = f->anchor_bits ? (unsigned)(f->bits - f->anchor_bits) : 0;
+    size_t groups = kv_layout_groups(&lay);
+    size_t at = bv_take(kv, kv_layout_packed_bytes(&lay, w));
+    size_t meta = bv_take(kv, kv_layout_meta_bytes(&lay));
+    size_t off = at;
+    for (size_t g = 0; g < groups; g++) {
+        size_t len = kv_layout_group_len(&lay, g), first, stride;
+        uint16_t s, z;
+        if (f->grouping == KV_GROUP_TOKEN) {
+            size_t gpr = ((size_t)hd + f->group_size - 1) / f->group_size, row = g / gpr, gi = g % gpr;
+            first = row * (size_t)hd + gi * f->group_size;
+            stride = 1;
+            s = sc[row * (size_t)hd + gi];
+            z = zr[row * (size_t)hd + gi];
+        } else { /* channel c of a block of group_size tokens */
+            size_t block = g / (size_t)hd, c = g % (size_t)hd;
+            first = block * f->group_size * (size_t)hd + c;
+            stride = (size_t)hd;
+            s = sc[first];
+            z = zr[first];
+        }
+        pack_group(kv->p + off, codes + first, len, stride, shift, w);
+        off += (len * w + 7) / 8;
+        memcpy(kv->p + meta + 2 * g, &s, 2);
+        memcpy(kv->p + meta + 2 * (groups + g), &z, 2);
+    }
+    *meta_off = meta;
+    return at;
+}
+
+/* Writes host bytes to a fresh backend buffer; *out is the caller's. */
+static int upload(kv_backend *be, const void *src, size_t bytes, kv_buffer **out, kv_error *err)
+{
+    int rc = kv_buffer_alloc(be, bytes ? bytes : 4, out, err);
+    if (!rc && bytes)
+        rc = kv_buffer_write(be, *out, 0, src, bytes, err);
+    return rc;
+}
+
+/* The layer's lanes as backend pages (one per run of tokens stored alike;
+   per-channel groups also end a page at their block edge), then
+   kv_backend_attention over them. DiffKV lanes take the per-token
+   probabilities back for their significance. */
+static int attention_backend(kv_kvstore *s, int layer, const float *q, const int32_t *pos, int T, float *out,
+                             kv_error *err)
+{
+    int H = s->shape.n_heads, KVH = s->shape.n_kv_heads, hd = s->shape.head_dim;
+    kv_page_desc *pages = NULL;
+    size_t n_pages = 0, cap_pages = 0, n_pos = 0;
+    uint32_t *head_pages = kv_malloc((size_t)KVH * 2 * sizeof *head_pages), *positions = NULL;
+    bytes_vec kv = {0};
+    bool scores = false;
+    uint32_t stride = 1;
+    for (int g = 0; g < KVH; g++) {
+        size_t li = (size_t)layer * KVH + (size_t)g;
+        const lane *L = &s->lanes[li];
+        const kv_encoding *e = s->enc ? &s->enc[li] : NULL;
+        scores |= e && e->diffkv;
+        stride = (uint32_t)L->n > stride ? (uint32_t)L->n : stride;
+        head_pages[2 * g] = (uint32_t)n_pages;
+        positions = kv_realloc(positions, (n_pos + (size_t)L->n + 1) * sizeof *positions);
+        for (int i0 = 0; i0 < L->n;) {
+            kv_store_format kf = token_format(s, e, L, i0, false), vf = token_format(s, e, L, i0, true);
+            int B = 0;
+            if (kf.kind == KV_STORE_QUANT && kf.grouping == KV_GROUP_CHANNEL)
+                B = (int)kf.group_size;
+            else if (vf.kind == KV_STORE_QUANT && vf.grouping == KV_GROUP_CHANNEL)
+                B = (int)vf.group_size;
+            int i1 = i0 + 1;
+            while (i1 < L->n && (B == 0 || i1 % B != 0)) {
+                kv_store_format k2 = token_format(s, e, L, i1, false), v2 = token_format(s, e, L, i1, true);
+                if (!same_format(&kf, &k2) || !same_format(&vf, &v2))
+                    break;
+                i1++;
+            }
+            if (n_pages == cap_pages)
+                kv_grow((void **)&pages, sizeof *pages, &cap_pages, n_pages + 1);
+            kv_page_desc *pg = &pages[n_pages++];
+            memset(pg, 0, sizeof *pg);
+            pg->ntokens = (uint32_t)(i1 - i0);
+            pg->pos_index = (uint32_t)n_pos;
+            pg->key = kf;
+            pg->value = vf;
+            pg->key_data = put_tensor(&kv, &kf, L, false, i0, i1 - i0, hd, &pg->key_meta);
+            pg->value_data = put_tensor(&kv, &vf, L, true, i0, i1 - i0, hd, &pg->value_meta);
+            for (int i = i0; i < i1; i++)
+                positions[n_pos++] = (uint32_t)L->pos[i];
+            i0 = i1;
+        }
+        head_pages[2 * g + 1] = (uint32_t)n_pages - head_pages[2 * g];
+    }
+    uint32_t *qpos = kv_malloc((size_t)T * sizeof *qpos);
+    for (int t = 0; t < T; t++)
+        qpos[t] = (uint32_t)pos[t];
+    size_t qbytes = (size_t)T * H * hd * sizeof(float), sbytes = (size_t)KVH * stride * sizeof(float);
+    kv_backend *be = s->backend;
+    kv_buffer *bq = NULL, *bqp = NULL, *bpg = NULL, *bhp = NULL, *bpos = NULL, *bkv = NULL, *bout = NULL,
+              *bsc = NULL;
+    int rc = upload(be, q, qbytes, &bq, err);
+    if (!rc)
+        rc = upload(be, qpos, (size_t)T * 4, &bqp, err);
+    if (!rc)
+        rc = upload(be, pages, n_pages * sizeof *pages, &bpg, err);
+    if (!rc)
+        rc = upload(be, head_pages, (size_t)KVH * 8, &bhp, err);
+    if (!rc)
+        rc = upload(be, positions, n_pos * 4, &bpos, err);
+    if (!rc)
+        rc = upload(be, kv.p, kv.n, &bkv, err);
+    if (!rc)
+        rc = kv_buffer_alloc(be, qbytes, &bout, err);
+    if (!rc && scores)
+        rc = kv_buffer_alloc(be, sbytes, &bsc, err);
+    float *sc = scores ? kv_malloc(sbytes) : NULL;
+    if (!rc) {
+        kv_attention_args a = {
+            .n_queries = (uint32_t)T,
+            .n_heads = (uint32_t)H,
+            .n_kv_heads = (uint32_t)KVH,
+            .head_dim = (uint32_t)hd,
+            .n_pages = (uint32_t)n_pages,
+            .score_stride = stride,
+            .scale = 1.0f / sqrtf((float)hd),
+            .q = {bq, 0},
+            .q_pos = {bqp, 0},
+            .pages = {n_pages ? bpg : NULL, 0},
+            .head_pages = {bhp, 0},
+            .positions = {n_pages ? bpos : NULL, 0},
+            .kv_data = {n_pages ? bkv : NULL, 0},
+            .out = {bout, 0},
+            .scores = {bsc, 0},
+        };
+        rc = kv_backend_attention(be, &a, err);
+    }
+    if (!rc)
+        rc = kv_backend_synchronize(be, err);
+    if (!rc)
+        rc = kv_buffer_read(be, bout, 0, out, qbytes, err);
+    if (!rc && scores)
+        rc = kv_buffer_read(be, bsc, 0, sc, sbytes, err);
+    if (!rc && scores)
+        for (int g = 0; g < KVH; g++) {
+            size_t li = (size_t)layer * KVH + (size_t)g;
+            lane *L = &s->lanes[li];
+            if (!s->enc[li].diffkv)
+                continue;
+            for (int j = 0; j < L->n; j++) {
+                L->sig[j] += sc[(size_t)g * stride + (size_t)j];
+                for (int t = 0; t < T; t++)
+                    L->sig_n[j] += pos[t] >= L->pos[j] ? 1.0f : 0.0f;
+            }
+        }
+    kv_buffer *all[] = {bq, bqp, bpg, bhp, bpos, bkv, bout, bsc};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        kv_buffer_free(be, all[i]);
+    kv_free(sc);
+    kv_free(qpos);
+    kv_free(pages);
+    kv_free(head_pages);
+    kv_free(positions);
+    kv_free(kv.p);
+    if (rc)
+        kv_error_prefix(err, "layer %d: ", layer);
+    return rc;
+}
+
+/* Attention over the stored (encoded) KV after the seal: the backend's kernel
+   when one is set, else the loop over the reconstructed values. With
+   KV_KVSTORE_MEASURE, the same queries also run over the bf16 reference. */
+static int attention_stored(kv_kvstore *s, int layer, const float *q, const int32_t *pos, int T, float *out,
+                            kv_error *err)
 {
     int H = s->shape.n_heads, KVH = s->shape.n_kv_heads, hd = s->shape.head_dim, G = H / KVH;
     float scale = 1.0f / sqrtf((float)hd);
-    bool measure = (s->flags & KV_KVSTORE_MEASURE) != 0;
+    bool measure = (s->flags & KV_KVSTORE_MEASURE) != 0, own = s->backend == NULL;
+    if (!own) {
+        int rc = attention_backend(s, layer, q, pos, T, out, err);
+        if (rc || !measure)
+            return rc;
+    }
     float *ref = measure ? kv_malloc((size_t)hd * sizeof *ref) : NULL;
     for (int g = 0; g < KVH; g++) {
         size_t li = (size_t)layer * KVH + (size_t)g;
         lane *L = &s->lanes[li];
-        bool scores = s->enc && s->enc[li].diffkv;
+        bool scores = own && s->enc && s->enc[li].diffkv;
         int nk_all = L->n ? L->n : 1;
+        lane_sync_kt(L, hd);
+        size_t ldk = (size_t)L->kt_cap;
         float *p = kv_malloc((size_t)nk_all * sizeof *p);
         float *acc = scores ? kv_calloc((size_t)G * (size_t)nk_all, sizeof *acc) : NULL;
         for (int t = 0; t < T; t++) {
@@ -683,13 +1054,14 @@ static void attention_stored(kv_kvstore *s, int layer, const float *q, const int
                 int h = g * G + hh;
                 const float *qr = q + ((size_t)t * H + (size_t)h) * hd;
                 float *o = out + ((size_t)t * H + (size_t)h) * hd;
-                attend_row(qr, L->k, L->v, m, hd, scale, p, o);
+                if (own)
+                    attend_row(qr, L->kt, ldk, L->v, m, hd, scale, p, o);
                 if (scores)
                     for (int j = 0; j < m; j++)
                         acc[(size_t)hh * nk_all + j] += p[j];
                 if (measure) {
                     /* The same query over bf16 K/V of the same tokens, pruned ones included. */
-                    attend_row(qr, L->rk, L->rv, m, hd, scale, p, ref);
+                    attend_row(qr, L->rkt, ldk, L->rv, m, hd, scale, p, ref);
                     double e2 = 0, r2 = 0;
                     for (int c = 0; c < hd; c++) {
                         double d = (double)o[c] - ref[c];
@@ -716,16 +1088,21 @@ static void attention_stored(kv_kvstore *s, int layer, const float *q, const int
         kv_free(acc);
     }
     kv_free(ref);
+    return KV_OK;
 }
 
-void kv_kvstore_attention(kv_kvstore *s, int layer, const float *q, const int32_t *pos, int T, float *out)
+void kv_kvstore_set_backend(kv_kvstore *s, kv_backend *be) { s->backend = be; }
+
+int kv_kvstore_attention(kv_kvstore *s, int layer, const float *q, const int32_t *pos, int T, float *out,
+                         kv_error *err)
 {
     if (T <= 0)
-        return;
-    if (!s->sealed)
+        return KV_OK;
+    if (!s->sealed) {
         attention_exact(s, layer, q, pos, T, out);
-    else
-        attention_stored(s, layer, q, pos, T, out);
+        return KV_OK;
+    }
+    return attention_stored(s, layer, q, pos, T, out, err);
 }
 
 /* ---- Statistics ------------------------------------------------------------------------------------------ */

@@ -16,11 +16,13 @@
  * Numerics are DESIGN.md's: group quantization with fp16 scale/zero, the
  * anchor midpoint reconstruction, bf16 round to nearest even.
  *
- * Attention here is the reference: exact fp32 through OpenBLAS for the
- * prefill, a plain loop over the stored values after the seal. The stored
- * values are exactly what kv_backend_decode produces from the encoded
- * planes, so routing decode attention through kv_backend_attention changes
- * only kvstore_attention_stored() (see docs/accuracy.md).
+ * Attention: exact fp32 through OpenBLAS for the prefill. After the seal,
+ * with a backend set (kv_kvstore_set_backend), the stored codes are laid out
+ * as the backend's pages — one page per run of tokens stored alike (bf16,
+ * b-bit groups per token or per channel, Lynx anchor-only planes, DiffKV's
+ * two tiers) with packed planes and fp16 metadata — and kv_backend_attention
+ * runs over them; without one, a plain loop runs over the reconstructed
+ * values (the same numbers the backend's decode produces from the codes).
  *
  * Optionally (KV_KVSTORE_MEASURE) a store keeps the bf16 rounding of every
  * exact K/V beside it and, at each attention call after the seal, also
@@ -34,6 +36,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "backends/backend.h"
 #include "core/error.h"
 #include "core/policy.h"
 
@@ -70,8 +73,14 @@ void kv_kvstore_append(kv_kvstore *s, int layer, const float *k, const float *v,
 
 /* Causal attention of T queries q (f32 [T][n_heads][head_dim], positions pos)
    over the layer's stored KV (keys at positions <= the query's); out is f32
-   [T][n_heads][head_dim]. Call after appending the queries' own K/V. */
-void kv_kvstore_attention(kv_kvstore *s, int layer, const float *q, const int32_t *pos, int T, float *out);
+   [T][n_heads][head_dim]. Call after appending the queries' own K/V.
+   Fails only when the backend does (its error, KV_EFAIL or KV_EINPUT). */
+int kv_kvstore_attention(kv_kvstore *s, int layer, const float *q, const int32_t *pos, int T, float *out,
+                         kv_error *err);
+
+/* Attention after the seal goes through this backend's kernel (borrowed; NULL:
+   the built-in loop). */
+void kv_kvstore_set_backend(kv_kvstore *s, kv_backend *be);
 
 /* Ends the prefill: encodes every stored token per the policy. */
 void kv_kvstore_seal(kv_kvstore *s);

@@ -1,8 +1,9 @@
 /* model.c — llama forward pass (RMSNorm, RoPE, GQA, SwiGLU) over OpenBLAS, in the manner of llama2.c.
  *
  * Weights are ggml's row-major [out][in] matrices (GGUF dims {in, out}),
- * dequantized once at load to fp32, so every projection of a batch of n rows
- * is one sgemm: Y[n][out] = X[n][in] · W^T. RoPE rotates adjacent pairs
+ * dequantized once at load to fp32 and kept transposed, Wt [in][out], so a
+ * projection of n rows is Y[n][out] = X[n][in] · Wt: one sgemm (or one sgemv
+ * for a single row). RoPE rotates adjacent pairs
  * (x[2i], x[2i+1]) — the GGUF llama convention (the converter permutes Q and K
  * so that this equals Hugging Face's rotate-half). The output projection is
  * the token embedding when the file has no output.weight (tied, as SmolLM2).
@@ -19,22 +20,21 @@
 
 typedef struct layer_weights {
     float *attn_norm; /* (dim) */
-    float *wq;        /* (dim, dim): [out][in] */
-    float *wk;        /* (kv_dim, dim) */
-    float *wv;        /* (kv_dim, dim) */
+    float *wq;        /* (dim, dim): transposed, [in][out] */
+    float *wk;        /* (dim, kv_dim) */
+    float *wv;        /* (dim, kv_dim) */
     float *wo;        /* (dim, dim) */
     float *ffn_norm;  /* (dim) */
-    float *w_gate;    /* (hidden, dim) */
-    float *w_up;      /* (hidden, dim) */
-    float *w_down;    /* (dim, hidden) */
+    float *w_gate;    /* (dim, hidden) */
+    float *w_up;      /* (dim, hidden) */
+    float *w_down;    /* (hidden, dim) */
 } layer_weights;
 
 struct kv_model {
     kv_model_config cfg;
     kv_tokenizer *tok;
-    float *embedding;     /* (vocab, dim) */
-    float *output;        /* (vocab, dim): the embedding when tied */
-    bool output_tied;
+    float *embedding;     /* (vocab, dim): row t is token t's vector */
+    float *output;        /* (dim, vocab): the output projection transposed (the embedding's when tied) */
     float *output_norm;   /* (dim) */
     layer_weights *layers;/* [n_layers] */
     double *inv_freq;     /* (head_dim / 2): RoPE base^(-2i / head_dim) */
@@ -51,6 +51,19 @@ static int get_dim(const kv_gguf *g, const char *key, uint32_t lo, uint32_t hi, 
         return kv_error_set(err, KV_EINPUT, "%s: key '%s' is %u (must be %u..%u)", kv_gguf_name(g), key, v, lo, hi);
     *out = (int)v;
     return KV_OK;
+}
+
+/* out[j][i] = in[i][j] for in [rows][cols]. */
+static float *transpose(const float *in, size_t rows, size_t cols)
+{
+    float *out = kv_malloc(rows * cols * sizeof *out);
+    enum { B = 32 };
+    for (size_t i0 = 0; i0 < rows; i0 += B)
+        for (size_t j0 = 0; j0 < cols; j0 += B)
+            for (size_t i = i0; i < i0 + B && i < rows; i++)
+                for (size_t j = j0; j < j0 + B && j < cols; j++)
+                    out[j * rows + i] = in[i * cols + j];
+    return out;
 }
 
 /* Loads tensor `name` of shape {d0, d1} (d1 = 1 for a vector) as fp32. */
@@ -74,6 +87,19 @@ static int load_tensor(const kv_gguf *g, const char *name, uint64_t d0, uint64_t
     }
     *out = w;
     *count += (double)(d0 * d1);
+    return KV_OK;
+}
+
+/* Loads a matrix {in, out} and keeps it transposed, [in][out]. */
+static int load_matrix(const kv_gguf *g, const char *name, uint64_t in, uint64_t out, float **wt, double *count,
+                       kv_error *err)
+{
+    float *w;
+    int rc = load_tensor(g, name, in, out, &w, count, err);
+    if (rc)
+        return rc;
+    *wt = transpose(w, (size_t)out, (size_t)in);
+    kv_free(w);
     return KV_OK;
 }
 
@@ -163,32 +189,30 @@ int kv_model_load(const char *path, kv_model **out, kv_error *err)
     if (!rc)
         rc = load_tensor(g, "output_norm.weight", D, 1, &m->output_norm, &n, err);
     if (!rc) {
-        if (kv_gguf_find_tensor(g, "output.weight")) {
-            rc = load_tensor(g, "output.weight", D, (uint64_t)c->vocab, &m->output, &n, err);
-        } else {
-            m->output = m->embedding;
-            m->output_tied = true;
-        }
+        if (kv_gguf_find_tensor(g, "output.weight"))
+            rc = load_matrix(g, "output.weight", D, (uint64_t)c->vocab, &m->output, &n, err);
+        else /* tied: the same weights, also kept transposed */
+            m->output = transpose(m->embedding, (size_t)c->vocab, (size_t)D);
     }
     if (!rc)
         m->layers = kv_calloc((size_t)c->n_layers, sizeof *m->layers);
     for (int l = 0; l < c->n_layers && !rc; l++) {
         layer_weights *w = &m->layers[l];
         char name[96];
-#define LOAD(field, suffix, d0, d1)                                                                              \
+#define LOAD(how, field, suffix, d0, d1)                                                                         \
     if (!rc) {                                                                                                   \
         snprintf(name, sizeof name, "blk.%d." suffix, l);                                                        \
-        rc = load_tensor(g, name, d0, d1, &w->field, &n, err);                                                   \
+        rc = how(g, name, d0, d1, &w->field, &n, err);                                                           \
     }
-        LOAD(attn_norm, "attn_norm.weight", D, 1)
-        LOAD(wq, "attn_q.weight", D, D)
-        LOAD(wk, "attn_k.weight", D, KV)
-        LOAD(wv, "attn_v.weight", D, KV)
-        LOAD(wo, "attn_output.weight", D, D)
-        LOAD(ffn_norm, "ffn_norm.weight", D, 1)
-        LOAD(w_gate, "ffn_gate.weight", D, H)
-        LOAD(w_up, "ffn_up.weight", D, H)
-        LOAD(w_down, "ffn_down.weight", H, D)
+        LOAD(load_tensor, attn_norm, "attn_norm.weight", D, 1)
+        LOAD(load_matrix, wq, "attn_q.weight", D, D)
+        LOAD(load_matrix, wk, "attn_k.weight", D, KV)
+        LOAD(load_matrix, wv, "attn_v.weight", D, KV)
+        LOAD(load_matrix, wo, "attn_output.weight", D, D)
+        LOAD(load_tensor, ffn_norm, "ffn_norm.weight", D, 1)
+        LOAD(load_matrix, w_gate, "ffn_gate.weight", D, H)
+        LOAD(load_matrix, w_up, "ffn_up.weight", D, H)
+        LOAD(load_matrix, w_down, "ffn_down.weight", H, D)
 #undef LOAD
     }
     kv_gguf_destroy(g); /* everything needed was copied or dequantized */
@@ -216,8 +240,7 @@ void kv_model_destroy(kv_model *m)
                 kv_free(all[i]);
         }
     kv_free(m->layers);
-    if (!m->output_tied)
-        kv_free(m->output);
+    kv_free(m->output);
     kv_free(m->embedding);
     kv_free(m->output_norm);
     kv_free(m->inv_freq);
@@ -250,14 +273,13 @@ static void rmsnorm(float *out, const float *x, const float *w, int n, int dim, 
     }
 }
 
-/* y[n][out] = x[n][in] · W^T with W [out][in]. */
-static void matmul(float *y, const float *x, const float *w, int n, int in, int out)
+/* y[n][out] = x[n][in] · Wt with Wt [in][out]. */
+static void matmul(float *y, const float *x, const float *wt, int n, int in, int out)
 {
-    if (n == 1) { /* sgemv streams W once; sgemm would pack it first */
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w, in, x, 1, 0.0f, y, 1);
-        return;
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
+    if (n == 1)
+        cblas_sgemv(CblasRowMajor, CblasTrans, in, out, 1.0f, wt, out, x, 1, 0.0f, y, 1);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, out, in, 1.0f, x, in, wt, out, 0.0f, y, out);
 }
 
 /* Rotates adjacent pairs of every head of every row by its position. */
@@ -335,7 +357,8 @@ int kv_model_forward(kv_model *m, const kv_batch *b, kv_kvstore **stores, float 
                 r1++;
             kv_kvstore *s = stores[b->seq[r0]];
             kv_kvstore_append(s, l, k + (size_t)r0 * KV, v + (size_t)r0 * KV, b->pos + r0, r1 - r0);
-            kv_kvstore_attention(s, l, q + (size_t)r0 * D, b->pos + r0, r1 - r0, att + (size_t)r0 * D);
+            if (!rc)
+                rc = kv_kvstore_attention(s, l, q + (size_t)r0 * D, b->pos + r0, r1 - r0, att + (size_t)r0 * D, err);
             r0 = r1;
         }
         matmul(xb, att, w->wo, n, D, D);
@@ -369,7 +392,7 @@ int kv_model_forward(kv_model *m, const kv_batch *b, kv_kvstore **stores, float 
     kv_free(v);
     kv_free(hb);
     kv_free(hb2);
-    return KV_OK;
+    return rc;
 }
 
 int32_t kv_argmax(const float *logits, int n)

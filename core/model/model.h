@@ -56,7 +56,8 @@ typedef struct kv_batch {
 
 /* Runs the batch; appends every row's K/V to its store. logits receives
    [rows wanted][vocab] in row order. KV_EINPUT for a token id out of range or
-   a position past the context length; stores are unchanged on error. */
+   a position past the context length (stores unchanged); a backend's
+   attention error comes back as it is (the stores then hold the batch's KV). */
 int kv_model_forward(kv_model *m, const kv_batch *b, kv_kvstore **stores, float *logits, kv_error *err);
 
 /* Index of the largest logit (the lowest index on ties). */
