@@ -24,11 +24,27 @@
 
 /* ---- Options and output -------------------------------------------------------- */
 
+/* One reported result, kept for the table across backends. */
+typedef struct summary_row {
+    char backend[16];
+    char kernel[16];
+    char label[48];
+    uint32_t context;
+    double gbps, ratio;
+    char check[32];
+} summary_row;
+
+typedef struct summary {
+    summary_row *rows;
+    size_t n, cap;
+} summary;
+
 typedef struct opts {
     const char *backend; /* name or "all" */
     const char *json;    /* path or NULL */
     int quick;           /* one small context, for tests */
     int repeats;
+    summary *sum;        /* every result, for the table across backends */
 } opts;
 
 /* A growable string for the JSON. */
@@ -167,6 +183,18 @@ static double report(run *r, const char *kernel, const char *calib, const char *
               "\"check\": \"%s\"}",
               r->entries++ ? "," : "", kernel, calib, label, context, (unsigned long long)bytes, best, median, gbps, bw,
               ratio, r->oncpu_best_s, r->pair_bw_oncpu_gbps, cratio, check);
+    summary *sum = r->o->sum;
+    if (sum) {
+        kv_grow((void **)&sum->rows, sizeof *sum->rows, &sum->cap, sum->n + 1);
+        summary_row *row = &sum->rows[sum->n++];
+        snprintf(row->backend, sizeof row->backend, "%s", r->name);
+        snprintf(row->kernel, sizeof row->kernel, "%s", kernel);
+        snprintf(row->label, sizeof row->label, "%s", label);
+        row->context = context;
+        row->gbps = gbps;
+        row->ratio = ratio;
+        snprintf(row->check, sizeof row->check, "%s", check);
+    }
     r->last_oncpu_ratio = cratio;
     r->pair_bw_gbps = 0;
     r->pair_bw_oncpu_gbps = 0;
@@ -725,6 +753,54 @@ static int bench_backend(const opts *o, const char *name, triad *tri, double tri
 
 /* ---- The command --------------------------------------------------------------------------- */
 
+/* One table across vendors: a row per (kernel, case, context), for each backend
+   GB/s and its ratio to that backend's bandwidth, then the worst check. */
+static void print_summary(const summary *sum)
+{
+    const char *names[8];
+    size_t nb = 0;
+    for (size_t i = 0; i < sum->n && nb < 8; i++) {
+        size_t j = 0;
+        while (j < nb && strcmp(names[j], sum->rows[i].backend) != 0)
+            j++;
+        if (j == nb)
+            names[nb++] = sum->rows[i].backend;
+    }
+    if (nb < 2)
+        return; /* one backend: its own table says it all */
+    printf("\nacross backends (GB/s, ratio to that backend's bandwidth; check = the result of each against the "
+           "cpu reference)\n%-10s %-36s %6s", "kernel", "case", "ctx");
+    for (size_t b = 0; b < nb; b++)
+        printf(" %16s", names[b]);
+    printf("  check\n");
+    for (size_t i = 0; i < sum->n; i++) {
+        const summary_row *first = &sum->rows[i];
+        int seen = 0;
+        for (size_t k = 0; k < i && !seen; k++)
+            seen = strcmp(sum->rows[k].kernel, first->kernel) == 0 && strcmp(sum->rows[k].label, first->label) == 0 &&
+                   sum->rows[k].context == first->context;
+        if (seen)
+            continue;
+        printf("%-10s %-36s %6u", first->kernel, first->label, first->context);
+        char checks[160] = "";
+        for (size_t b = 0; b < nb; b++) {
+            const summary_row *hit = NULL;
+            for (size_t k = i; k < sum->n && !hit; k++)
+                if (strcmp(sum->rows[k].backend, names[b]) == 0 && strcmp(sum->rows[k].kernel, first->kernel) == 0 &&
+                    strcmp(sum->rows[k].label, first->label) == 0 && sum->rows[k].context == first->context)
+                    hit = &sum->rows[k];
+            if (hit) {
+                printf(" %8.2f (%5.2f)", hit->gbps, hit->ratio);
+                size_t len = strlen(checks);
+                snprintf(checks + len, sizeof checks - len, "%s%s: %s", len ? ", " : "", names[b], hit->check);
+            } else {
+                printf(" %16s", "-");
+            }
+        }
+        printf("  %s\n", checks);
+    }
+}
+
 static int usage(FILE *f, int code)
 {
     fprintf(f, "usage: kvsim bench kernels [--backend NAME|all] [--json FILE] [--repeats N] [--quick]\n"
@@ -754,7 +830,8 @@ static int write_json(const char *path, const sbuf *b, kv_error *err)
 
 int kv_cmd_bench_kernels(int argc, char **argv)
 {
-    opts o = {"cpu", NULL, 0, 5};
+    summary sum = {0};
+    opts o = {"cpu", NULL, 0, 5, &sum};
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
             return usage(stdout, 0);
@@ -837,6 +914,8 @@ int kv_cmd_bench_kernels(int argc, char **argv)
     }
     sb_printf(&json, "\n  ]\n}\n");
     triad_destroy(&all);
+    print_summary(&sum);
+    kv_free(sum.rows);
     if (o.json) {
         int w = write_json(o.json, &json, &err);
         if (w) {
