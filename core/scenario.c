@@ -114,6 +114,8 @@ static const kv_key_spec scenario_keys[] = {
 
     {"policies", KV_KEY_STRLIST, S(policies), "[bf16, int8, int4]", 0, 0, NULL,
      "policies to compare, one table row each (policies/<name>.lua)"},
+    {"accuracy", KV_KEY_FREEMAP, S(accuracy), NULL, 0, 0, NULL,
+     "reference-model accuracy, read by kvsim eval (docs/accuracy.md)"},
     {"policy", KV_KEY_FREEMAP, S(policy_settings), NULL, 0, 0, NULL,
      "per-policy settings: policy.<name>.file and policy.<name>.<param>"},
 

@@ -55,6 +55,7 @@ typedef struct kv_scenario {
 
     kv_strlist policies;
     const kv_ynode *policy_settings;
+    const kv_ynode *accuracy; /* `accuracy:` as written: kvsim eval reads it (core/model/eval_config.c) */
 
     char *lynx_from;
     double lynx_acceptance;
