@@ -2,6 +2,7 @@
  * that checks kernel arguments and composes optional kernels. */
 #include "backends/backend.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -231,6 +232,8 @@ static int check_layout(const char *kernel, const kv_quant_layout *l, unsigned b
         return kv_error_set(err, KV_EINPUT, "%s: group_size must be >= 1", kernel);
     if (l->grouping != KV_GROUP_TOKEN && l->grouping != KV_GROUP_CHANNEL)
         return kv_error_set(err, KV_EINPUT, "%s: unknown grouping %d", kernel, (int)l->grouping);
+    if ((uint64_t)l->rows * l->cols > SIZE_MAX / 8) /* keeps every byte count below SIZE_MAX */
+        return kv_error_set(err, KV_EINPUT, "%s: %u x %u values is too large", kernel, l->rows, l->cols);
     return KV_OK;
 }
 

@@ -262,7 +262,10 @@ typedef struct kv_backend_reg {
     int (*open)(int index, const kv_backend_i **iface, void **ctx, kv_error *err);
 } kv_backend_reg;
 
-/* ---- Registry ----------------------------------------------------------------- */
+/* ---- Registry -----------------------------------------------------------------
+   "cpu" has two devices: 0 is the fast one (all cores, SIMD; what a scenario
+   uses), 1 the reference (one thread, plain loops, double-precision
+   attention), the oracle of the conformance suite and of the bench. */
 
 size_t kv_backend_reg_count(void);
 const kv_backend_reg *kv_backend_reg_get(size_t i);

@@ -515,8 +515,11 @@ int kv_kernel_calib_load(const char *path, const char *backend, kv_kernel_calib 
     c->bandwidth_gbps = bw ? bw->num : 0;
     const jval *ks = jget(chosen, "kernels", J_ARR);
     for (size_t i = 0; ks && i < ks->n; i++) {
+        /* the on-CPU ratio, where measured, is the one free of other processes' load */
         const jval *cls = jget(&ks->items[i], "calib", J_STR), *ctx = jget(&ks->items[i], "context", J_NUM),
-                   *ratio = jget(&ks->items[i], "ratio", J_NUM);
+                   *ratio = jget(&ks->items[i], "ratio_oncpu", J_NUM);
+        if (!ratio || !(ratio->num > 0))
+            ratio = jget(&ks->items[i], "ratio", J_NUM);
         if (!cls || !ratio || !(ratio->num > 0))
             continue;
         double context = ctx ? ctx->num : 0;

@@ -46,7 +46,8 @@ typedef struct kv_kernel_calib kv_kernel_calib;
 
 /* Reads the bench JSON and keeps the entries of `backend` (NULL: the first
    backend in the file). For each class the factor is the one measured at the
-   largest context (the mean if several cases share it). Errors name the file
+   largest context (the mean if several cases share it), by on-CPU time where
+   the file has it ("ratio_oncpu"), else by wall time ("ratio"). Errors name the file
    and what is wrong (KV_EINPUT). */
 int kv_kernel_calib_load(const char *path, const char *backend, kv_kernel_calib **out, kv_error *err);
 void kv_kernel_calib_destroy(kv_kernel_calib *c); /* NULL is fine */

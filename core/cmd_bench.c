@@ -11,6 +11,8 @@ static const kv_command benches[] = {
     {"kernels", "[--backend NAME|all] [--json FILE] [--repeats N] [--quick]",
      "kernel GB/s and ratio to measured memory bandwidth, checked against the CPU reference",
      kv_cmd_bench_kernels},
+    {"net", "[--flows N] [--inflight N] [--topology T] ... (--help)",
+     "wall time and transfers/s of the SimGrid network on 10,000 KV transfers", kv_cmd_bench_net},
     {"policy", "[--policy FILE] [--calls N]", "Lua policy hook calls per second, cached and uncached",
      kv_cmd_bench_policy},
     {"model", "[--model PATH] [--prompt N] [--decode N]",

@@ -8,6 +8,8 @@
 #include "core/commands.h"
 #include "core/engine.h"
 #include "core/metrics.h"
+#include "core/model/eval_config.h"
+#include "core/plot.h"
 #include "core/report.h"
 #include "core/scenario.h"
 #include "core/study.h"
@@ -18,6 +20,7 @@ typedef struct run_args {
     int n_sets;
     const char *out_dir;
     int quiet;
+    int plot; /* --plot: scripts/plot on the output folder afterwards */
 } run_args;
 
 static void run_usage(FILE *out, const char *cmd)
@@ -27,9 +30,10 @@ static void run_usage(FILE *out, const char *cmd)
             "  --set key.path=value  override any scenario key (YAML value: 4, true, [a, b], {k: v})\n"
             "  --seed N              same as --set seed=N\n"
             "%s",
-            cmd, strcmp(cmd, "run") == 0 ? " [--out DIR] [--quiet]" : "",
+            cmd, strcmp(cmd, "run") == 0 ? " [--out DIR] [--quiet] [--plot]" : "",
             strcmp(cmd, "run") == 0 ? "  --out DIR             write results.json, requests.csv, trace.json there\n"
                                       "  --quiet               no table on stdout\n"
+                                      "  --plot                figures into DIR/figures/ (scripts/plot; needs matplotlib)\n"
                                     : "");
 }
 
@@ -64,6 +68,8 @@ static int parse(int argc, char **argv, run_args *a, char **seed_set)
             a->out_dir = argv[++i];
         } else if (strcmp(arg, "--quiet") == 0 && strcmp(argv[0], "run") == 0) {
             a->quiet = 1;
+        } else if (strcmp(arg, "--plot") == 0 && strcmp(argv[0], "run") == 0) {
+            a->plot = 1;
         } else if (arg[0] == '-') {
             fprintf(stderr, "kvsim %s: unknown or incomplete option '%s'\n", argv[0], arg);
             run_usage(stderr, argv[0]);
@@ -95,9 +101,16 @@ static int run_or_validate(int argc, char **argv, int validate_only)
     kv_error err = {0};
     kv_scenario *s = NULL;
     kv_study *study = NULL;
+    int plot_rc = 0;
     rc = kv_scenario_load(a.scenario, a.sets, a.n_sets, &s, &err);
     if (!rc)
         rc = kv_study_prepare(s, &study, &err);
+    if (!rc && validate_only && s->accuracy) {
+        /* The accuracy section has its own reader; check it the way kvsim eval will. */
+        kv_eval_scenario *es = NULL;
+        rc = kv_eval_scenario_load(a.scenario, NULL, &es, &err);
+        kv_eval_scenario_destroy(es);
+    }
     if (!rc && validate_only) {
         printf("ok: %s: %s, %zu requests, policies:", a.scenario, s->model_card.name, kv_study_request_count(study));
         for (size_t i = 0; i < s->policies.count; i++)
@@ -114,6 +127,12 @@ static int run_or_validate(int argc, char **argv, int validate_only)
             if (!rc && !a.quiet)
                 printf("wrote %s/\n", dir);
         }
+        if (!rc && a.plot) {
+            if (dir && dir[0])
+                plot_rc = kv_plot_folder(dir, stdout); /* it says why when it fails */
+            else
+                printf("plots skipped: no output folder (use --out DIR or outputs.dir)\n");
+        }
     }
     if (rc)
         fprintf(stderr, "kvsim %s: %s\n", argv[0], err.msg);
@@ -121,7 +140,7 @@ static int run_or_validate(int argc, char **argv, int validate_only)
     kv_scenario_destroy(s);
     kv_free(a.sets);
     kv_free(seed_set);
-    return rc;
+    return rc ? rc : plot_rc;
 }
 
 int kv_cmd_run(int argc, char **argv)

@@ -16,6 +16,7 @@ int kv_cmd_validate(int argc, char **argv); /* core/cmd_run.c */
 int kv_cmd_bench(int argc, char **argv);    /* core/cmd_bench.c: dispatches to the table below */
 int kv_cmd_help(int argc, char **argv);     /* core/cmd_run.c */
 int kv_cmd_eval(int argc, char **argv);     /* core/model/cmd_eval.c */
+int kv_cmd_sweep(int argc, char **argv);    /* core/cmd_sweep.c */
 
 /* `kvsim bench <what>`: each lives with the module it measures. */
 int kv_cmd_bench_sim(int argc, char **argv);     /* core/bench_sim.c */

@@ -10,6 +10,9 @@
  *   plane and layer when layer-wise) ──► 5 WAIT (at the decode node, for
  *   memory and a batch slot) ──► 6 DECODE (continuous batching) ──► 7 DONE
  *
+ * A request preempted in DECODE for memory goes back to the head of WAIT; its
+ * KV is recomputed by a prefill step on the decode node or swapped back in.
+ *
  * Lynx (a policy whose encoding splits anchor and residual planes and whose
  * speculate hook returns k > 0) enters WAIT when its anchor plane has
  * arrived. In DECODE it then speculates on anchor-only KV, one token per step,
@@ -24,7 +27,9 @@
  *  2. A token is committed only by a normal decode step, a prefill step
  *     (colocated), or a verification; speculated tokens are never counted as
  *     committed unless a verification accepted them.
- *  3. A decode node's KV bytes in use never exceed its capacity.
+ *  3. A decode node's KV never exceeds its capacity: KV is held only in pages of
+ *     the node's memory manager (core/kvmem.h), which has capacity / page pages;
+ *     a step that needs more preempts (see "Decode nodes' paged KV memory").
  *  4. Every request ends DONE, or the run fails saying which request is stuck.
  *
  * Determinism: events tie-break on push order; flows complete in the
@@ -39,9 +44,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/backend.h"
 #include "core/alloc.h"
+#include "core/diffkv.h"
 #include "core/eventq.h"
 #include "core/kvbytes.h"
+#include "core/kvcache.h"
+#include "core/kvmem.h"
 #include "core/rng.h"
 #include "core/timing.h"
 
@@ -75,15 +84,26 @@ typedef struct request {
     double anchor_per_token;/* stored KV bytes per context token, anchor only */
     double encode_s;        /* encode kernel time on the prefill node */
     double merge_s;         /* merge kernel time on the decode node */
-    double reserved_bytes;  /* KV memory held on the decode node */
+    kv_cache cache;         /* its KV on the decode node: tokens per tier and head, pages (kvcache.h) */
+    int slot;               /* its page tables on the decode node (kvmem.h), -1 while it holds no pages */
+    int prefill_tokens;     /* tokens the next prefill step computes: the prompt, or prompt + generated
+                               after a recompute preemption */
+    bool swapped;           /* preempted by swapping: its KV waits in host memory */
+    uint64_t admit_order;   /* admission sequence number: preemption evicts the latest */
     int layers_total;       /* flows per plane: layers when layer-wise, else 1 */
     int anchor_pending, residual_pending;
     bool anchor_done, residual_done, merge_pending;
-    bool prefilled;         /* colocated: prefill step done */
+    bool prefilled;         /* its KV exists (received, or computed by a prefill step on the decode node) */
     int committed, speculated;
     int action;             /* enum step_action of the step in progress */
     double last_commit_s;
     double transfer_start_s;
+    /* Timeline only (-1: did not happen): */
+    double plane_start_s[2];/* first flow of the anchor / residual plane started */
+    double enqueued_s;      /* joined its decode node's wait queue */
+    double spec_start_s;    /* first speculative step began */
+    double verify_start_s, verify_end_s; /* the verification step */
+    int track;              /* its track in the requests process */
     bool in_wait, running, done;
 } request;
 
@@ -103,7 +123,11 @@ typedef struct decode_node {
     size_t n_running, cap_running;
     bool stepping;
     double step_start_s;
-    double kv_used_bytes, kv_capacity_bytes;
+    double kv_capacity_bytes;
+    kv_mem *mem;            /* the node's paged KV memory: pages, free ring, page tables (kvmem.h) */
+    double pending_kernel_s;/* memory-manager and swap work to charge to the next step */
+    uint64_t mgr_calls_seen;/* manager calls already accounted */
+    double mgr_bytes_seen, mgr_wall_seen;
     int track;
 } decode_node;
 
@@ -123,14 +147,30 @@ typedef struct engine {
     int n_pnodes, n_dnodes;
     bool colocated;
     double accept_p;        /* lynx.acceptance */
-    const kv_doublelist *accept_pos;
+    const double *accept_pos; /* per-position conditional acceptance, or NULL */
+    size_t n_accept_pos;
     int ttkt_k;
     kv_tier_split tiers;
     kv_kernel_costs costs;  /* zeroes: roofline */
+    kv_backend *be;         /* where the memory managers' free lists and compaction kernels run */
+    bool own_be;            /* opened here (timing.backend), closed at the end */
+    kv_diffkv_score_model score_model;
+    bool tiers_measured;    /* DiffKV tier fractions come from the reference model */
+    double *head_factors;   /* [layers * kv_heads] DiffKV per-head sparsity factors */
+    bool charge_manager;    /* DiffKV: its on-device compaction calls are part of the step */
+    uint64_t admit_counter;
+    kv_mem_demand *scratch; /* batch entries for manager calls */
+    size_t cap_scratch;
+    int *shorts;            /* requests in the current batch call */
+    size_t cap_shorts;
+    size_t *short_from;     /* [i]: their first entry in scratch */
+    size_t cap_short_from;
     kv_run_result *out;
     kv_timeline *tl;
     int tl_process;
-    int *host_tracks;       /* timeline track per host NIC (transfers) */
+    int tl_requests;        /* timeline process holding one track per request */
+    int *host_tracks;       /* timeline track per host NIC (transfers): prefill out, then decode in */
+    char platform_path[4096]; /* network.platform_file resolved against the scenario */
     kv_error *err;
     int failed;             /* first error code; stops the run */
     size_t done_count;
@@ -183,20 +223,52 @@ static int plan_request(engine *e, request *r)
     kv_policy_request pr = policy_request(r);
     double anchor = 0, residual = 0, kept = 0;
     int tokens = r->spec.prompt_tokens;
-    for (int layer = 0; layer < m->layers; layer++) {
-        for (int head = 0; head < m->kv_heads; head++) {
-            kv_encoding enc;
-            int rc = kv_policy_encoding(e->policy, &e->model, &pr, layer, head, &enc, e->err);
-            if (rc)
-                return rc;
+    int heads = m->layers * m->kv_heads;
+    kv_encoding *enc = kv_calloc((size_t)heads, sizeof *enc);
+    int rc = KV_OK;
+    for (int layer = 0; layer < m->layers && !rc; layer++) {
+        for (int head = 0; head < m->kv_heads && !rc; head++) {
+            kv_encoding *en = &enc[layer * m->kv_heads + head];
+            rc = kv_policy_encoding(e->policy, &e->model, &pr, layer, head, en, e->err);
+            if (rc || en->diffkv)
+                continue;
             kv_head_bytes hb;
-            kv_encoding_bytes(&enc, tokens, m->head_dim, &e->tiers, &hb);
+            kv_encoding_bytes(en, tokens, m->head_dim, &e->tiers, &hb);
             anchor += hb.anchor;
             residual += hb.residual;
             kept += hb.kept_tokens;
         }
     }
-    int rc = kv_policy_transfer(e->policy, &pr, &r->plan, e->err);
+    if (!rc) {
+        /* Its KV on the decode node; DiffKV's tiers are decided here, at the end of prefill. */
+        kv_rng seed_rng;
+        kv_rng_fork(&e->base_rng, (r->spec.id + 1) ^ 0xd1ffc0de5eedULL, &seed_rng);
+        rc = kv_cache_init(&r->cache, enc, heads, m->head_dim, &e->score_model, e->head_factors,
+                           kv_rng_u64(&seed_rng), e->err);
+        if (rc)
+            kv_error_prefix(e->err, "%s: policy %s, request %llu: ", e->s->path, kv_policy_name(e->policy),
+                            (unsigned long long)r->spec.id);
+    }
+    if (!rc && r->cache.kind == KV_CACHE_DIFFKV && strcmp(e->s->diffkv_from, "reference-model") == 0 &&
+        !e->tiers_measured) {
+        char w[512];
+        rc = kv_error_set(e->err, KV_EINPUT, "%s: diffkv.from: reference-model: the reference model measured no "
+                          "DiffKV tiers for policy %s", kv_scenario_where(e->s, "diffkv.from", w, sizeof w),
+                          kv_policy_name(e->policy));
+    }
+    if (!rc && r->cache.kind == KV_CACHE_DIFFKV) {
+        /* Only the kept tiers travel, each at its precision, with their scores and positions. */
+        kv_cache_wire_bytes(&r->cache, enc, m->head_dim, tokens, &anchor, &kept);
+        residual = 0;
+    }
+    kv_free(enc);
+    if (rc)
+        return rc;
+    r->slot = -1;
+    r->prefill_tokens = tokens;
+    r->prefilled = !e->colocated; /* disaggregated: the KV arrives computed */
+    kv_cache_set_tokens(&r->cache, tokens, e->colocated);
+    rc = kv_policy_transfer(e->policy, &pr, &r->plan, e->err);
     if (!rc)
         rc = kv_policy_speculation(e->policy, &pr, &r->spec_k, e->err);
     if (rc)
@@ -205,7 +277,6 @@ static int plan_request(engine *e, request *r)
     r->speculative = r->split && r->spec_k > 0 && !e->colocated;
     r->full_per_token = (anchor + residual) / tokens;
     r->anchor_per_token = anchor / tokens;
-    r->reserved_bytes = r->full_per_token * (double)(r->spec.prompt_tokens + r->spec.output_tokens);
     /* Encode reads the bf16 KV and writes the planes; merge reads both planes and writes the codes. */
     double values = kv_model_kv_values_per_token(m) * tokens;
     if (e->costs.encode_s_per_value > 0)
@@ -256,9 +327,8 @@ static void commit_tokens(engine *e, request *r, int n, double t)
 /* Conditional acceptance of speculative position i (0-based). */
 static double accept_probability(const engine *e, int i)
 {
-    const kv_doublelist *l = e->accept_pos;
-    if (l && l->count > 0)
-        return l->items[(size_t)i < l->count ? (size_t)i : l->count - 1];
+    if (e->n_accept_pos > 0)
+        return e->accept_pos[(size_t)i < e->n_accept_pos ? (size_t)i : e->n_accept_pos - 1];
     return e->accept_p;
 }
 
@@ -276,8 +346,13 @@ static int node_state(engine *e, bool decode, kv_policy_node **out)
             decode_node *dn = &e->dnodes[i];
             nodes[i].queued = (int)dn->wn;
             nodes[i].running = (int)dn->n_running;
-            nodes[i].kv_used_bytes = dn->kv_used_bytes;
-            nodes[i].kv_free_bytes = dn->kv_capacity_bytes - dn->kv_used_bytes;
+            if (dn->mem) {
+                double page = kv_mem_page_bytes(dn->mem);
+                nodes[i].kv_used_bytes = kv_mem_used_pages(dn->mem) * page;
+                nodes[i].kv_free_bytes = kv_mem_free_pages(dn->mem) * page;
+            } else {
+                nodes[i].kv_free_bytes = dn->kv_capacity_bytes;
+            }
         } else {
             prefill_node *pn = &e->pnodes[i];
             nodes[i].queued = (int)pn->n;
@@ -299,29 +374,230 @@ static int choose_node(engine *e, request *r, bool decode, int *node)
     return rc;
 }
 
-/* Admits waiting requests in arrival order while memory and batch slots allow. */
+/* ---- Decode nodes' paged KV memory ------------------------------------------------------------
+ *
+ * Every decode node has a memory manager (core/kvmem.h) whose free page ring
+ * and compaction kernels run on the backend; every request's KV is counted in
+ * tokens per tier and (layer, KV head) by its kv_cache (core/kvcache.h).
+ *  - Admission (try_admit) takes waiting requests while their pages fit (less
+ *    a watermark for running requests to grow into), then allocates all of
+ *    them in one compaction call.
+ *  - Before each step (ensure_pages) every running request gets room for the
+ *    token the step appends, in one call; when pages run out the latest
+ *    admitted request is preempted: its pages are released and, as its
+ *    policy's transfer answer says (`preempt`), its KV is dropped and
+ *    recomputed by a prefill step later, or swapped to host memory and back.
+ *  - After a step, DiffKV's prompt tiering hands surplus pages back
+ *    (kv_cache_shrink) and finished requests release everything, together in
+ *    one call.
+ * The manager's calls are costed by a roofline (memory.manager_call_us plus
+ * the bytes they touch) and, for DiffKV, charged to the step, as DiffKV runs
+ * them on the device; their real wall time is measured on request.
+ * Invariant 3 (KV memory never exceeds capacity) holds by construction: pages
+ * are the only way to hold KV, and the ring has capacity pages. */
+
+static void scratch_reserve(engine *e, size_t n)
+{
+    kv_grow((void **)&e->scratch, sizeof *e->scratch, &e->cap_scratch, n);
+}
+
+/* Accounts the manager calls made on a node since the last time. */
+static void account_manager(engine *e, decode_node *dn)
+{
+    kv_mem_stats st;
+    kv_mem_get_stats(dn->mem, &st);
+    uint32_t used = kv_mem_used_pages(dn->mem);
+    if (used > e->out->kv_pages_peak)
+        e->out->kv_pages_peak = used;
+    uint64_t calls = st.calls - dn->mgr_calls_seen;
+    if (calls == 0)
+        return;
+    const kv_device_profile *dev = &e->s->decode_device;
+    double bytes = st.bytes_touched - dn->mgr_bytes_seen;
+    double model = (double)calls * e->s->manager_call_us * 1e-6 +
+                   bytes / (dev->hbm_bandwidth_gbs * 1e9 * dev->memory_efficiency * e->s->decode.tp);
+    e->out->kv_manager_calls += calls;
+    e->out->kv_manager_s += model;
+    e->out->kv_manager_measured_s += st.wall_s - dn->mgr_wall_seen;
+    if (e->charge_manager) {
+        dn->pending_kernel_s += model;
+        e->out->kv_manager_charged_s += model;
+    }
+    dn->mgr_calls_seen = st.calls;
+    dn->mgr_bytes_seen = st.bytes_touched;
+    dn->mgr_wall_seen = st.wall_s;
+}
+
+/* Appends release entries for every page r holds; returns the new count. */
+static size_t release_entries(engine *e, decode_node *dn, request *r, size_t k)
+{
+    scratch_reserve(e, k + (size_t)r->cache.tables * 2);
+    for (int h = 0; h < r->cache.tables; h++)
+        for (int t = 0; t < kv_mem_tiers(dn->mem); t++) {
+            uint32_t pages = kv_mem_seq_pages(dn->mem, r->slot, h, t);
+            if (pages)
+                e->scratch[k++] = (kv_mem_demand){r->slot, h, t, pages};
+        }
+    return k;
+}
+
+static void fifo_push_front(int **items, size_t *head, size_t *n, size_t *cap, int v)
+{
+    if (*head == 0) {
+        kv_grow((void **)items, sizeof **items, cap, *n + 1);
+        memmove(*items + 1, *items, *n * sizeof **items);
+        *head = 1;
+    }
+    (*items)[--*head] = v;
+    (*n)++;
+}
+
+/* Evicts running request i of node d because memory ran out (see above). */
+static int preempt(engine *e, int d, size_t i)
+{
+    decode_node *dn = &e->dnodes[d];
+    request *r = &e->reqs[dn->running[i]];
+    double bytes = (double)kv_mem_seq_total_pages(dn->mem, r->slot) * kv_mem_page_bytes(dn->mem);
+    int rc = kv_mem_release_seqs(dn->mem, &r->slot, 1, e->err);
+    if (rc)
+        return rc;
+    kv_mem_seq_close(dn->mem, r->slot);
+    r->slot = -1;
+    if (r->plan.preempt == KV_PREEMPT_SWAP && r->prefilled) {
+        dn->pending_kernel_s += bytes / (e->s->swap_bandwidth_gbs * 1e9); /* copy out */
+        e->out->swap_bytes += bytes;
+        r->swapped = true;
+    } else {
+        r->prefilled = false;
+        r->prefill_tokens = r->spec.prompt_tokens + r->committed;
+        kv_cache_set_tokens(&r->cache, r->prefill_tokens, true);
+    }
+    memmove(dn->running + i, dn->running + i + 1, (dn->n_running - i - 1) * sizeof *dn->running);
+    dn->n_running--;
+    r->running = false;
+    r->in_wait = true;
+    fifo_push_front(&dn->wait, &dn->whead, &dn->wn, &dn->wcap, (int)(r - e->reqs));
+    r->res->preemptions++;
+    e->out->preemptions++;
+    if (e->tl) {
+        char name[48];
+        snprintf(name, sizeof name, "preempt r%llu (%s)", (unsigned long long)r->spec.id,
+                 r->swapped ? "swap" : "recompute");
+        span(e, dn->track, name, "memory", e->now_s, e->now_s, (int64_t)r->spec.id);
+    }
+    return KV_OK;
+}
+
+/* Before a step: room for every running request's next token, in one compaction call; preempts the
+   latest admitted requests while the free pages fall short. False when the run failed. */
+static bool ensure_pages(engine *e, int d)
+{
+    decode_node *dn = &e->dnodes[d];
+    for (size_t i = 0; i < dn->n_running; i++) {
+        request *r = &e->reqs[dn->running[i]];
+        if (r->prefilled)
+            kv_cache_grow_to(&r->cache, (int64_t)r->spec.prompt_tokens + r->committed + r->speculated);
+    }
+    for (;;) {
+        size_t k = 0, n_short = 0;
+        uint64_t pages = 0;
+        kv_grow((void **)&e->shorts, sizeof *e->shorts, &e->cap_shorts, dn->n_running + 1);
+        kv_grow((void **)&e->short_from, sizeof *e->short_from, &e->cap_short_from, dn->n_running + 1);
+        for (size_t i = 0; i < dn->n_running; i++) {
+            request *r = &e->reqs[dn->running[i]];
+            scratch_reserve(e, k + (size_t)r->cache.tables * 2);
+            size_t n = kv_cache_demands(&r->cache, dn->mem, r->slot, e->scratch + k, &pages);
+            if (n == 0)
+                continue;
+            e->short_from[n_short] = k;
+            e->shorts[n_short++] = dn->running[i];
+            k += n;
+        }
+        bool granted = true;
+        if (k > 0) {
+            int rc = kv_mem_alloc(dn->mem, e->scratch, k, &granted, e->err);
+            if (rc) {
+                fail(e, rc);
+                return false;
+            }
+        }
+        account_manager(e, dn);
+        if (granted) {
+            for (size_t i = 0; i < n_short; i++) {
+                size_t end = i + 1 < n_short ? e->short_from[i + 1] : k;
+                kv_cache_granted(&e->reqs[e->shorts[i]].cache, e->scratch + e->short_from[i], end - e->short_from[i]);
+            }
+            return true;
+        }
+        /* Out of pages: evict the latest admitted request that can be evicted (not a Lynx request
+           still waiting for its residual). */
+        size_t victim = dn->n_running;
+        for (size_t i = 0; i < dn->n_running; i++) {
+            request *r = &e->reqs[dn->running[i]];
+            if (r->speculative && !r->residual_done)
+                continue;
+            if (victim == dn->n_running || r->admit_order > e->reqs[dn->running[victim]].admit_order)
+                victim = i;
+        }
+        if (victim == dn->n_running || dn->n_running == 1) {
+            request *r = &e->reqs[dn->running[victim == dn->n_running ? 0 : victim]];
+            kv_error_set(e->err, KV_EINPUT,
+                         "%s: decode node %d ran out of KV memory (%u pages of %u bytes) with request %llu "
+                         "running alone or nothing it may preempt: %llu more pages needed (cluster.decode: more tp, "
+                         "a larger device, or shorter requests)",
+                         e->s->path, d, kv_mem_capacity_pages(dn->mem), kv_mem_page_bytes(dn->mem),
+                         (unsigned long long)r->spec.id, (unsigned long long)pages);
+            fail(e, KV_EINPUT);
+            return false;
+        }
+        int rc = preempt(e, d, victim);
+        if (rc) {
+            fail(e, rc);
+            return false;
+        }
+    }
+}
+
+/* Timeline: the decode node's KV memory in use, as a counter track. */
+static void memory_sample(engine *e, int d, double now)
+{
+    if (!e->tl)
+        return;
+    char name[48];
+    snprintf(name, sizeof name, "KV memory decode %d", d);
+    kv_timeline_counter(e->tl, e->tl_process, name, "GB", now, (double)kv_mem_used_pages(e->dnodes[d].mem) * kv_mem_page_bytes(e->dnodes[d].mem) / 1e9);
+}
+
+/* Admits waiting requests in arrival order while pages and batch slots allow; one compaction call
+   allocates every admitted request's pages. */
 static void try_admit(engine *e, int d, double now)
 {
     decode_node *dn = &e->dnodes[d];
     size_t max_batch = (size_t)e->s->decode.max_batch;
+    kv_mem *mem = dn->mem;
+    uint64_t capacity = kv_mem_capacity_pages(mem), free = kv_mem_free_pages(mem);
+    double page = kv_mem_page_bytes(mem);
+    size_t first = dn->n_running;
     while (dn->wn > 0 && dn->n_running < max_batch && !e->failed) {
         request *r = &e->reqs[dn->wait[dn->whead]];
-        if (r->reserved_bytes > dn->kv_capacity_bytes) {
+        uint64_t need = kv_cache_pages_needed(&r->cache);
+        if (need > capacity) {
             kv_error_set(e->err, KV_EINPUT,
-                         "%s: request %llu needs %.3g GB of KV memory but a decode node has %.3g GB after the "
-                         "weights (cluster.decode: more tp, a larger device, or shorter requests)",
-                         e->s->path, (unsigned long long)r->spec.id, r->reserved_bytes / 1e9,
-                         dn->kv_capacity_bytes / 1e9);
+                         "%s: request %llu needs %.3g GB of KV memory (%llu pages of %.0f bytes) but a decode node "
+                         "has %.3g GB after the weights (cluster.decode: more tp, a larger device, or shorter "
+                         "requests)",
+                         e->s->path, (unsigned long long)r->spec.id, need * page / 1e9, (unsigned long long)need,
+                         page, dn->kv_capacity_bytes / 1e9);
             fail(e, KV_EINPUT);
             return;
         }
-        if (dn->kv_used_bytes + r->reserved_bytes > dn->kv_capacity_bytes)
+        uint64_t keep = dn->n_running > 0 ? (uint64_t)ceil(e->s->memory_watermark * (double)capacity) : 0;
+        if (need + keep > free)
             break; /* head of line waits for memory */
-        kv_policy_node state = {d, (int)dn->wn, (int)dn->n_running, dn->kv_capacity_bytes - dn->kv_used_bytes,
-                                dn->kv_used_bytes};
+        kv_policy_node state = {d, (int)dn->wn, (int)dn->n_running, free * page, (capacity - free) * page};
         kv_policy_request pr = policy_request(r);
         bool admit = true;
-        int rc = kv_policy_admit(e->policy, &pr, &state, r->reserved_bytes, &admit, e->err);
+        int rc = kv_policy_admit(e->policy, &pr, &state, need * page, &admit, e->err);
         if (rc) {
             fail(e, rc);
             return;
@@ -331,15 +607,47 @@ static void try_admit(engine *e, int d, double now)
         fifo_pop(dn->wait, &dn->whead, &dn->wn);
         r->in_wait = false;
         r->running = true;
-        r->res->admitted_s = now;
-        dn->kv_used_bytes += r->reserved_bytes;
-        if (dn->kv_used_bytes > e->out->kv_mem_peak_bytes)
-            e->out->kv_mem_peak_bytes = dn->kv_used_bytes;
+        if (r->res->admitted_s < 0)
+            r->res->admitted_s = now;
+        r->admit_order = ++e->admit_counter;
+        free -= need;
         kv_grow((void **)&dn->running, sizeof *dn->running, &dn->cap_running, dn->n_running + 1);
         dn->running[dn->n_running++] = (int)(r - e->reqs);
         if ((int)dn->n_running > e->out->max_decode_batch)
             e->out->max_decode_batch = (int)dn->n_running;
     }
+    if (dn->n_running == first || e->failed)
+        return;
+    size_t k = 0;
+    uint64_t pages = 0;
+    for (size_t i = first; i < dn->n_running; i++) {
+        request *r = &e->reqs[dn->running[i]];
+        r->slot = kv_mem_seq_open(mem);
+        scratch_reserve(e, k + (size_t)r->cache.tables * 2);
+        uint64_t before = pages;
+        k += kv_cache_demands(&r->cache, mem, r->slot, e->scratch + k, &pages);
+        if (r->swapped) {
+            double bytes = (double)(pages - before) * page;
+            dn->pending_kernel_s += bytes / (e->s->swap_bandwidth_gbs * 1e9); /* copy back in */
+            e->out->swap_bytes += bytes;
+            r->swapped = false;
+        }
+    }
+    bool granted = false;
+    int rc = kv_mem_alloc(mem, e->scratch, k, &granted, e->err);
+    if (!rc && !granted)
+        rc = kv_error_set(e->err, KV_EFAIL, "internal: decode node %d refused %llu pages admission counted as free",
+                          d, (unsigned long long)pages);
+    if (rc) {
+        fail(e, rc);
+        return;
+    }
+    for (size_t i = first; i < dn->n_running; i++) {
+        request *r = &e->reqs[dn->running[i]];
+        kv_cache_sync(&r->cache, mem, r->slot);
+    }
+    account_manager(e, dn);
+    memory_sample(e, d, now);
 }
 
 /* A request is ready for its decode node: queue it and wake the node if idle. */
@@ -347,6 +655,7 @@ static void enqueue_decode(engine *e, request *r, double now)
 {
     decode_node *dn = &e->dnodes[r->res->decode_node];
     r->in_wait = true;
+    r->enqueued_s = now;
     fifo_push(&dn->wait, &dn->whead, &dn->wn, &dn->wcap, (int)(r - e->reqs));
     if (!dn->stepping) {
         try_admit(e, r->res->decode_node, now);
@@ -360,6 +669,8 @@ static void start_step(engine *e, int d)
     decode_node *dn = &e->dnodes[d];
     if (dn->stepping || dn->n_running == 0 || e->failed)
         return;
+    if (!ensure_pages(e, d) || dn->n_running == 0)
+        return;
     kv_step_work w = {0};
     int acting = 0;
     double prefill_tokens = 0;
@@ -367,13 +678,15 @@ static void start_step(engine *e, int d)
         request *r = &e->reqs[dn->running[i]];
         double context = r->spec.prompt_tokens + r->committed + r->speculated;
         r->action = ACT_NONE;
-        if (e->colocated && !r->prefilled) {
-            /* Prefill the prompt inside this step, within the token budget (the first always fits). */
-            if (prefill_tokens > 0 && prefill_tokens + r->spec.prompt_tokens > e->s->decode.max_batch_tokens)
+        if (!r->prefilled) {
+            /* Prefill inside this step (colocated, or a recompute after preemption), within the token
+               budget (the first always fits). */
+            if (prefill_tokens > 0 && prefill_tokens + r->prefill_tokens > e->s->decode.max_batch_tokens)
                 continue;
-            prefill_tokens += r->spec.prompt_tokens;
-            kv_step_add_prefill(&e->decode_timing, &w, r->spec.prompt_tokens);
-            w.kernel_s += r->encode_s; /* the policy's encode kernel runs where the KV is made */
+            prefill_tokens += r->prefill_tokens;
+            kv_step_add_prefill(&e->decode_timing, &w, r->prefill_tokens);
+            /* the policy's encode kernel runs where the KV is made */
+            w.kernel_s += r->encode_s * r->prefill_tokens / r->spec.prompt_tokens;
             r->action = ACT_PREFILL;
         } else if (r->speculative && !r->residual_done) {
             int room = r->spec.output_tokens - r->committed - r->speculated;
@@ -387,7 +700,9 @@ static void start_step(engine *e, int d)
                                r->full_per_token * (base + r->speculated));
             r->action = ACT_VERIFY;
         } else {
-            kv_step_add_decode(&e->decode_timing, &w, context, r->full_per_token * context);
+            /* The step reads what the request's KV holds now, tier by tier (DiffKV: codes, metadata,
+               scores and positions of the kept tokens; KIVI: the quantized tokens and the bf16 window). */
+            kv_step_add_decode(&e->decode_timing, &w, context, kv_cache_read_bytes(&r->cache));
             r->action = ACT_NORMAL;
         }
         if (r->action != ACT_NONE && r->merge_pending) {
@@ -398,20 +713,76 @@ static void start_step(engine *e, int d)
     }
     if (acting == 0)
         return; /* every request is stalled waiting for its residual */
+    w.kernel_s += dn->pending_kernel_s; /* memory manager and swaps since the last step */
+    dn->pending_kernel_s = 0;
     double now = e->now_s;
     double dt = kv_step_seconds(&e->decode_timing, &w);
     dn->stepping = true;
     dn->step_start_s = now;
     e->out->decode_steps++;
+    e->out->decode_busy_s += dt;
+    e->out->mean_decode_batch += dt * (double)dn->n_running; /* divided by decode_busy_s at the end */
     kv_eventq_push(&e->q, now + dt, EV_STEP_DONE, d, 0);
 }
 
-static void finish_request(engine *e, int d, request *r)
+static void request_span(engine *e, request *r, const char *name, const char *cat, double t0, double t1)
 {
-    decode_node *dn = &e->dnodes[d];
-    dn->kv_used_bytes -= r->reserved_bytes;
-    if (dn->kv_used_bytes < 0)
-        dn->kv_used_bytes = 0; /* rounding only */
+    if (t0 >= 0 && t1 >= t0)
+        kv_timeline_span(e->tl, e->tl_requests, r->track, name, cat, t0, t1, (int64_t)r->spec.id);
+}
+
+/* Timeline: a finished request's phases on its own track (Lynx: the paper's Figure 1, request by request). */
+static void request_spans(engine *e, request *r)
+{
+    if (!e->tl)
+        return;
+    const kv_request_result *q = r->res;
+    char name[64];
+    if (!e->colocated) {
+        if (q->prefill_start_s > q->arrival_s)
+            request_span(e, r, "queue", "queue", q->arrival_s, q->prefill_start_s);
+        request_span(e, r, "prefill", "prefill", q->prefill_start_s, q->prefill_end_s);
+        if (q->encode_end_s > q->prefill_end_s)
+            request_span(e, r, "encode", "encode", q->prefill_end_s, q->encode_end_s);
+        request_span(e, r, r->split ? "anchor transfer" : "KV transfer", "transfer", r->plane_start_s[PLANE_ANCHOR],
+                     q->anchor_arrived_s);
+        if (r->split)
+            request_span(e, r, "residual transfer", "transfer", r->plane_start_s[PLANE_RESIDUAL], q->kv_arrived_s);
+    }
+    if (q->admitted_s > r->enqueued_s)
+        request_span(e, r, "wait (decode slot or memory)", "queue", r->enqueued_s, q->admitted_s);
+    if (e->colocated)
+        request_span(e, r, "prefill", "prefill", q->prefill_start_s, q->prefill_end_s);
+    double decode_from = e->colocated ? q->prefill_end_s : q->admitted_s;
+    if (r->verify_end_s >= 0) {
+        snprintf(name, sizeof name, "speculative decode (%d tokens)", q->spec_tokens);
+        request_span(e, r, name, "lynx", r->spec_start_s, r->verify_start_s);
+        snprintf(name, sizeof name, "verify (%d of %d accepted)", q->accepted_tokens, q->spec_tokens);
+        request_span(e, r, name, "lynx", r->verify_start_s, r->verify_end_s);
+        decode_from = r->verify_end_s;
+    }
+    if (q->done_s > decode_from) {
+        snprintf(name, sizeof name, "decode (%d tokens)", q->output_tokens);
+        request_span(e, r, name, "decode", decode_from, q->done_s);
+    }
+}
+
+/* Marks r done and records its tiers; its pages are released by the caller's batch. */
+static void finish_request(engine *e, request *r)
+{
+    if (r->cache.kind == KV_CACHE_DIFFKV) {
+        kv_cache_grow_to(&r->cache, (int64_t)r->spec.prompt_tokens + r->committed);
+        double hi, lo, pr;
+        kv_cache_totals(&r->cache, &hi, &lo, &pr);
+        double all = hi + lo + pr;
+        r->res->tier_high_fraction = hi / all;
+        r->res->tier_low_fraction = lo / all;
+        r->res->tier_pruned_fraction = pr / all;
+        e->out->tier_high_fraction += hi; /* sums here; fractions at the end of the run */
+        e->out->tier_low_fraction += lo;
+        e->out->tier_pruned_fraction += pr;
+    }
+    request_spans(e, r);
     r->running = false;
     r->done = true;
     e->done_count++;
@@ -422,23 +793,38 @@ static void on_step_done(engine *e, int d, double now)
     decode_node *dn = &e->dnodes[d];
     dn->stepping = false;
     char name[48];
-    snprintf(name, sizeof name, "step B=%zu", dn->n_running);
+    int n_spec = 0, n_verify = 0;
+    for (size_t i = 0; i < dn->n_running; i++) {
+        n_spec += e->reqs[dn->running[i]].action == ACT_SPEC;
+        n_verify += e->reqs[dn->running[i]].action == ACT_VERIFY;
+    }
+    if (n_spec || n_verify)
+        snprintf(name, sizeof name, "step B=%zu spec=%d verify=%d", dn->n_running, n_spec, n_verify);
+    else
+        snprintf(name, sizeof name, "step B=%zu", dn->n_running);
     span(e, dn->track, name, "decode", dn->step_start_s, now, -1);
-    size_t kept = 0;
+    size_t kept = 0, k = 0, n_closing = 0;
+    int *closing = kv_calloc(dn->n_running + 1, sizeof *closing);
     for (size_t i = 0; i < dn->n_running; i++) {
         request *r = &e->reqs[dn->running[i]];
+        bool prefill_done = false;
         switch (r->action) {
         case ACT_PREFILL:
             r->prefilled = true;
-            r->res->prefill_start_s = dn->step_start_s;
-            r->res->prefill_end_s = now;
-            r->res->encode_end_s = now;
+            prefill_done = true;
+            if (r->res->prefill_start_s < 0) {
+                r->res->prefill_start_s = dn->step_start_s;
+                r->res->prefill_end_s = now;
+                r->res->encode_end_s = now;
+            }
             commit_tokens(e, r, 1, now);
             break;
         case ACT_NORMAL:
             commit_tokens(e, r, 1, now);
             break;
         case ACT_SPEC:
+            if (r->spec_start_s < 0)
+                r->spec_start_s = dn->step_start_s;
             r->speculated++;
             r->res->spec_tokens++;
             if (r->res->first_spec_s < 0)
@@ -450,6 +836,8 @@ static void on_step_done(engine *e, int d, double now)
                 accepted++;
             r->res->accepted_tokens += accepted;
             r->res->verifications++;
+            r->verify_start_s = dn->step_start_s;
+            r->verify_end_s = now;
             r->speculated = 0;
             /* The accepted prefix plus the token the verification pass itself produces. */
             commit_tokens(e, r, accepted + 1, now);
@@ -460,12 +848,35 @@ static void on_step_done(engine *e, int d, double now)
             break;
         }
         r->action = ACT_NONE;
-        if (r->committed >= r->spec.output_tokens)
-            finish_request(e, d, r);
-        else
-            dn->running[kept++] = dn->running[i];
+        if (r->committed >= r->spec.output_tokens) {
+            finish_request(e, r);
+            k = release_entries(e, dn, r, k);
+            closing[n_closing++] = r->slot;
+            r->slot = -1;
+            continue;
+        }
+        if (prefill_done && r->cache.kind == KV_CACHE_DIFFKV) {
+            /* DiffKV's prompt tiering: keep what the tiers need, give back the rest. */
+            kv_cache_set_tokens(&r->cache, r->prefill_tokens, false);
+            scratch_reserve(e, k + (size_t)r->cache.tables * 2);
+            k += kv_cache_shrink(&r->cache, dn->mem, r->slot, e->scratch + k);
+        }
+        dn->running[kept++] = dn->running[i];
     }
     dn->n_running = kept;
+    if (k > 0) {
+        int rc = kv_mem_release(dn->mem, e->scratch, k, e->err);
+        if (rc) {
+            kv_free(closing);
+            fail(e, rc);
+            return;
+        }
+    }
+    for (size_t i = 0; i < n_closing; i++)
+        kv_mem_seq_close(dn->mem, closing[i]);
+    kv_free(closing);
+    account_manager(e, dn);
+    memory_sample(e, d, now);
     try_admit(e, d, now);
     start_step(e, d);
 }
@@ -489,6 +900,8 @@ static void start_flow(engine *e, request *r, int layer, int plane, double now)
         .tag = flow_tag((size_t)(r - e->reqs), layer, plane),
     };
     kv_flow_id id;
+    if (r->plane_start_s[plane] < 0)
+        r->plane_start_s[plane] = now;
     int rc = kv_net_flow_start(e->net, &f, now, &id, e->err);
     if (rc)
         fail(e, rc);
@@ -511,6 +924,19 @@ static void start_transfer(engine *e, request *r, int layer, double now)
         start_flow(e, r, layer, PLANE_RESIDUAL, now);
 }
 
+/* Timeline: a whole plane's transfer (all its layers) on the sender's and the receiver's link tracks. */
+static void plane_spans(engine *e, request *r, int plane, double t)
+{
+    if (!e->tl)
+        return;
+    char name[64];
+    snprintf(name, sizeof name, "%s r%llu", plane == PLANE_ANCHOR ? (r->split ? "anchor" : "kv") : "residual",
+             (unsigned long long)r->spec.id);
+    span(e, e->host_tracks[r->res->prefill_node], name, "transfer", r->plane_start_s[plane], t, (int64_t)r->spec.id);
+    span(e, e->host_tracks[e->n_pnodes + r->res->decode_node], name, "transfer", r->plane_start_s[plane], t,
+         (int64_t)r->spec.id);
+}
+
 static void on_flow_done(void *user, kv_flow_id id, uint64_t tag, double t)
 {
     (void)id;
@@ -521,16 +947,11 @@ static void on_flow_done(void *user, kv_flow_id id, uint64_t tag, double t)
     request *r = &e->reqs[tag >> 20];
     int layer = (int)((tag >> 1) & 0x7ffff);
     int plane = (int)(tag & 1);
-    if (e->tl) {
-        char name[64];
-        snprintf(name, sizeof name, "%s r%llu", plane == PLANE_ANCHOR ? (r->split ? "anchor" : "kv") : "residual",
-                 (unsigned long long)r->spec.id);
-        span(e, e->host_tracks[r->res->prefill_node], name, "transfer", r->transfer_start_s, t, (int64_t)r->spec.id);
-    }
     if (plane == PLANE_ANCHOR) {
         if (r->split && r->plan.order == KV_ORDER_ANCHOR_FIRST)
             start_flow(e, r, layer, PLANE_RESIDUAL, t);
         if (--r->anchor_pending == 0) {
+            plane_spans(e, r, PLANE_ANCHOR, t);
             r->anchor_done = true;
             r->res->anchor_arrived_s = t;
             if (!r->split) {
@@ -544,6 +965,7 @@ static void on_flow_done(void *user, kv_flow_id id, uint64_t tag, double t)
         return;
     }
     if (--r->residual_pending == 0) {
+        plane_spans(e, r, PLANE_RESIDUAL, t);
         r->residual_done = true;
         r->merge_pending = true;
         r->res->kv_arrived_s = t;
@@ -631,7 +1053,8 @@ static void on_arrival(engine *e, request *r, double now)
 
 /* ---- Set-up and the loop --------------------------------------------------------------------- */
 
-void kv_engine_net_config(const kv_scenario *s, int model, kv_net_config *cfg)
+int kv_engine_net_config(const kv_scenario *s, int model, kv_net_config *cfg, char *platform_path, size_t size,
+                         kv_error *err)
 {
     memset(cfg, 0, sizeof *cfg);
     cfg->model = (kv_net_model)model;
@@ -647,9 +1070,19 @@ void kv_engine_net_config(const kv_scenario *s, int model, kv_net_config *cfg)
     cfg->split_duplex = s->split_duplex;
     cfg->platform_file = s->platform_file[0] ? s->platform_file : NULL;
     cfg->source = s->path;
-    cfg->priority = KV_PRIO_STRICT;
+    cfg->priority = KV_PRIO_NONE; /* the engine sets the policy's mode */
     cfg->class_weight[0] = 1;
     cfg->class_weight[1] = 1;
+    cfg->fat_tree_spines = s->fat_tree_spines;
+    cfg->fat_tree_leaves = s->fat_tree_leaves;
+    for (size_t i = 0; i < 3 && i < s->torus_dims.count; i++)
+        cfg->torus_dims[i] = s->torus_dims.items[i];
+    cfg->dragonfly_groups = s->dragonfly_groups;
+    cfg->dragonfly_chassis = s->dragonfly_chassis;
+    cfg->dragonfly_routers = s->dragonfly_routers;
+    cfg->dragonfly_nodes = s->dragonfly_nodes;
+    cfg->host_slot = s->host_slots.count ? s->host_slots.items : NULL;
+    cfg->host_names = s->host_names.count ? (const char *const *)s->host_names.items : NULL;
     const kv_ynode *opts = s->simgrid_options;
     if (opts && opts->kind == KV_YMAP) {
         for (size_t i = 0; i < opts->count && cfg->n_options < KV_NET_MAX_OPTIONS; i++) {
@@ -660,6 +1093,32 @@ void kv_engine_net_config(const kv_scenario *s, int model, kv_net_config *cfg)
             cfg->n_options++;
         }
     }
+    if (cfg->platform_file) {
+        int rc = kv_scenario_find_file(s, cfg->platform_file, "network.platform_file", platform_path, size, err);
+        if (rc)
+            return rc;
+        cfg->platform_file = platform_path;
+    }
+    return KV_OK;
+}
+
+static void ignore_done(void *user, kv_flow_id id, uint64_t tag, double t)
+{
+    (void)user, (void)id, (void)tag, (void)t;
+}
+
+int kv_engine_check_network(const kv_scenario *s, int model, kv_error *err)
+{
+    if (s->colocated)
+        return KV_OK;
+    char path[4096];
+    kv_net_config cfg;
+    int rc = kv_engine_net_config(s, model, &cfg, path, sizeof path, err);
+    kv_net *net = NULL;
+    if (!rc)
+        rc = kv_net_create(&cfg, ignore_done, NULL, &net, err);
+    kv_net_destroy(net);
+    return rc;
 }
 
 static void engine_free(engine *e)
@@ -671,10 +1130,19 @@ static void engine_free(engine *e)
     for (int i = 0; i < e->n_dnodes; i++) {
         kv_free(e->dnodes[i].wait);
         kv_free(e->dnodes[i].running);
+        kv_mem_destroy(e->dnodes[i].mem);
     }
+    for (size_t i = 0; i < e->n_reqs; i++)
+        kv_cache_free(&e->reqs[i].cache);
     kv_free(e->pnodes);
     kv_free(e->dnodes);
     kv_free(e->reqs);
+    kv_free(e->head_factors);
+    kv_free(e->scratch);
+    kv_free(e->shorts);
+    kv_free(e->short_from);
+    if (e->own_be)
+        kv_backend_close(e->be);
     kv_free(e->host_tracks);
     kv_net_destroy(e->net);
     kv_eventq_free(&e->q);
@@ -690,11 +1158,50 @@ static int setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_erro
     e->tl = in->timeline;
     e->colocated = s->colocated;
     e->accept_p = s->lynx_acceptance;
-    e->accept_pos = &s->lynx_acceptance_per_position;
+    e->accept_pos = s->lynx_acceptance_per_position.items;
+    e->n_accept_pos = s->lynx_acceptance_per_position.count;
+    snprintf(out->acceptance_source, sizeof out->acceptance_source, "scenario (lynx.acceptance%s)",
+             e->n_accept_pos ? "_per_position" : "");
+    if (in->accept_conditional && in->accept_positions > 0) {
+        e->accept_pos = in->accept_conditional;
+        e->n_accept_pos = (size_t)in->accept_positions;
+        snprintf(out->acceptance_source, sizeof out->acceptance_source, "%s",
+                 in->feed_source ? in->feed_source : "reference model");
+    }
     e->ttkt_k = s->ttkt_k;
     e->tiers = (kv_tier_split){s->diffkv_high_fraction, s->diffkv_low_fraction};
+    snprintf(out->tiers_source, sizeof out->tiers_source, "scenario (diffkv.high_fraction, low_fraction)");
+    if (in->tiers) {
+        e->tiers = (kv_tier_split){in->tiers[0], in->tiers[1]};
+        e->tiers_measured = true;
+        snprintf(out->tiers_source, sizeof out->tiers_source, "%s",
+                 in->feed_source ? in->feed_source : "reference model");
+    }
     const kv_model_card *m = &s->model_card;
+    char w[512];
+    e->score_model = (kv_diffkv_score_model){
+        .kind = strcmp(s->diffkv_scores, "fixed") == 0 ? KV_DIFFKV_SCORES_FIXED : KV_DIFFKV_SCORES_LOGNORMAL,
+        .sigma = s->diffkv_score_sigma, .head_spread = s->diffkv_head_spread,
+        .high_fraction = s->diffkv_high_fraction, .low_fraction = s->diffkv_low_fraction};
+    if (e->tiers_measured) {
+        /* Fractions measured on the reference model replace the scenario's score model. */
+        e->score_model.kind = KV_DIFFKV_SCORES_FIXED;
+        e->score_model.high_fraction = e->tiers.high;
+        e->score_model.low_fraction = e->tiers.low;
+    }
+    e->head_factors = kv_calloc((size_t)m->layers * m->kv_heads, sizeof *e->head_factors);
+    kv_diffkv_head_factors(&e->score_model, (uint64_t)s->seed, m->layers * m->kv_heads, e->head_factors);
+    if (in->backend) {
+        e->be = in->backend;
+    } else {
+        int rc = kv_backend_open(s->timing_backend, 0, &e->be, err);
+        if (rc)
+            return kv_error_prefix(err, "%s: timing.backend (the decode nodes' memory managers run there): ",
+                                   kv_scenario_where(s, "timing.backend", w, sizeof w));
+        e->own_be = true;
+    }
     e->model = (kv_policy_model){m->name, m->layers, m->heads, m->kv_heads, m->head_dim};
+    kv_policy_set_model(e->policy, &e->model); /* every hook, placement ones too, sees ctx.model */
     kv_timing_init(&e->prefill_timing, m, &s->prefill_device, s->prefill.tp);
     kv_timing_init(&e->decode_timing, m, &s->decode_device, s->decode.tp);
     if (in->costs) {
@@ -716,7 +1223,6 @@ static int setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_erro
     e->dnodes = kv_calloc((size_t)e->n_dnodes, sizeof *e->dnodes);
     double weights = kv_model_weight_bytes(m);
     double capacity = s->decode_device.memory_gb * 1e9 * s->decode.memory_fraction * s->decode.tp - weights;
-    char w[512];
     if (capacity <= 0)
         return kv_error_set(err, KV_EINPUT,
                             "%s: cluster.decode: %s's weights (%.3g GB) do not fit in %d x %s (%.3g GB usable); "
@@ -750,6 +1256,12 @@ static int setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_erro
             snprintf(name, sizeof name, "link prefill %d out", i);
             e->host_tracks[i] = kv_timeline_track(e->tl, e->tl_process, name);
         }
+        for (int i = 0; i < e->n_dnodes && !e->colocated; i++) {
+            snprintf(name, sizeof name, "link decode %d in", i);
+            e->host_tracks[e->n_pnodes + i] = kv_timeline_track(e->tl, e->tl_process, name);
+        }
+        snprintf(name, sizeof name, "%s requests", kv_policy_name(e->policy));
+        e->tl_requests = kv_timeline_process(e->tl, name);
     }
 
     size_t n = kv_workload_count(in->workload);
@@ -767,18 +1279,60 @@ static int setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_erro
                                    .arrival_s = r->spec.arrival_s, .prefill_start_s = -1, .prefill_end_s = -1,
                                    .encode_end_s = -1, .anchor_arrived_s = -1, .kv_arrived_s = -1,
                                    .admitted_s = -1, .first_spec_s = -1, .first_token_s = -1, .kth_token_s = -1,
-                                   .done_s = -1, .kept_tokens_fraction = 1};
+                                   .done_s = -1, .kept_tokens_fraction = 1, .tier_high_fraction = NAN,
+                                   .tier_low_fraction = NAN, .tier_pruned_fraction = NAN};
         kv_rng_fork(&e->base_rng, r->spec.id + 1, &r->rng);
+        r->plane_start_s[0] = r->plane_start_s[1] = -1;
+        r->enqueued_s = r->spec_start_s = r->verify_start_s = r->verify_end_s = -1;
+        if (e->tl) {
+            char name[48];
+            snprintf(name, sizeof name, "request %llu", (unsigned long long)r->spec.id);
+            r->track = kv_timeline_track(e->tl, e->tl_requests, name);
+        }
         int rc = plan_request(e, r);
         if (rc)
             return rc;
         kv_eventq_push(&e->q, r->spec.arrival_s, EV_ARRIVAL, (int)i, 0);
     }
 
+    /* Paged KV memory on every decode node; the page size fits the first request's tiers (kvmem.h). */
+    out->kv_page_bytes = out->kv_pages_capacity = 0;
+    if (n > 0) {
+        const kv_cache *c0 = &e->reqs[0].cache;
+        e->charge_manager = c0->kind == KV_CACHE_DIFFKV;
+        kv_mem_config mc = {.capacity_bytes = capacity, .tiers = 2,
+                            .token_bytes = {c0->token_bytes[0], c0->token_bytes[1]},
+                            .heads = c0->tables, .min_page_tokens = s->page_tokens_min,
+                            .max_page_tokens = s->page_tokens_max, .align_bytes = 32};
+        for (int i = 0; i < e->n_dnodes; i++) {
+            int rc = kv_mem_create(e->be, &mc, &e->dnodes[i].mem, err);
+            if (rc)
+                return kv_error_prefix(err, "%s: memory: ", kv_scenario_where(s, "memory", w, sizeof w));
+        }
+        for (size_t i = 0; i < n; i++) {
+            int rc = kv_cache_bind(&e->reqs[i].cache, e->dnodes[0].mem, err);
+            if (rc)
+                return kv_error_prefix(err, "%s: policy %s, request %llu: ", s->path, kv_policy_name(e->policy),
+                                       (unsigned long long)e->reqs[i].spec.id);
+        }
+        out->kv_page_bytes = kv_mem_page_bytes(e->dnodes[0].mem);
+        out->kv_pages_capacity = kv_mem_capacity_pages(e->dnodes[0].mem);
+        for (int t = 0; t < 2; t++)
+            out->kv_tokens_per_page[t] = t < c0->tiers ? (int)kv_mem_tokens_per_page(e->dnodes[0].mem, t) : 0;
+    }
+
     if (!e->colocated) {
         kv_net_config cfg;
-        kv_engine_net_config(s, in->network_model, &cfg);
-        int rc = kv_net_create(&cfg, on_flow_done, e, &e->net, err);
+        int rc = kv_engine_net_config(s, in->network_model, &cfg, e->platform_path, sizeof e->platform_path, err);
+        if (rc)
+            return rc;
+        /* Priority classes are a property of the network: take the policy's (first request's) plan. */
+        if (n > 0 && e->reqs[0].split) {
+            cfg.priority = (kv_priority_mode)e->reqs[0].plan.priority_mode;
+            cfg.class_weight[0] = e->reqs[0].plan.anchor_weight > 0 ? e->reqs[0].plan.anchor_weight : 1;
+            cfg.class_weight[1] = e->reqs[0].plan.residual_weight > 0 ? e->reqs[0].plan.residual_weight : 1;
+        }
+        rc = kv_net_create(&cfg, on_flow_done, e, &e->net, err);
         if (rc)
             return rc;
         snprintf(out->network, sizeof out->network, "%s", kv_net_name(e->net));
@@ -845,12 +1399,31 @@ int kv_engine_run(const kv_run_inputs *in, kv_run_result *out, kv_error *err)
         default:
             rc = kv_error_set(err, KV_EFAIL, "internal: unknown event %d", ev.type);
         }
+        kv_progress_update(in->progress, ev.t_s, e.done_count, out->events);
     }
     if (!rc && e.failed)
         rc = e.failed;
     if (!rc && e.done_count != e.n_reqs)
         rc = describe_stuck(&e, err);
+    for (int i = 0; !rc && i < e.n_dnodes; i++) {
+        /* Every request released its pages: the ring must hold all of them again (kvmem.h, invariant 1). */
+        if (!e.dnodes[i].mem)
+            continue;
+        if (kv_mem_used_pages(e.dnodes[i].mem) != 0)
+            rc = kv_error_set(err, KV_EFAIL, "internal: decode node %d still holds %u KV pages after the run", i,
+                              kv_mem_used_pages(e.dnodes[i].mem));
+        else
+            rc = kv_mem_check(e.dnodes[i].mem, false, err);
+    }
     if (!rc) {
+        double tiers = out->tier_high_fraction + out->tier_low_fraction + out->tier_pruned_fraction;
+        out->tier_high_fraction = tiers > 0 ? out->tier_high_fraction / tiers : NAN;
+        out->tier_low_fraction = tiers > 0 ? out->tier_low_fraction / tiers : NAN;
+        out->tier_pruned_fraction = tiers > 0 ? out->tier_pruned_fraction / tiers : NAN;
+        out->kv_mem_peak_bytes = out->kv_pages_peak * out->kv_page_bytes;
+        out->mean_decode_batch = out->decode_busy_s > 0 ? out->mean_decode_batch / out->decode_busy_s : 0;
+        if (!e.s->measure_manager)
+            out->kv_manager_measured_s = NAN; /* wall time is only reported when asked for: it varies */
         for (size_t i = 0; i < out->n_requests; i++)
             if (out->requests[i].done_s > out->makespan_s)
                 out->makespan_s = out->requests[i].done_s;

@@ -7,9 +7,11 @@
 
 #include "core/error.h"
 #include "core/policy.h"
+#include "core/progress.h"
 #include "core/scenario.h"
 #include "core/timeline.h"
 #include "core/workload.h"
+#include "backends/backend.h"
 #include "net/net.h"
 
 /* Kernel efficiencies measured on a backend (timing.source: measured) or
@@ -28,7 +30,14 @@ typedef struct kv_run_inputs {
     const kv_workload *workload;
     const kv_kernel_costs *costs;  /* may be NULL */
     kv_timeline *timeline;         /* may be NULL */
+    kv_progress *progress;         /* terminal progress line; may be NULL */
     int network_model;             /* kv_net_model: scenario's unless overridden */
+    const double *accept_conditional; /* measured per-position acceptance (NULL: the scenario's) */
+    int accept_positions;
+    const double *tiers;           /* measured DiffKV {high, low} fractions (NULL: the scenario's) */
+    const char *feed_source;       /* what measured them, for results.json */
+    kv_backend *backend;           /* runs the decode nodes' memory managers; NULL: the engine opens
+                                      timing.backend (device 0) for the run */
 } kv_run_inputs;
 
 /* What happened to one request; times are simulated seconds from the start,
@@ -51,6 +60,9 @@ typedef struct kv_request_result {
     int spec_tokens;           /* speculated in total */
     int accepted_tokens;       /* of those, accepted by verification */
     int verifications;
+    /* DiffKV, at completion, over (layer, KV head, token): NaN for other policies. */
+    double tier_high_fraction, tier_low_fraction, tier_pruned_fraction;
+    int preemptions;           /* times evicted from the decode batch for memory */
 } kv_request_result;
 
 typedef struct kv_run_result {
@@ -62,10 +74,27 @@ typedef struct kv_run_result {
     size_t n_links;
     char network[32];            /* "simgrid" or "ideal" */
     char timing_source[160];
+    char acceptance_source[256];   /* where Lynx acceptance came from */
+    char tiers_source[256];        /* where DiffKV tier fractions came from */
     double makespan_s;           /* last completion */
     double kv_mem_peak_bytes;    /* max over decode nodes of KV bytes held */
     double kv_mem_capacity_bytes;/* per decode node, after weights */
     int max_decode_batch;        /* largest decode batch reached */
+    /* Paged KV memory (core/kvmem.h), per decode node. */
+    double kv_page_bytes;        /* unified page size */
+    int kv_tokens_per_page[2];   /* tokens of tier 0 / tier 1 (0: unused) one page holds */
+    double kv_pages_capacity;    /* pages per decode node */
+    double kv_pages_peak;        /* max over nodes of pages in use; kv_mem_peak_bytes = this x page */
+    uint64_t kv_manager_calls;   /* compaction calls (allocation and release batches) */
+    double kv_manager_s;         /* their modelled time (memory.manager_call_us + bytes / HBM) */
+    double kv_manager_charged_s; /* of which added to decode steps (DiffKV: its manager runs on the device) */
+    double kv_manager_measured_s;/* wall time of the real calls on the backend (memory.measure_manager; else NaN) */
+    double decode_busy_s;        /* sum over decode nodes of step times */
+    double mean_decode_batch;    /* requests per decode step, weighted by step time */
+    uint64_t preemptions;        /* evictions for memory (recompute or swap) */
+    double swap_bytes;           /* bytes copied between device and host by swap preemption */
+    /* DiffKV: token-weighted over requests at completion; NaN for other policies. */
+    double tier_high_fraction, tier_low_fraction, tier_pruned_fraction;
     uint64_t decode_steps;
     uint64_t events;             /* events processed (for bench sim) */
 } kv_run_result;
@@ -75,7 +104,11 @@ typedef struct kv_run_result {
 int kv_engine_run(const kv_run_inputs *in, kv_run_result *out, kv_error *err);
 void kv_run_result_free(kv_run_result *r);
 
-/* Fills a kv_net_config from the scenario (hosts: prefill nodes, then decode nodes). */
-void kv_engine_net_config(const kv_scenario *s, int model, kv_net_config *cfg);
+/* Fills a kv_net_config from the scenario (hosts: prefill nodes, then decode
+   nodes), resolving network.platform_file into platform_path. */
+int kv_engine_net_config(const kv_scenario *s, int model, kv_net_config *cfg, char *platform_path, size_t size,
+                         kv_error *err);
+/* Builds and drops the scenario's network once, so its errors show at validation. */
+int kv_engine_check_network(const kv_scenario *s, int model, kv_error *err);
 
 #endif

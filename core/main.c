@@ -5,8 +5,10 @@
 #include "core/commands.h"
 
 static const kv_command commands[] = {
-    {"run", "SCENARIO [--set key.path=value]... [--seed N] [--out DIR] [--ideal]",
+    {"run", "SCENARIO [--set key.path=value]... [--seed N] [--out DIR] [--quiet] [--plot]",
      "simulate a scenario and print the comparison table", kv_cmd_run},
+    {"sweep", "SWEEP.yaml [-j N] [--plot] | SWEEP.yaml --emit slurm|parallel | --collect DIR",
+     "run a parameter sweep in parallel, or write it as cluster jobs (docs/sweeps.md)", kv_cmd_sweep},
     {"validate", "SCENARIO [--set key.path=value]...", "check a scenario without running it", kv_cmd_validate},
     {"eval", "SCENARIO [--out DIR] [--model PATH] [--quiet]",
      "accuracy of each policy's KV on the reference model (SmolLM2-135M)", kv_cmd_eval},

@@ -49,12 +49,20 @@ typedef enum kv_stream_order {
     KV_ORDER_ANCHOR_FIRST = 1, /* residual flow starts when the anchor has arrived */
 } kv_stream_order;
 
+/* What a decode node does with a request's KV when its memory runs out
+   (the request is evicted from the batch and waits again). */
+typedef enum kv_preempt_mode {
+    KV_PREEMPT_RECOMPUTE = 0, /* drop the KV; rebuild it with a prefill of prompt + generated tokens (vLLM's default) */
+    KV_PREEMPT_SWAP = 1,      /* copy the KV pages to host memory and back (memory.swap_bandwidth_gbs) */
+} kv_preempt_mode;
+
 typedef struct kv_transfer_plan {
     kv_stream_order order;
     int priority_mode;        /* kv_priority_mode of net.h: none, strict, weighted */
     double anchor_weight;     /* weighted mode: share of the anchor class */
     double residual_weight;   /* weighted mode: share of the residual class */
     bool layerwise;           /* send each layer's KV as prefill produces it */
+    kv_preempt_mode preempt;  /* `preempt = "recompute" | "swap"` in the transfer answer; default recompute */
 } kv_transfer_plan;
 
 /* What a hook sees of the request. */

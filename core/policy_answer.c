@@ -414,9 +414,10 @@ int kv_policy_answer_encoding(lua_State *L, kv_policy_call *c, int idx, kv_encod
 
 int kv_policy_answer_transfer(lua_State *L, kv_policy_call *c, int idx, kv_transfer_plan *tp)
 {
-    enum { T_LAYERWISE, T_ORDER, T_PRIORITY, T_WEIGHTS, T_N };
-    static const char *const fields[T_N] = {"layerwise", "order", "priority", "weights"};
+    enum { T_LAYERWISE, T_ORDER, T_PREEMPT, T_PRIORITY, T_WEIGHTS, T_N };
+    static const char *const fields[T_N] = {"layerwise", "order", "preempt", "priority", "weights"};
     static const char *const orders[] = {"concurrent", "anchor_first", NULL};
+    static const char *const preempts[] = {"recompute", "swap", NULL};
     static const char *const prios[] = {"none", "strict", "weighted", NULL};
     static const char *const wfields[] = {"anchor", "residual"};
     idx = lua_absindex(L, idx);
@@ -427,14 +428,16 @@ int kv_policy_answer_transfer(lua_State *L, kv_policy_call *c, int idx, kv_trans
         return kv_policy_answer_bad(c, "%s; expected a table {order = ..., priority = ..., weights = ..., layerwise "
                                        "= ...}", got);
     }
-    int f, order = 0, prio = 0;
+    int f, order = 0, prio = 0, preempt = 0;
     if (read_fields(L, c, idx, "", fields, T_N, &f) ||
         get_choice(L, c, f + T_ORDER, "", "order", 0, orders, &order) ||
+        get_choice(L, c, f + T_PREEMPT, "", "preempt", 0, preempts, &preempt) ||
         get_choice(L, c, f + T_PRIORITY, "", "priority", 0, prios, &prio) ||
         get_bool(L, c, f + T_LAYERWISE, "", "layerwise", false, &tp->layerwise))
         return -1;
     tp->order = order == 1 ? KV_ORDER_ANCHOR_FIRST : KV_ORDER_CONCURRENT;
     tp->priority_mode = prio; /* kv_priority_mode of net.h: none 0, strict 1, weighted 2 */
+    tp->preempt = preempt == 1 ? KV_PREEMPT_SWAP : KV_PREEMPT_RECOMPUTE;
     double wa = 1.0, wr = 1.0;
     int w = f + T_WEIGHTS;
     if (!lua_isnil(L, w)) {
@@ -470,7 +473,8 @@ int kv_policy_answer_node(lua_State *L, kv_policy_call *c, int t, int nodes_idx,
                 return 0;
             }
         }
-        return kv_policy_answer_bad(c, "a table that is not one of ctx.nodes; return a node from ctx.nodes or its index");
+        return kv_policy_answer_bad(c, "a table that is not one of ctx.nodes; return a node from ctx.nodes or its "
+                                       "index");
     }
     int isint = 0;
     lua_Integer v = lua_type(L, t) == LUA_TNUMBER ? lua_tointegerx(L, t, &isint) : 0;
@@ -484,8 +488,8 @@ int kv_policy_answer_node(lua_State *L, kv_policy_call *c, int t, int nodes_idx,
     kv_policy_describe_value(L, t, got, sizeof got);
     if (c->n_nodes > 0)
         snprintf(range, sizeof range, " (indices %d..%d)", c->nodes[0].index, c->nodes[c->n_nodes - 1].index);
-    return kv_policy_answer_bad(c, "%s; expected the index of one of the %d %s nodes%s, or one of ctx.nodes", got, c->n_nodes,
-               c->hook == H_PREFILL_NODE ? "prefill" : "decode", range);
+    return kv_policy_answer_bad(c, "%s; expected the index of one of the %d %s nodes%s, or one of ctx.nodes", got,
+                                c->n_nodes, c->hook == H_PREFILL_NODE ? "prefill" : "decode", range);
 }
 
 int kv_policy_answer_speculate(lua_State *L, kv_policy_call *c, int idx, int *out)

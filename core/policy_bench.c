@@ -93,7 +93,8 @@ int kv_cmd_bench_policy(int argc, char **argv)
     }
     char *path = policy_arg ? kv_strdup(policy_arg) : find_policy(argv[0], "policies/lynx.lua");
     if (!path) {
-        fprintf(stderr, "kvsim bench policy: cannot find policies/lynx.lua (run from the source tree or use --policy)\n");
+        fprintf(stderr, "kvsim bench policy: cannot find policies/lynx.lua (run from the source tree, or use "
+                        "--policy)\n");
         return 2;
     }
     kv_error err;
@@ -193,8 +194,8 @@ int kv_cmd_bench_policy(int argc, char **argv)
     for (int i = 0; i < n_rows; i++)
         printf("%-62s %14.0f %10.1f %12.2f\n", rows[i].what, rows[i].calls_per_s, 1e9 / rows[i].calls_per_s,
                rows[i].calls_per_s / base);
-    printf("\nencode for one request (%d calls): %.1f us from Lua, %.2f us cached\n", cells, cells / rows[0].calls_per_s * 1e6,
-           cells / rows[1].calls_per_s * 1e6);
+    printf("\nencode for one request (%d calls): %.1f us from Lua, %.2f us cached\n", cells,
+           cells / rows[0].calls_per_s * 1e6, cells / rows[1].calls_per_s * 1e6);
     (void)sink;
     kv_free(path);
     return 0;

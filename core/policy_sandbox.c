@@ -18,13 +18,19 @@
  *    the generator is seeded with 0 at open so runs are reproducible.
  *    setmetatable refuses a metatable with __gc: Lua runs finalizers with
  *    hooks off, so an endless finalizer could not be stopped.
- *  - Known limit: a single C call that burns CPU without allocating (e.g. a
- *    pathological string.find pattern on a long string) is not interrupted by
- *    the instruction budget, because Lua only counts VM instructions.
+ *  - The budget only counts VM instructions, so library functions that can
+ *    loop long inside one C call without allocating are bounded up front:
+ *    string.find/match/gmatch/gsub refuse work whose backtracking bound
+ *    (length^(quantifiers+1)) passes 1e9 steps; table.move, table.insert and
+ *    table.remove refuse to move or shift 2^20 elements or more (a __len
+ *    metamethod can claim any length). Everything else in the five libraries
+ *    is bounded by the memory cap or calls back into Lua.
  */
 #include "core/policy_sandbox.h"
 
 #include <limits.h>
+#include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -209,6 +215,109 @@ static int sb_randomseed(lua_State *L)
     return sb_impure_call(L);
 }
 
+/* Pattern functions (find, match, gmatch, gsub) run inside one C call that
+   no instruction budget can interrupt, and Lua's matcher backtracks: with q
+   quantifiers a subject of n bytes can take about n^(q+1) steps. So they
+   refuse work whose bound passes KV_SANDBOX_MATCH_STEPS; plain finds and
+   everyday patterns on short strings are far below it. */
+#define KV_SANDBOX_MATCH_STEPS 1e9
+
+static int pattern_quantifiers(const char *p, size_t len)
+{
+    int q = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (p[i] == '%') {
+            i++; /* escaped character or class */
+        } else if (p[i] == '[') {
+            i++;
+            if (i < len && p[i] == '^')
+                i++;
+            if (i < len && p[i] == ']')
+                i++; /* a leading ] is part of the set */
+            while (i < len && p[i] != ']')
+                i += p[i] == '%' ? 2 : 1;
+        } else if (p[i] == '*' || p[i] == '+' || p[i] == '-' || p[i] == '?') {
+            q++;
+        }
+    }
+    return q;
+}
+
+static int sb_match_guard(lua_State *L)
+{
+    size_t n = 0, plen = 0;
+    luaL_checklstring(L, 1, &n);
+    const char *pat = luaL_checklstring(L, 2, &plen);
+    bool plain = lua_gettop(L) >= 4 && lua_toboolean(L, 4) && lua_toboolean(L, lua_upvalueindex(2));
+    if (!plain && n > 1) {
+        int q = pattern_quantifiers(pat, plen);
+        double steps = pow((double)n, (double)(q + 1));
+        if (steps > KV_SANDBOX_MATCH_STEPS) {
+            char msg[300]; /* lua_pushfstring knows no %e */
+            snprintf(msg, sizeof msg, "pattern '%.40s' on a string of %zu bytes could take about %.0e steps, over "
+                     "kvsim's limit of %.0e for policies (it could not be interrupted); shorten the string or the "
+                     "pattern", pat, n, steps, KV_SANDBOX_MATCH_STEPS);
+            return luaL_error(L, "%s", msg);
+        }
+    }
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
+    return lua_gettop(L);
+}
+
+/* string.find etc. wrapped by sb_match_guard; `plain_arg`: the 4th argument can ask for a plain find. */
+static void guard_field(lua_State *L, const char *field, int plain_arg)
+{
+    lua_getfield(L, -1, field);
+    lua_pushboolean(L, plain_arg);
+    lua_pushcclosure(L, sb_match_guard, 2);
+    lua_setfield(L, -2, field);
+}
+
+/* table.move of more than KV_SANDBOX_MOVE_ITEMS elements: one C loop the budget cannot stop. */
+#define KV_SANDBOX_MOVE_ITEMS 1048576
+
+static int sb_move(lua_State *L)
+{
+    lua_Integer f = luaL_checkinteger(L, 2), e = luaL_checkinteger(L, 3);
+    if (e >= f && (e - f >= KV_SANDBOX_MOVE_ITEMS || e - f < 0))
+        return luaL_error(L, "table.move of more than %d elements is not available in kvsim policies (it could not "
+                             "be interrupted)", KV_SANDBOX_MOVE_ITEMS);
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
+    return lua_gettop(L);
+}
+
+/* table.insert / table.remove shift every element after `pos` in one C loop,
+   and a __len metamethod can claim any length: bound the shift the same way. */
+static int sb_shift_guard(lua_State *L)
+{
+    luaL_checktype(L, 1, LUA_TTABLE);
+    lua_Integer n = luaL_len(L, 1);
+    int nargs = lua_gettop(L);
+    bool is_insert = lua_toboolean(L, lua_upvalueindex(2));
+    lua_Integer pos = n; /* append / remove the last: no shift */
+    if ((is_insert && nargs >= 3) || (!is_insert && nargs >= 2))
+        pos = luaL_checkinteger(L, 2);
+    if (n - pos >= KV_SANDBOX_MOVE_ITEMS || n < 0)
+        return luaL_error(L, "table.%s shifting %I elements is not available in kvsim policies (it could not be "
+                             "interrupted)", is_insert ? "insert" : "remove", (LUAI_UACINT)(n - pos));
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, nargs, LUA_MULTRET);
+    return lua_gettop(L);
+}
+
+static void shift_field(lua_State *L, const char *field, int is_insert)
+{
+    lua_getfield(L, -1, field);
+    lua_pushboolean(L, is_insert);
+    lua_pushcclosure(L, sb_shift_guard, 2);
+    lua_setfield(L, -2, field);
+}
+
 /* setmetatable refusing metatables with __gc: Lua runs finalizers with debug
    hooks switched off, so an endless __gc could never be stopped. (Adding __gc
    after setmetatable does not make a finalizer, so checking here suffices.) */
@@ -266,6 +375,16 @@ static int sandbox_setup(lua_State *L)
     lua_pushnil(L);
     lua_setfield(L, -2, "dump");
     wrap_field(L, "rep", sb_rep);
+    guard_field(L, "find", 1);
+    guard_field(L, "match", 0);
+    guard_field(L, "gmatch", 0);
+    guard_field(L, "gsub", 0);
+    lua_pop(L, 1);
+
+    lua_getfield(L, -1, LUA_TABLIBNAME);
+    wrap_field(L, "move", sb_move);
+    shift_field(L, "insert", 1);
+    shift_field(L, "remove", 0);
     lua_pop(L, 1);
 
     lua_getfield(L, -1, LUA_MATHLIBNAME);

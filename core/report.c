@@ -43,6 +43,44 @@ void kv_report_table(FILE *out, const kv_scenario *s, const kv_policy_outcome *o
     }
     fprintf(out, "(ms are means over requests unless p99; ttft_spec = first speculative token, ttft = first "
                  "committed token,\n ttkt@K = K-th committed token; accept = accepted / speculated; timing: %s)\n", n ? o[0].run.timing_source : "model");
+    kv_report_memory_table(out, s, o, n);
+}
+
+/* Share of decode step time the memory manager took (modelled, or measured when asked for). */
+static double manager_fraction(const kv_run_result *r, bool measured)
+{
+    double t = measured ? r->kv_manager_measured_s : r->kv_manager_s;
+    return r->decode_busy_s > 0 ? t / r->decode_busy_s : NAN;
+}
+
+void kv_report_memory_table(FILE *out, const kv_scenario *s, const kv_policy_outcome *o, size_t n)
+{
+    /* The decode nodes' paged KV memory: what capacity turned into (docs/diffkv.md). */
+    fprintf(out, "%-10s %7s %9s %8s %6s %6s %7s %9s %6s %6s %6s %6s\n", "memory", "page B", "tok/page", "peak GB",
+            "batch", "max", "preempt", "tok/s", "mgr %", "high", "low", "pruned");
+    for (size_t i = 0; i < n; i++) {
+        const kv_run_result *r = &o[i].run;
+        char tpp[24];
+        if (r->kv_tokens_per_page[1] > 0)
+            snprintf(tpp, sizeof tpp, "%d/%d", r->kv_tokens_per_page[0], r->kv_tokens_per_page[1]);
+        else
+            snprintf(tpp, sizeof tpp, "%d", r->kv_tokens_per_page[0]);
+        fprintf(out, "%-10.10s %7.0f %9s", o[i].name, r->kv_page_bytes, tpp);
+        cell(out, r->kv_mem_peak_bytes / 1e9, 8, 2);
+        cell(out, r->mean_decode_batch, 6, 1);
+        fprintf(out, " %6d %7llu", r->max_decode_batch, (unsigned long long)r->preemptions);
+        cell(out, o[i].summary.output_throughput, 9, 0);
+        cell(out, 100 * manager_fraction(r, s->measure_manager), 6, 3);
+        cell(out, r->tier_high_fraction, 6, 3);
+        cell(out, r->tier_low_fraction, 6, 3);
+        cell(out, r->tier_pruned_fraction, 6, 3);
+        fputc('\n', out);
+    }
+    fprintf(out, "(peak GB = most KV pages in use x page size on one decode node; batch = mean decode batch "
+                 "(time-weighted), max = largest;\n"
+                 " mgr %% = memory-manager time / decode step time, %s; high/low/pruned = DiffKV tiers over every "
+                 "(layer, KV head, token))\n",
+            s->measure_manager ? "measured wall time of the real calls on timing.backend" : "modelled");
 }
 
 static void jkey(FILE *out, const char *key)
@@ -123,6 +161,12 @@ void kv_report_json(FILE *out, const kv_scenario *s, const kv_policy_outcome *o,
         fputc(',', out);
         jkey(out, "timing_source");
         kv_json_string(out, r->timing_source);
+        fputc(',', out);
+        jkey(out, "acceptance_source");
+        kv_json_string(out, r->acceptance_source);
+        fputc(',', out);
+        jkey(out, "tiers_source");
+        kv_json_string(out, r->tiers_source);
         fputs(",\n", out);
         jnum(out, "completed", (double)m->completed, 1);
         jnum(out, "duration", m->duration_s, 1);
@@ -154,6 +198,27 @@ void kv_report_json(FILE *out, const kv_scenario *s, const kv_policy_outcome *o,
         jnum(out, "kv_mem_capacity_bytes", r->kv_mem_capacity_bytes, 1);
         jnum(out, "max_decode_batch", m->max_decode_batch, 1);
         jnum(out, "decode_steps", (double)r->decode_steps, 1);
+        fputc('\n', out);
+        jnum(out, "kv_page_bytes", r->kv_page_bytes, 1);
+        jkey(out, "kv_tokens_per_page");
+        fprintf(out, "[%d,%d],", r->kv_tokens_per_page[0], r->kv_tokens_per_page[1]);
+        jnum(out, "kv_pages_capacity", r->kv_pages_capacity, 1);
+        jnum(out, "kv_pages_peak", r->kv_pages_peak, 1);
+        jnum(out, "preemptions", (double)r->preemptions, 1);
+        jnum(out, "swap_bytes", r->swap_bytes, 1);
+        jnum(out, "decode_busy_s", r->decode_busy_s, 1);
+        jnum(out, "mean_decode_batch", r->mean_decode_batch, 1);
+        fputc('\n', out);
+        jnum(out, "kv_manager_calls", (double)r->kv_manager_calls, 1);
+        jnum(out, "kv_manager_ms", r->kv_manager_s * 1e3, 1);
+        jnum(out, "kv_manager_charged_ms", r->kv_manager_charged_s * 1e3, 1);
+        jnum(out, "kv_manager_fraction", manager_fraction(r, false), 1);
+        jnum(out, "kv_manager_measured_ms", r->kv_manager_measured_s * 1e3, 1);
+        jnum(out, "kv_manager_measured_fraction", manager_fraction(r, true), 1);
+        fputc('\n', out);
+        jnum(out, "tier_high_fraction", r->tier_high_fraction, 1);
+        jnum(out, "tier_low_fraction", r->tier_low_fraction, 1);
+        jnum(out, "tier_pruned_fraction", r->tier_pruned_fraction, 1);
         fputc('\n', out);
         jkey(out, "links");
         fputc('[', out);
@@ -195,7 +260,8 @@ void kv_report_csv(FILE *out, const kv_policy_outcome *o, size_t n)
     fputs("policy,id,arrival_s,prompt_tokens,output_tokens,prefill_node,decode_node,prefill_start_s,prefill_end_s,"
           "encode_end_s,anchor_arrived_s,kv_arrived_s,admitted_s,first_spec_s,first_token_s,kth_token_s,done_s,"
           "ttft_ms,ttft_spec_ms,ttkt_ms,tpot_ms,e2el_ms,anchor_bytes,residual_bytes,kept_tokens_fraction,"
-          "spec_tokens,accepted_tokens,verifications\n",
+          "spec_tokens,accepted_tokens,verifications,tier_high_fraction,tier_low_fraction,tier_pruned_fraction,"
+          "preemptions\n",
           out);
     for (size_t p = 0; p < n; p++) {
         for (size_t i = 0; i < o[p].run.n_requests; i++) {
@@ -218,7 +284,11 @@ void kv_report_csv(FILE *out, const kv_policy_outcome *o, size_t n)
             csv_num(out, q->anchor_bytes);
             csv_num(out, q->residual_bytes);
             csv_num(out, q->kept_tokens_fraction);
-            fprintf(out, ",%d,%d,%d\n", q->spec_tokens, q->accepted_tokens, q->verifications);
+            fprintf(out, ",%d,%d,%d", q->spec_tokens, q->accepted_tokens, q->verifications);
+            csv_num(out, q->tier_high_fraction);
+            csv_num(out, q->tier_low_fraction);
+            csv_num(out, q->tier_pruned_fraction);
+            fprintf(out, ",%d\n", q->preemptions);
         }
     }
 }

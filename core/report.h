@@ -18,6 +18,8 @@ typedef struct kv_policy_outcome {
 } kv_policy_outcome;
 
 void kv_report_table(FILE *out, const kv_scenario *s, const kv_policy_outcome *o, size_t n);
+/* The paged-KV memory table (printed under kv_report_table's). */
+void kv_report_memory_table(FILE *out, const kv_scenario *s, const kv_policy_outcome *o, size_t n);
 void kv_report_json(FILE *out, const kv_scenario *s, const kv_policy_outcome *o, size_t n);
 void kv_report_csv(FILE *out, const kv_policy_outcome *o, size_t n);
 

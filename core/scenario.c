@@ -59,6 +59,23 @@ static const kv_key_spec scenario_keys[] = {
      "switch/uplink bandwidth, Gbit/s (0: not limiting)"},
     {"network.switch_latency_us", KV_KEY_DOUBLE, S(switch_latency_us), "0", 0, 1e9, NULL, "switch latency, us"},
     {"network.hosts_per_leaf", KV_KEY_INT, S(hosts_per_leaf), "8", 1, 1 << 20, NULL, "fat-tree: hosts per leaf"},
+    {"network.fat_tree", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "two-level fat-tree shape"},
+    {"network.fat_tree.spines", KV_KEY_INT, S(fat_tree_spines), "0", 0, 1 << 20, NULL,
+     "spine switches (0: from oversubscription)"},
+    {"network.fat_tree.leaves", KV_KEY_INT, S(fat_tree_leaves), "0", 0, 1 << 20, NULL,
+     "leaf switches (0: enough for the hosts)"},
+    {"network.torus_dims", KV_KEY_INTLIST, S(torus_dims), "[]", 1, 1 << 20, NULL,
+     "torus: nodes along each dimension, e.g. [4, 4, 2]"},
+    {"network.dragonfly", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "dragonfly shape"},
+    {"network.dragonfly.groups", KV_KEY_INT, S(dragonfly_groups), "0", 0, 1 << 20, NULL, "groups"},
+    {"network.dragonfly.chassis", KV_KEY_INT, S(dragonfly_chassis), "0", 0, 1 << 20, NULL, "chassis per group"},
+    {"network.dragonfly.routers", KV_KEY_INT, S(dragonfly_routers), "0", 0, 1 << 20, NULL,
+     "routers per chassis"},
+    {"network.dragonfly.nodes", KV_KEY_INT, S(dragonfly_nodes), "0", 0, 1 << 20, NULL, "hosts per router"},
+    {"network.host_slots", KV_KEY_INTLIST, S(host_slots), "[]", 0, 1 << 30, NULL,
+     "topology position of each node, prefill nodes first (empty: in order)"},
+    {"network.host_names", KV_KEY_STRLIST, S(host_names), "[]", 0, 0, NULL,
+     "platform: the SimGrid host of each node, prefill first (empty: hosts sorted by name)"},
     {"network.oversubscription", KV_KEY_POSITIVE, S(oversubscription), "1", 0, 1e6, NULL,
      "fat-tree: leaf down/up bandwidth ratio"},
     {"network.split_duplex", KV_KEY_BOOL, S(split_duplex), "true", 0, 0, NULL,
@@ -114,8 +131,6 @@ static const kv_key_spec scenario_keys[] = {
 
     {"policies", KV_KEY_STRLIST, S(policies), "[bf16, int8, int4]", 0, 0, NULL,
      "policies to compare, one table row each (policies/<name>.lua)"},
-    {"accuracy", KV_KEY_FREEMAP, S(accuracy), NULL, 0, 0, NULL,
-     "reference-model accuracy, read by kvsim eval (docs/accuracy.md)"},
     {"policy", KV_KEY_FREEMAP, S(policy_settings), NULL, 0, 0, NULL,
      "per-policy settings: policy.<name>.file and policy.<name>.<param>"},
 
@@ -128,13 +143,38 @@ static const kv_key_spec scenario_keys[] = {
      "per-position acceptance, overrides lynx.acceptance"},
     {"lynx.ttkt_k", KV_KEY_INT, S(ttkt_k), "10", 1, 1 << 30, NULL, "K of ttkt_ms (time to the K-th committed token)"},
 
-    {"diffkv", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "DiffKV tier fractions when not from the reference model"},
+    {"diffkv", KV_KEY_SECTION, 0, NULL, 0, 0, NULL,
+     "where DiffKV's token significance comes from when no real attention runs (docs/diffkv.md)"},
     {"diffkv.from", KV_KEY_ENUM, S(diffkv_from), "scenario", 0, 0, "scenario|reference-model",
      "where tier fractions come from"},
+    {"diffkv.scores", KV_KEY_ENUM, S(diffkv_scores), "lognormal", 0, 0, "lognormal|fixed",
+     "lognormal: significance x context length ~ lognormal with mean 1 and the policy's alphas decide; "
+     "fixed: high_fraction / low_fraction"},
+    {"diffkv.score_sigma", KV_KEY_DOUBLE, S(diffkv_score_sigma), "2", 0, 10, NULL,
+     "lognormal: sd of ln(significance x L) for a typical head (larger = sparser attention)"},
+    {"diffkv.head_spread", KV_KEY_DOUBLE, S(diffkv_head_spread), "0.3", 0, 5, NULL,
+     "lognormal: sd of ln(head sigma / score_sigma) across (layer, KV head)"},
     {"diffkv.high_fraction", KV_KEY_DOUBLE, S(diffkv_high_fraction), "0.3", 0, 1, NULL,
-     "share of tokens kept in the high tier (outside the recent window)"},
+     "fixed: share of tokens kept in the high tier (outside the recent window)"},
     {"diffkv.low_fraction", KV_KEY_DOUBLE, S(diffkv_low_fraction), "0.5", 0, 1, NULL,
-     "share in the low tier; the rest is pruned"},
+     "fixed: share in the low tier; the rest is pruned"},
+
+    {"memory", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "the decode nodes' paged KV memory (docs/diffkv.md)"},
+    {"memory.page_tokens_min", KV_KEY_INT, S(page_tokens_min), "16", 1, 65536, NULL,
+     "smallest page, in tokens of the policy's largest tier (16 = vLLM's block)"},
+    {"memory.page_tokens_max", KV_KEY_INT, S(page_tokens_max), "64", 1, 65536, NULL,
+     "largest page; the size with the least waste across tiers wins (DiffKV)"},
+    {"memory.watermark", KV_KEY_DOUBLE, S(memory_watermark), "0.01", 0, 0.5, NULL,
+     "share of pages admission keeps free for running requests to grow into"},
+    {"memory.swap_bandwidth_gbs", KV_KEY_POSITIVE, S(swap_bandwidth_gbs), "25", 0, 1e6, NULL,
+     "GB/s between device and host when a policy preempts by swapping"},
+    {"memory.manager_call_us", KV_KEY_DOUBLE, S(manager_call_us), "5", 0, 1e6, NULL,
+     "modelled fixed cost of one compaction call (launches), added to DiffKV's steps"},
+    {"memory.measure_manager", KV_KEY_BOOL, S(measure_manager), "false", 0, 0, NULL,
+     "also time the real manager calls on timing.backend (results then vary run to run)"},
+
+    {"accuracy", KV_KEY_FREEMAP, S(accuracy), NULL, 0, 0, NULL,
+     "the reference model's accuracy study (kvsim eval; keys in docs/accuracy.md)"},
 
     {"outputs", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "what a run writes"},
     {"outputs.dir", KV_KEY_STRING, S(out_dir), "\"\"", 0, 0, NULL, "output folder (--out overrides; empty: none)"},
@@ -236,12 +276,25 @@ static int check(kv_scenario *s, kv_error *err)
     if (strcmp(s->arrival, "fixed") != 0 && !(s->rate_per_s > 0) && strcmp(s->trace_format, "none") == 0)
         return kv_error_set(err, KV_EINPUT, "%s: workload.rate_per_s: %s arrivals need a rate > 0",
                             kv_scenario_where(s, "workload.rate_per_s", w, sizeof w), s->arrival);
+    if (s->page_tokens_min > s->page_tokens_max)
+        return kv_error_set(err, KV_EINPUT, "%s: memory: page_tokens_min (%d) is larger than page_tokens_max (%d)",
+                            kv_scenario_where(s, "memory", w, sizeof w), s->page_tokens_min, s->page_tokens_max);
     if (s->diffkv_high_fraction + s->diffkv_low_fraction > 1.0 + 1e-12)
         return kv_error_set(err, KV_EINPUT, "%s: diffkv: high_fraction + low_fraction must not exceed 1",
                             kv_scenario_where(s, "diffkv", w, sizeof w));
     if (strcmp(s->topology, "platform") == 0 && s->platform_file[0] == '\0')
         return kv_error_set(err, KV_EINPUT, "%s: network.platform_file: topology 'platform' needs a file",
                             kv_scenario_where(s, "network.topology", w, sizeof w));
+    int hosts = s->prefill.nodes + s->decode.nodes;
+    if (s->host_slots.count && s->host_slots.count != (size_t)hosts)
+        return kv_error_set(err, KV_EINPUT, "%s: network.host_slots: lists %zu positions for %d nodes",
+                            kv_scenario_where(s, "network.host_slots", w, sizeof w), s->host_slots.count, hosts);
+    if (s->host_names.count && s->host_names.count != (size_t)hosts)
+        return kv_error_set(err, KV_EINPUT, "%s: network.host_names: lists %zu hosts for %d nodes",
+                            kv_scenario_where(s, "network.host_names", w, sizeof w), s->host_names.count, hosts);
+    if (s->torus_dims.count > 3)
+        return kv_error_set(err, KV_EINPUT, "%s: network.torus_dims: at most 3 dimensions",
+                            kv_scenario_where(s, "network.torus_dims", w, sizeof w));
     if (s->policy_settings && s->policy_settings->kind == KV_YMAP) {
         /* Settings for a policy that is not compared are almost always a typo. */
         const kv_ynode *ps = s->policy_settings;

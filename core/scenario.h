@@ -38,7 +38,11 @@ typedef struct kv_scenario {
 
     char *net_model, *topology, *platform_file;
     double nic_bandwidth_gbps, nic_latency_us, switch_bandwidth_gbps, switch_latency_us, oversubscription;
-    int hosts_per_leaf;
+    int hosts_per_leaf, fat_tree_spines, fat_tree_leaves;
+    kv_intlist torus_dims;
+    int dragonfly_groups, dragonfly_chassis, dragonfly_routers, dragonfly_nodes;
+    kv_intlist host_slots;
+    kv_strlist host_names;
     bool split_duplex;
     const kv_ynode *simgrid_options;
 
@@ -55,7 +59,6 @@ typedef struct kv_scenario {
 
     kv_strlist policies;
     const kv_ynode *policy_settings;
-    const kv_ynode *accuracy; /* `accuracy:` as written: kvsim eval reads it (core/model/eval_config.c) */
 
     char *lynx_from;
     double lynx_acceptance;
@@ -63,7 +66,17 @@ typedef struct kv_scenario {
     int ttkt_k;
 
     char *diffkv_from;
+    char *diffkv_scores;               /* lognormal | fixed (core/diffkv.h) */
+    double diffkv_score_sigma, diffkv_head_spread;
     double diffkv_high_fraction, diffkv_low_fraction;
+
+    int page_tokens_min, page_tokens_max; /* memory: unified page size search range */
+    double memory_watermark;           /* share of pages admission leaves free */
+    double swap_bandwidth_gbs;         /* device <-> host, for swap preemption */
+    double manager_call_us;            /* modelled fixed cost of one compaction call */
+    bool measure_manager;              /* time the real manager calls (non-deterministic) */
+
+    const kv_ynode *accuracy;  /* the accuracy: section, checked by core/model/eval_config.c */
 
     char *out_dir;
     bool out_json, out_csv, out_trace;

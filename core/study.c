@@ -7,7 +7,9 @@
 #include "core/engine.h"
 #include "core/measure.h"
 #include "core/metrics.h"
+#include "core/model/feed.h"
 #include "core/policy.h"
+#include "core/progress.h"
 #include "core/rng.h"
 #include "core/timeline.h"
 #include "core/workload.h"
@@ -21,6 +23,7 @@ struct kv_study {
     size_t n;
     kv_timeline *timeline;
     kv_kernel_costs *costs;   /* [n] per policy */
+    kv_feed *feeds;           /* [n] measured on the reference model, when asked */
     int ran;
 };
 
@@ -105,14 +108,18 @@ static int load_policy(kv_study *st, size_t i, kv_error *err)
         if (strcmp(settings->keys[k], "file") == 0)
             continue;
         const kv_ynode *v = settings->items[k];
-        snprintf(where[np], sizeof where[np], "%s:%d:%d", settings->file, settings->key_lines[k],
-                 settings->key_cols[k]);
+        if (strncmp(v->file, "--set", 5) == 0) /* given on the command line */
+            snprintf(where[np], sizeof where[np], "%s", v->file);
+        else
+            snprintf(where[np], sizeof where[np], "%s:%d:%d", settings->file, settings->key_lines[k],
+                     settings->key_cols[k]);
         if (v->kind != KV_YSCALAR) {
             rc = kv_error_set(err, KV_EINPUT, "%s: policy.%s.%s: expected a number, boolean or string", where[np],
                               name, settings->keys[k]);
             break;
         }
-        params[np++] = (kv_policy_param){settings->keys[k], v->value, where[np]};
+        params[np] = (kv_policy_param){settings->keys[k], v->value, where[np]}; /* np++ apart: unsequenced */
+        np++;
     }
     if (!rc)
         rc = kv_policy_load(name, path, params, np, NULL, &st->policies[i], err);
@@ -133,13 +140,20 @@ int kv_study_prepare(const kv_scenario *s, kv_study **out, kv_error *err)
     st->files = kv_calloc(st->n, sizeof *st->files);
     st->outcomes = kv_calloc(st->n, sizeof *st->outcomes);
     st->costs = kv_calloc(st->n, sizeof *st->costs);
+    st->feeds = kv_calloc(st->n, sizeof *st->feeds);
     int rc = make_workload(st, err);
+    if (!rc)
+        rc = kv_engine_check_network(s, strcmp(s->net_model, "ideal") == 0 ? KV_NET_IDEAL : KV_NET_SIMGRID, err);
     for (size_t i = 0; !rc && i < st->n; i++)
         rc = load_policy(st, i, err);
     size_t n_req = st->workload ? kv_workload_count(st->workload) : 0;
     int first_prompt = n_req ? kv_workload_get(st->workload, 0)->prompt_tokens : 1;
     for (size_t i = 0; !rc && i < st->n; i++)
         rc = kv_measure_costs(s, st->policies[i], first_prompt, &st->costs[i], err);
+    int want_accept = strcmp(s->lynx_from, "reference-model") == 0;
+    int want_tiers = strcmp(s->diffkv_from, "reference-model") == 0;
+    for (size_t i = 0; !rc && (want_accept || want_tiers) && i < st->n; i++)
+        rc = kv_feed_measure(s, st->policies[i], &st->feeds[i], err);
     if (rc) {
         kv_study_destroy(st);
         return rc;
@@ -161,6 +175,7 @@ void kv_study_destroy(kv_study *st)
     kv_free(st->files);
     kv_free(st->outcomes);
     kv_free(st->costs);
+    kv_free(st->feeds);
     kv_workload_destroy(st->workload);
     kv_timeline_destroy(st->timeline);
     kv_free(st);
@@ -179,11 +194,24 @@ int kv_study_run(kv_study *st, kv_error *err)
     int model = strcmp(s->net_model, "ideal") == 0 ? KV_NET_IDEAL : KV_NET_SIMGRID;
     double bf16_per_token = kv_model_kv_values_per_token(&s->model_card) * 2.0;
     for (size_t i = 0; i < st->n; i++) {
-        kv_run_inputs in = {s, st->policies[i], st->workload, &st->costs[i], st->timeline, model};
+        kv_feed *f = &st->feeds[i];
+        kv_progress *progress = kv_progress_create(stderr, s->progress, s->policies.items[i],
+                                                   kv_workload_count(st->workload));
+        kv_run_inputs in = {.scenario = s, .policy = st->policies[i], .workload = st->workload,
+                            .costs = &st->costs[i], .timeline = st->timeline, .progress = progress,
+                            .network_model = model, .feed_source = f->source};
+        if (strcmp(s->lynx_from, "reference-model") == 0 && f->positions > 0) {
+            in.accept_conditional = f->accept_conditional;
+            in.accept_positions = f->positions;
+        }
+        double tiers[2] = {f->high_fraction, f->low_fraction};
+        if (strcmp(s->diffkv_from, "reference-model") == 0 && f->has_tiers)
+            in.tiers = tiers;
         kv_policy_outcome *o = &st->outcomes[i];
         o->name = s->policies.items[i];
         o->file = st->files[i];
         int rc = kv_engine_run(&in, &o->run, err);
+        kv_progress_finish(progress);
         if (rc)
             return kv_error_prefix(err, "policy %s: ", o->name);
         kv_summary_compute(&o->run, bf16_per_token, &o->summary);

@@ -19,7 +19,15 @@ int kv_timeline_track(kv_timeline *tl, int process, const char *name);
 void kv_timeline_span(kv_timeline *tl, int process, int track, const char *name, const char *category, double t0_s,
                       double t1_s, int64_t request);
 
-/* Writes {"traceEvents": [...], "displayTimeUnit": "ms"} to out. */
+/* A counter sample: `name` (e.g. "KV memory decode 0") has `value` from t_s on,
+   shown as a counter track of the process; unit names the value's unit (e.g. "GB"). */
+void kv_timeline_counter(kv_timeline *tl, int process, const char *name, const char *unit, double t_s, double value);
+
+/* Writes {"traceEvents": [...], "displayTimeUnit": "ms"} to out. Times are
+   whole microseconds (ts and ts+dur are rounded the same way, so a span that
+   ends with its parent still nests). Spans on one track that overlap without
+   nesting go to extra lanes, tracks named "NAME (2)", "NAME (3)", ... right
+   after their track, so every track nests properly (Perfetto needs that). */
 void kv_timeline_write(const kv_timeline *tl, FILE *out);
 
 #endif

@@ -313,6 +313,9 @@ int kv_ytree_set(kv_ynode *root, const char *dotted, kv_ynode *value, kv_error *
 
 const char *kv_ytree_where(const kv_ynode *node, char *buf, size_t size)
 {
-    snprintf(buf, size, "%s:%d:%d", node->file, node->line, node->col);
+    if (strncmp(node->file, "--set", 5) == 0) /* a value from the command line has no file position */
+        snprintf(buf, size, "%s", node->file);
+    else
+        snprintf(buf, size, "%s:%d:%d", node->file, node->line, node->col);
     return buf;
 }

@@ -118,9 +118,8 @@ int kv_net_create(const kv_net_config *cfg, kv_net_done_fn done, void *user, kv_
 void kv_net_destroy(kv_net *net); /* NULL is fine */
 const char *kv_net_name(const kv_net *net);
 
-/* Starts a flow at now_s (at the network's time if now_s is earlier). A now_s later
-   than the network's time is only valid when no flow completes in between: the
-   simgrid model returns KV_EFAIL otherwise, so advance to now_s first. */
+/* Starts a flow at now_s (at the network's time if now_s is earlier; a later now_s
+   schedules it: it starts when an advance reaches now_s). */
 int kv_net_flow_start(kv_net *net, const kv_flow_spec *flow, double now_s, kv_flow_id *out, kv_error *err);
 int kv_net_flow_cancel(kv_net *net, kv_flow_id id, kv_error *err);
 /* Advances to min(t_limit_s, first completion); *t_now_s is where it stopped. */

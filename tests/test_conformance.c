@@ -7,9 +7,12 @@
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "backends/backend.h"
 #include "backends/kernel_fixture.h"
+#include "backends/numerics.h"
 #include "tests/kernels_util.h"
 
 /* ---- The backends under test --------------------------------------------------- */
@@ -17,9 +20,10 @@
 typedef struct target {
     char name[32];
     int device;
+    int generic; /* cpu only: force the portable paths (KVSIM_CPU_ISA=generic) */
 } target;
 
-static target targets[16];
+static target targets[17];
 static size_t n_targets;
 static int targets_built;
 
@@ -41,6 +45,11 @@ static size_t build_targets(void)
         snprintf(targets[n_targets].name, sizeof targets[n_targets].name, "%s", reg->name);
         targets[n_targets].device = 0;
         n_targets++;
+        if (strcmp(reg->name, "cpu") == 0) { /* and the CPU's portable paths, which this machine may not pick */
+            targets[n_targets] = targets[n_targets - 1];
+            targets[n_targets].generic = 1;
+            n_targets++;
+        }
     }
     fprintf(stderr, "conformance: %zu backend(s) under test against the CPU reference (built: %s)\n", n_targets,
             kv_backend_reg_names());
@@ -63,7 +72,12 @@ typedef struct pair {
 
 static pair open_pair(const target *tg)
 {
-    pair p = {kvt_open(tg->name, tg->device), kvt_open_reference(), tg->name};
+    if (tg->generic)
+        setenv("KVSIM_CPU_ISA", "generic", 1); /* each Criterion test runs in its own process */
+    pair p = {kvt_open(tg->name, tg->device), kvt_open_reference(), tg->generic ? "cpu (generic paths)" : tg->name};
+    kv_backend_props props;
+    kv_backend_get_props(p.be, &props);
+    cr_log_info("backend under test: %s (%s)", p.name, props.device);
     return p;
 }
 
@@ -277,6 +291,75 @@ static void free_encoded(encoded *e)
     free(e->anchor), free(e->residual), free(e->scale), free(e->zero), free(e->full), free(e->anchor_only);
 }
 
+/* Quotients that are exact half-integers, where a reciprocal multiply would
+   round the other way: s = 3, x = 3k + 1.5, so (x − z) / s = k + 0.5 exactly
+   (ties to even), while x · fl(1/3) lands an ulp off; and odd scales. */
+BACKEND_TEST(quantize_half_integer_quotients)
+{
+    pair p = open_pair(tg);
+    const float scales[] = {3.0f, 7.0f, 0.1f, 1.0f / 3.0f, 5.5f};
+    for (size_t si = 0; si < sizeof scales / sizeof scales[0]; si++)
+        for (unsigned bits = 2; bits <= 12; bits += 2) {
+            kv_quant_layout l = {64, 64, 32, KV_GROUP_TOKEN};
+            size_t n = 64 * 64, groups = kv_layout_groups(&l);
+            float *x = malloc(n * 4), s = kv_f16_to_f32(kv_f16_from_f32(scales[si])), top = (float)((1u << bits) - 1);
+            for (size_t i = 0; i < n; i++) {
+                size_t k = i % 32;
+                /* each group spans [0, top·s] (so the stored scale is s) and holds half-integer multiples */
+                x[i] = k == 0 ? 0.0f : k == 31 ? top * s : s * ((float)((i * 7 + k) % (1u << bits)) + 0.5f);
+            }
+            uint16_t *c1, *s1, *z1, *c2, *s2, *z2;
+            run_quantize(p.be, &l, bits, x, &c1, &s1, &z1);
+            run_quantize(p.ref, &l, bits, x, &c2, &s2, &z2);
+            char ctx[64];
+            snprintf(ctx, sizeof ctx, "s=%g b=%u", (double)s, bits);
+            expect_same(s1, s2, groups * 2, "scale", p.name, ctx);
+            expect_same(c1, c2, n * 2, "codes", p.name, ctx);
+            encoded e1 = run_encode_decode(p.be, &l, bits, 0, x), e2 = run_encode_decode(p.ref, &l, bits, 0, x);
+            expect_same(e1.anchor, e2.anchor, kv_layout_packed_bytes(&l, bits), "packed plane", p.name, ctx);
+            free_encoded(&e1);
+            free_encoded(&e2);
+            free(x), free(c1), free(s1), free(z1), free(c2), free(s2), free(z2);
+        }
+    close_pair(&p);
+}
+
+/* Constant and non-finite groups: every value equal (scale 0), all NaN, all
+   +Inf, ±0 mixtures, and huge values whose metadata saturates. */
+BACKEND_TEST(quantize_constant_and_nonfinite_groups)
+{
+    pair p = open_pair(tg);
+    const float fills[][4] = {{1.5f, 1.5f, 1.5f, 1.5f},        {NAN, NAN, NAN, NAN},
+                              {INFINITY, 2.0f, 2.0f, -INFINITY}, {-0.0f, 0.0f, -0.0f, 0.0f},
+                              {-1e6f, 3e38f, 7.0f, NAN},        {65520.0f, 65504.0f, -65520.0f, 1e-8f}};
+    for (size_t f = 0; f < sizeof fills / sizeof fills[0]; f++)
+        for (int grouping = 0; grouping < 2; grouping++)
+            for (unsigned bits = 1; bits <= 16; bits += 3) {
+                kv_quant_layout l = {32, 64, 16, (kv_grouping)grouping};
+                size_t n = 32 * 64, groups = kv_layout_groups(&l);
+                float *x = malloc(n * 4);
+                for (size_t i = 0; i < n; i++) /* whole groups share one pattern value in token layout */
+                    x[i] = fills[f][grouping ? ((i / 64) / 16 + i % 64) % 4 : (i % 64) / 16];
+                uint16_t *c1, *s1, *z1, *c2, *s2, *z2;
+                run_quantize(p.be, &l, bits, x, &c1, &s1, &z1);
+                run_quantize(p.ref, &l, bits, x, &c2, &s2, &z2);
+                char ctx[64];
+                snprintf(ctx, sizeof ctx, "fill %zu %s b=%u", f, grouping ? "channel" : "token", bits);
+                expect_same(s1, s2, groups * 2, "scale", p.name, ctx);
+                expect_same(z1, z2, groups * 2, "zero", p.name, ctx);
+                expect_same(c1, c2, n * 2, "codes", p.name, ctx);
+                encoded e1 = run_encode_decode(p.be, &l, bits, bits > 1 ? 1 : 0, x);
+                encoded e2 = run_encode_decode(p.ref, &l, bits, bits > 1 ? 1 : 0, x);
+                expect_same(e1.anchor, e2.anchor, kv_layout_packed_bytes(&l, bits > 1 ? 1 : bits), "anchor plane",
+                            p.name, ctx);
+                expect_same(e1.full, e2.full, n * 4, "decoded values", p.name, ctx);
+                free_encoded(&e1);
+                free_encoded(&e2);
+                free(x), free(c1), free(s1), free(z1), free(c2), free(s2), free(z2);
+            }
+    close_pair(&p);
+}
+
 BACKEND_TEST(encode_decode_bit_exact)
 {
     pair p = open_pair(tg);
@@ -481,6 +564,8 @@ static const attn_case attn_cases[] = {
     {"verify k=4 causal", 4, 8, 2, 64, 120, 16, {Q(8, 32), Q(4, 32)}, {Q(4, 32), Q(2, 32)}, 2, 1, 0},
     {"prefill causal", 48, 4, 1, 32, 48, 16, {Q(8, 16)}, {Q(8, 16)}, 1, 1, 1},
     {"mha no gqa, b=16 and b=1", 2, 3, 3, 16, 40, 8, {Q(16, 8), Q(1, 4)}, {Q(1, 16), Q(16, 3)}, 2, 1, 0},
+    {"2-bit and 2-bit-anchor pages, head_dim 128, G 32", 2, 8, 2, 128, 70, 16, {Q(2, 32), QA(4, 2, 32), Q(4, 32)},
+     {QA(6, 2, 32), Q(2, 32), Q(2, 128)}, 3, 1, 0},
 };
 #define N_ATTN (sizeof attn_cases / sizeof attn_cases[0])
 

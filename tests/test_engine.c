@@ -133,3 +133,26 @@ Test(engine, same_seed_same_bytes)
     kvt_rmtree(dir);
     free(dir);
 }
+
+/* With one request there is no contention: SimGrid (CM02) must give the ideal network's times. */
+Test(engine, ideal_and_simgrid_agree_without_contention)
+{
+    kv_scenario *s1 = NULL, *s2 = NULL;
+    const char *sim[] = {"network.model=simgrid"};
+    kv_study *a = run_scenario("tests/fixtures/scenarios/one-request.yaml", NULL, 0, &s1);
+    kv_study *b = run_scenario("tests/fixtures/scenarios/one-request.yaml", sim, 1, &s2);
+    size_t na = 0, nb = 0;
+    const kv_policy_outcome *oa = kv_study_outcomes(a, &na), *ob = kv_study_outcomes(b, &nb);
+    cr_assert_eq(na, nb);
+    for (size_t i = 0; i < na; i++) {
+        const kv_request_result *x = &oa[i].run.requests[0], *y = &ob[i].run.requests[0];
+        cr_expect(fabs(x->kv_arrived_s - y->kv_arrived_s) < 1e-9, "%s: arrival ideal %.12g simgrid %.12g",
+                  oa[i].name, x->kv_arrived_s, y->kv_arrived_s);
+        cr_expect(fabs(x->first_token_s - y->first_token_s) < 1e-9);
+        cr_expect_str_eq(ob[i].run.network, "simgrid");
+    }
+    kv_study_destroy(a);
+    kv_study_destroy(b);
+    kv_scenario_destroy(s1);
+    kv_scenario_destroy(s2);
+}

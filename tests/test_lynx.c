@@ -119,3 +119,30 @@ Test(lynx, no_speculation_waits_for_the_whole_cache)
     cr_expect_eq(ly->first_spec_s, ly->first_token_s);
     run_free(&r);
 }
+
+/* lynx.from: reference-model — acceptance measured on SmolLM2-135M drives the speculation. */
+Test(lynx, acceptance_from_reference_model, .timeout = 600)
+{
+    char model[4096];
+    const char *dir = getenv("KVSIM_MODEL_DIR");
+    const char *home = getenv("HOME");
+    if (dir)
+        snprintf(model, sizeof model, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", dir);
+    else
+        snprintf(model, sizeof model, "%s/.cache/kvsim/models/SmolLM2-135M-Instruct.Q4_1.gguf", home ? home : "");
+    FILE *f = fopen(model, "rb");
+    if (!f) {
+        fprintf(stderr, "skipped: lynx acceptance from the reference model: %s not fetched "
+                        "(scripts/fetch-model.sh)\n", model);
+        cr_skip("reference model not available");
+    }
+    fclose(f);
+    run r;
+    const char *sets[] = {"lynx.from=reference-model", "policies=[int4,int8,lynx]"};
+    run_one(&r, sets, 2);
+    const kv_run_result *ly = &r.o[2].run;
+    cr_expect(strstr(ly->acceptance_source, "reference model smollm2-135m") != NULL, "%s", ly->acceptance_source);
+    cr_expect(strstr(r.o[0].run.acceptance_source, "scenario") != NULL || r.o[0].summary.spec_tokens == 0);
+    cr_expect(ly->requests[0].spec_tokens > 0);
+    run_free(&r);
+}

@@ -1,4 +1,4 @@
-/* test_policy_cli.c — policies through `kvsim run`: shipped ones side by side, overrides, and exit code 2 for bad policies. */
+/* test_policy_cli.c — policies through `kvsim run`: shipped ones side by side, overrides, exit code 2 when bad. */
 #define _GNU_SOURCE /* asprintf */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -108,6 +108,38 @@ Test(cli, bad_set_is_exit_2_with_a_hint)
     free(out);
     cr_expect_eq(run(s, dir, "--set policy.lynx.anchor_bits=three", &out), 2, "%s", out);
     cr_expect(strstr(out, "expected an integer"), "got: %s", out);
+    free(out);
+    free(s);
+    kvt_rmtree(dir);
+    free(dir);
+}
+
+Test(cli, hooks_see_the_model_from_the_first_request)
+{
+    char *dir = kvt_tempdir();
+    char *path = kvt_source("tests/fixtures/policies/model_in_placement.lua");
+    char extra[1024];
+    snprintf(extra, sizeof extra, "policy:\n  placed: {file: %s}\n", path);
+    char *s = write_scenario(dir, "placed", extra);
+    char *out = NULL;
+    cr_expect_eq(run(s, dir, NULL, &out), 0, "%s", out);
+    free(out);
+    free(s);
+    free(path);
+    kvt_rmtree(dir);
+    free(dir);
+}
+
+Test(cli, scenario_param_error_names_file_line_col)
+{
+    char *dir = kvt_tempdir();
+    char *s = write_scenario(dir, "lynx", "policy:\n  lynx:\n    bits: 8\n    anchr_bits: 3\n");
+    char *out = NULL;
+    cr_expect_eq(run(s, dir, NULL, &out), 2, "%s", out);
+    char want[512];
+    snprintf(want, sizeof want, "%s:10:5: policy.lynx.anchr_bits: policy 'lynx'", s);
+    cr_expect(strstr(out, want), "expected \"%s\" in:\n%s", want, out);
+    cr_expect(strstr(out, "did you mean 'anchor_bits'?"), "got: %s", out);
     free(out);
     free(s);
     kvt_rmtree(dir);

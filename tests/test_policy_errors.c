@@ -203,6 +203,21 @@ Test(hook, string_rep_bomb, .timeout = 30)
     expect_starts(m, FIX "rep_bomb.lua:4: policy 'rep_bomb' exceeded its memory cap of 32 MiB in hook 'encode'");
 }
 
+Test(hook, backtracking_pattern_is_refused, .timeout = 30)
+{
+    const char *m = encode_fails(FIX "pattern_bomb.lua", NULL);
+    expect_starts(m, FIX "pattern_bomb.lua:5: pattern '.-.-.-x' on a string of 100000 bytes could take about");
+    expect_has(m, "in hook 'encode'");
+}
+
+Test(hook, unbounded_table_shifts_are_refused, .timeout = 30)
+{
+    expect_starts(encode_fails(FIX "shift_bomb.lua", NULL),
+                  FIX "shift_bomb.lua:5: table.insert shifting 999999999999999 elements is not available");
+    expect_starts(encode_fails(FIX "move_bomb.lua", NULL),
+                  FIX "move_bomb.lua:4: table.move of more than 1048576 elements is not available");
+}
+
 Test(hook, io_is_absent)
 {
     const char *m = encode_fails(FIX "io_access.lua", NULL);

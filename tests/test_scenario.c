@@ -238,10 +238,35 @@ Test(scenario, failed_run_leaves_no_output)
     free(path);
 }
 
-Test(scenario, every_shipped_scenario_validates)
+
+Test(scenario, network_topology_errors_at_validation)
 {
-    char *out = NULL;
-    int rc = kvt_kvsim("validate scenarios/quickstart.yaml", &out);
-    cr_expect_eq(rc, 0, "%s", out);
-    free(out);
+    expect_bad("name: t\nmodel: llama-3-8b\nnetwork: {topology: torus, torus_dims: [3]}\n"
+               "cluster: {prefill: {nodes: 2}, decode: {nodes: 2}}\n",
+               "network.torus_dims: the torus is too small for the hosts", NULL);
+    expect_bad("name: t\nmodel: llama-3-8b\nnetwork: {topology: platform, platform_file: missing.xml}\n",
+               "network.platform_file: file 'missing.xml' not found", "s.yaml:3:");
+    expect_bad("name: t\nmodel: llama-3-8b\nnetwork: {topology: hypercube}\n",
+               "network.topology: 'hypercube' is not one of", NULL);
+    expect_bad("name: t\nmodel: llama-3-8b\nnetwork: {nic_bandwidth_gbps: 0}\n",
+               "network.nic_bandwidth_gbps: must be greater than 0", NULL);
+}
+
+Test(scenario, every_shipped_scenario_validates_all)
+{
+    FILE *p = popen("find scenarios -name '*.yaml' -not -path '*/models/*' -not -path '*/devices/*' "
+                    "-not -path '*/sweeps/*' | sort", "r");
+    cr_assert(p);
+    char line[1024];
+    int n = 0;
+    while (fgets(line, sizeof line, p)) {
+        line[strcspn(line, "\n")] = '\0';
+        char args[1200], *out = NULL;
+        snprintf(args, sizeof args, "validate %s", line);
+        cr_expect_eq(kvt_kvsim(args, &out), 0, "%s: %s", line, out);
+        free(out);
+        n++;
+    }
+    pclose(p);
+    cr_expect(n >= 4, "only %d scenarios found", n);
 }

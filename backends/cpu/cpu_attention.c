@@ -12,35 +12,17 @@
  * decodes each K page once and computes the logits of all queries x GQA heads
  * of the block, pass 2 takes exp and the sums, pass 3 decodes each V page once
  * and accumulates. When scores are asked for, an item is a whole KV head (so
- * that no two threads add to the same score) and loops over query blocks. */
+ * that no two threads add to the same score) and loops over query blocks.
+ * This file holds the portable item; cpu_attention_avx512.c the one that
+ * fuses dequantization into the dot products and is used on AVX-512 CPUs. */
 #include <math.h>
-#include <stdio.h>
 #include <string.h>
 
+#include "backends/cpu/cpu_attention.h"
 #include "backends/cpu/cpu_internal.h"
 #include "backends/numerics.h"
 #include "core/alloc.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define KV_HAVE_X86 1
-#include <immintrin.h>
-#define KV_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,bmi2,fma")))
-#endif
-
-/* Resolved arguments. */
-typedef struct attn {
-    const kv_attention_args *a;
-    const cpu_ctx *c;
-    const float *q;
-    const uint32_t *q_pos, *head_pages, *positions;
-    const kv_page_desc *pages;
-    const uint8_t *kv;
-    float *out, *scores;
-    uint32_t group;          /* query heads per KV head */
-    uint32_t max_page_tokens;
-    uint64_t *head_tokens;   /* [n_kv_heads] tokens of each KV head */
-    uint64_t max_head_tokens;
-} attn;
 
 /* ---- Checks ------------------------------------------------------------------ */
 
@@ -71,15 +53,15 @@ static int check_format(const kv_store_format *f, uint32_t page, const char *whi
     return KV_OK;
 }
 
-static int check_range(uint64_t off, size_t bytes, size_t align, size_t have, uint32_t page, const char *what,
-                       kv_error *err)
+static int check_range(uint64_t off, size_t bytes, size_t align, size_t have, uint32_t page, const char *which,
+                       const char *part, kv_error *err)
 {
     if (off % align)
-        return kv_error_set(err, KV_EINPUT, "attention: page %u %s offset %llu is not a multiple of %zu", page,
-                            what, (unsigned long long)off, align);
+        return kv_error_set(err, KV_EINPUT, "attention: page %u %s %s offset %llu is not a multiple of %zu", page,
+                            which, part, (unsigned long long)off, align);
     if (off > have || bytes > have - off)
-        return kv_error_set(err, KV_EINPUT, "attention: page %u %s needs %zu bytes at %llu, kv_data holds %zu",
-                            page, what, bytes, (unsigned long long)off, have);
+        return kv_error_set(err, KV_EINPUT, "attention: page %u %s %s needs %zu bytes at %llu, kv_data holds %zu",
+                            page, which, part, bytes, (unsigned long long)off, have);
     return KV_OK;
 }
 
@@ -90,14 +72,10 @@ static int check_store(const kv_store_format *f, uint32_t ntok, uint32_t hd, uin
     if (rc)
         return rc;
     size_t meta_bytes, bytes = store_bytes(f, ntok, hd, &meta_bytes);
-    char what[32];
-    snprintf(what, sizeof what, "%s data", which);
-    rc = check_range(data, bytes, f->kind == KV_STORE_F32 ? 4 : f->kind == KV_STORE_BF16 ? 2 : 1, have, page, what,
-                     err);
-    if (!rc && f->kind == KV_STORE_QUANT) {
-        snprintf(what, sizeof what, "%s meta", which);
-        rc = check_range(meta, meta_bytes, 2, have, page, what, err);
-    }
+    rc = check_range(data, bytes, f->kind == KV_STORE_F32 ? 4 : f->kind == KV_STORE_BF16 ? 2 : 1, have, page, which,
+                     "data", err);
+    if (!rc && f->kind == KV_STORE_QUANT)
+        rc = check_range(meta, meta_bytes, 2, have, page, which, "meta", err);
     return rc;
 }
 
@@ -179,7 +157,7 @@ static int attn_resolve(const cpu_ctx *c, const kv_attention_args *a, attn *t, k
 /* One page's K (value = 0) or V (value = 1) as f32 [ntokens][head_dim]. The
    reference uses cpu_ref.c; the fast device the fused decode. codes is
    scratch of ntokens*head_dim u16 (reference only). */
-static void page_tile(const attn *t, const kv_page_desc *pg, int value, float *tile, uint16_t *codes,
+void kv_cpu_page_tile(const attn *t, const kv_page_desc *pg, int value, float *tile, uint16_t *codes,
                       kv_cpu_scratch *scratch)
 {
     const kv_store_format *f = value ? &pg->value : &pg->key;
@@ -229,8 +207,8 @@ static int attention_reference(const attn *t)
             const kv_page_desc *pg = &t->pages[p];
             if (!pg->ntokens)
                 continue;
-            page_tile(t, pg, 0, K + T * hd, codes, NULL);
-            page_tile(t, pg, 1, V + T * hd, codes, NULL);
+            kv_cpu_page_tile(t, pg, 0, K + T * hd, codes, NULL);
+            kv_cpu_page_tile(t, pg, 1, V + T * hd, codes, NULL);
             for (uint32_t i = 0; i < pg->ntokens; i++)
                 pos[T + i] = t->positions[pg->pos_index + i];
             T += pg->ntokens;
@@ -298,23 +276,6 @@ static int attention_reference(const attn *t)
 
 /* ---- Fast (float) ------------------------------------------------------------ */
 
-/* Per-worker scratch of the fast path. */
-typedef struct fast_ws {
-    float *tile;          /* [max_page_tokens][head_dim] */
-    float *logits;        /* [block][group][max_head_tokens] */
-    float *acc;           /* [block][group][head_dim] */
-    float *score_acc;     /* [group][max_head_tokens] when scores are asked for */
-    kv_cpu_scratch dec;   /* for the fused decode */
-} fast_ws;
-
-typedef struct fast_job {
-    const attn *t;
-    fast_ws *ws;      /* one per worker */
-    uint32_t block;   /* queries per block */
-    uint32_t blocks;  /* blocks per KV head */
-    int per_head;     /* 1: an item is a whole KV head (scores asked for) */
-} fast_job;
-
 static float dot_generic(const float *a, const float *b, uint32_t n)
 {
     float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
@@ -330,16 +291,18 @@ static float dot_generic(const float *a, const float *b, uint32_t n)
     return (s0 + s1) + (s2 + s3);
 }
 
-static void axpy_generic(float *y, float p, const float *x, uint32_t n)
+/* y (double) += p * x: the weighted sum of V over a whole KV head is kept in
+   double so that long contexts stay within the 1e-5 tolerance. */
+static void axpy_generic(double *y, float p, const float *x, uint32_t n)
 {
     for (uint32_t d = 0; d < n; d++)
-        y[d] += p * x[d];
+        y[d] += (double)(p * x[d]);
 }
 
-/* exp(x) for x <= 0 over a row; exact 0 where x == -Inf. Returns the sum. */
-static float exp_row_generic(float *x, size_t n, float mx)
+/* exp(x − mx) over a row; exact 0 where x == -Inf. Returns the sum (in double). */
+static double exp_row_generic(float *x, size_t n, float mx)
 {
-    float sum = 0.0f;
+    double sum = 0.0;
     for (size_t i = 0; i < n; i++) {
         x[i] = x[i] == -INFINITY ? 0.0f : expf(x[i] - mx);
         sum += x[i];
@@ -347,70 +310,8 @@ static float exp_row_generic(float *x, size_t n, float mx)
     return sum;
 }
 
-#ifdef KV_HAVE_X86
-/* dot products of one key with `nq` query vectors (hd a multiple of 16 or not). */
-KV_AVX512 static void dots_avx512(const float *k, const float *const *qs, uint32_t nq, uint32_t hd, float *res)
-{
-    for (uint32_t j = 0; j < nq; j++) {
-        __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-        uint32_t d = 0;
-        for (; d + 32 <= hd; d += 32) {
-            acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(qs[j] + d), _mm512_loadu_ps(k + d), acc0);
-            acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(qs[j] + d + 16), _mm512_loadu_ps(k + d + 16), acc1);
-        }
-        for (; d < hd; d += 16) {
-            __mmask16 m = hd - d >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (hd - d)) - 1u);
-            acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qs[j] + d), _mm512_maskz_loadu_ps(m, k + d), acc0);
-        }
-        res[j] = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-    }
-}
 
-KV_AVX512 static void axpy_avx512(float *y, float p, const float *x, uint32_t n)
-{
-    __m512 vp = _mm512_set1_ps(p);
-    for (uint32_t d = 0; d < n; d += 16) {
-        __mmask16 m = n - d >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - d)) - 1u);
-        __m512 yv = _mm512_maskz_loadu_ps(m, y + d);
-        _mm512_mask_storeu_ps(y + d, m, _mm512_fmadd_ps(vp, _mm512_maskz_loadu_ps(m, x + d), yv));
-    }
-}
-
-/* e^x for x <= 0 (Cephes-style: x = n ln2 + r, degree-6 polynomial in r,
-   about 2 ulp); 0 where x is -Inf or below -87.3. */
-KV_AVX512 static __m512 exp_avx512(__m512 x)
-{
-    const __m512 lo = _mm512_set1_ps(-87.3f);
-    __mmask16 tiny = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-    x = _mm512_max_ps(x, lo);
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_maskz_scalef_ps((__mmask16)~tiny, p, n);
-}
-
-KV_AVX512 static float exp_row_avx512(float *x, size_t n, float mx)
-{
-    __m512 vm = _mm512_set1_ps(mx), sum = _mm512_setzero_ps();
-    for (size_t i = 0; i < n; i += 16) {
-        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
-        __m512 e = exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vm));
-        e = _mm512_maskz_mov_ps(m, e);
-        _mm512_mask_storeu_ps(x + i, m, e);
-        sum = _mm512_add_ps(sum, e);
-    }
-    return _mm512_reduce_add_ps(sum);
-}
-#endif
-
+/* The portable work item (any head_dim, any CPU). */
 static void fast_item(void *arg, size_t i0, size_t i1, int worker)
 {
     const fast_job *j = arg;
@@ -418,9 +319,6 @@ static void fast_item(void *arg, size_t i0, size_t i1, int worker)
     const kv_attention_args *a = t->a;
     fast_ws *w = &j->ws[worker];
     uint32_t hd = a->head_dim, G = t->group;
-#ifdef KV_HAVE_X86
-    int avx = t->c->isa[0] == 'a';
-#endif
     for (size_t item = i0; item < i1; item++) {
         uint32_t kh = (uint32_t)(j->per_head ? item : item / j->blocks);
         uint32_t b0 = j->per_head ? 0 : (uint32_t)(item % j->blocks), b1 = j->per_head ? j->blocks : b0 + 1;
@@ -441,16 +339,11 @@ static void fast_item(void *arg, size_t i0, size_t i1, int worker)
                 const kv_page_desc *pg = &t->pages[p];
                 if (!pg->ntokens)
                     continue;
-                page_tile(t, pg, 0, w->tile, NULL, &w->dec);
+                kv_cpu_page_tile(t, pg, 0, w->tile, NULL, &w->dec);
                 for (uint32_t i = 0; i < pg->ntokens; i++) {
                     const float *k = w->tile + (size_t)i * hd;
-#ifdef KV_HAVE_X86
-                    if (avx)
-                        dots_avx512(k, qs, nq, hd, dots);
-                    else
-#endif
-                        for (uint32_t r = 0; r < nq; r++)
-                            dots[r] = dot_generic(qs[r], k, hd);
+                    for (uint32_t r = 0; r < nq; r++)
+                        dots[r] = dot_generic(qs[r], k, hd);
                     uint32_t pos = t->positions[pg->pos_index + i];
                     for (uint32_t r = 0; r < nq; r++)
                         w->logits[r * T + base + i] = pos <= t->q_pos[q0 + r / G] ? a->scale * dots[r] : -INFINITY;
@@ -466,14 +359,7 @@ static void fast_item(void *arg, size_t i0, size_t i1, int worker)
                     memset(row, 0, T * sizeof *row);
                     continue;
                 }
-                float sum;
-#ifdef KV_HAVE_X86
-                if (avx)
-                    sum = exp_row_avx512(row, T, mx);
-                else
-#endif
-                    sum = exp_row_generic(row, T, mx);
-                float inv = 1.0f / sum;
+                float inv = (float)(1.0 / exp_row_generic(row, T, mx));
                 for (size_t i = 0; i < T; i++)
                     row[i] *= inv;
                 if (w->score_acc)
@@ -481,32 +367,30 @@ static void fast_item(void *arg, size_t i0, size_t i1, int worker)
                         w->score_acc[(r % G) * T + i] += row[i];
             }
             /* pass 3: weighted sum of V */
-            memset(w->acc, 0, (size_t)nq * hd * sizeof(float));
+            double *acc = (double *)w->acc; /* w->acc has room for doubles (attention_fast) */
+            memset(acc, 0, (size_t)nq * hd * sizeof(double));
             base = 0;
             for (uint32_t p = pfirst; p < pend; p++) {
                 const kv_page_desc *pg = &t->pages[p];
                 if (!pg->ntokens)
                     continue;
-                page_tile(t, pg, 1, w->tile, NULL, &w->dec);
+                kv_cpu_page_tile(t, pg, 1, w->tile, NULL, &w->dec);
                 for (uint32_t i = 0; i < pg->ntokens; i++) {
                     const float *v = w->tile + (size_t)i * hd;
                     for (uint32_t r = 0; r < nq; r++) {
                         float pr = w->logits[r * T + base + i];
                         if (pr == 0.0f)
                             continue;
-#ifdef KV_HAVE_X86
-                        if (avx)
-                            axpy_avx512(w->acc + (size_t)r * hd, pr, v, hd);
-                        else
-#endif
-                            axpy_generic(w->acc + (size_t)r * hd, pr, v, hd);
+                        axpy_generic(acc + (size_t)r * hd, pr, v, hd);
                     }
                 }
                 base += pg->ntokens;
             }
-            for (uint32_t r = 0; r < nq; r++)
-                memcpy(t->out + ((size_t)(q0 + r / G) * a->n_heads + kh * G + r % G) * hd, w->acc + (size_t)r * hd,
-                       hd * sizeof(float));
+            for (uint32_t r = 0; r < nq; r++) {
+                float *out = t->out + ((size_t)(q0 + r / G) * a->n_heads + kh * G + r % G) * hd;
+                for (uint32_t d = 0; d < hd; d++)
+                    out[d] = (float)acc[(size_t)r * hd + d];
+            }
         }
         if (w->score_acc) {
             float *sc = t->scores + (size_t)kh * a->score_stride;
@@ -547,16 +431,24 @@ static int attention_fast(const attn *t)
         w->acc = kv_malloc((size_t)block * t->group * a->head_dim * sizeof(float));
         w->score_acc = t->scores ? kv_malloc((size_t)t->group * T * sizeof(float)) : NULL;
         kv_cpu_scratch_init(&w->dec, max_group);
+        size_t rows4 = ((size_t)block * t->group + 3) / 4 * 4;
+        w->qpad = kv_calloc(3 * rows4 * a->head_dim, sizeof(float)); /* AVX-512: q in 3 element orders */
+        w->logits = kv_realloc(w->logits, rows4 * T * sizeof(float));
+        w->acc = kv_realloc(w->acc, 3 * rows4 * a->head_dim * sizeof(double)); /* AVX-512: 3 orders, doubles */
+        w->sz = kv_malloc(((size_t)t->max_page_tokens * a->head_dim + 16) * 2 * sizeof(float));
     }
     size_t items = j.per_head ? a->n_kv_heads : (size_t)a->n_kv_heads * j.blocks;
+    int avx512 = strcmp(t->c->isa, "avx512") == 0 && a->head_dim % 32 == 0;
     if (a->n_queries)
-        kv_cpu_pool_run(t->c->pool, items, 1, fast_item, &j);
+        kv_cpu_pool_run(t->c->pool, items, 1, avx512 ? kv_cpu_attention_item_avx512 : fast_item, &j);
     for (int i = 0; i < workers; i++) {
         kv_free(j.ws[i].tile);
         kv_free(j.ws[i].logits);
         kv_free(j.ws[i].acc);
         kv_free(j.ws[i].score_acc);
         kv_cpu_scratch_free(&j.ws[i].dec);
+        kv_free(j.ws[i].qpad);
+        kv_free(j.ws[i].sz);
     }
     kv_free(j.ws);
     return KV_OK;

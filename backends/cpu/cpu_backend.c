@@ -117,14 +117,21 @@ static void job_quantize(void *arg, size_t g0, size_t g1, int worker)
 {
     const qjob *j = arg;
     (void)worker;
-    kv_cpu_ref_quantize(j->l, j->bits, j->x, j->codes, j->scale, j->zero, g0, g1);
+    if (j->c->reference)
+        kv_cpu_ref_quantize(j->l, j->bits, j->x, j->codes, j->scale, j->zero, g0, g1);
+    else
+        kv_cpu_fast_quantize(j->c->isa, j->l, j->bits, j->x, j->codes, j->scale, j->zero, g0, g1);
 }
 
 static void job_dequantize(void *arg, size_t g0, size_t g1, int worker)
 {
     const qjob *j = arg;
     (void)worker;
-    kv_cpu_ref_dequantize(j->l, j->bits, j->anchor_bits, j->codes, j->scale, j->zero, j->out, g0, g1);
+    if (j->c->reference)
+        kv_cpu_ref_dequantize(j->l, j->bits, j->anchor_bits, j->codes, j->scale, j->zero, j->out, g0, g1);
+    else
+        kv_cpu_fast_dequantize(j->c->isa, j->l, j->bits, j->anchor_bits, j->codes, j->scale, j->zero, j->out, g0,
+                               g1);
 }
 
 static void job_pack(void *arg, size_t g0, size_t g1, int worker)
@@ -134,7 +141,7 @@ static void job_pack(void *arg, size_t g0, size_t g1, int worker)
     if (j->c->reference)
         kv_cpu_ref_pack(j->l, j->bits, j->codes, j->packed, g0, g1);
     else
-        kv_cpu_fast_pack(j->l, j->bits, j->codes, j->packed, g0, g1);
+        kv_cpu_fast_pack(j->c->isa, j->l, j->bits, j->codes, j->packed, g0, g1);
 }
 
 static void job_unpack(void *arg, size_t g0, size_t g1, int worker)
@@ -144,7 +151,7 @@ static void job_unpack(void *arg, size_t g0, size_t g1, int worker)
     if (j->c->reference)
         kv_cpu_ref_unpack(j->l, j->bits, j->packed, j->codes, g0, g1);
     else
-        kv_cpu_fast_unpack(j->l, j->bits, j->packed, j->codes, g0, g1);
+        kv_cpu_fast_unpack(j->c->isa, j->l, j->bits, j->packed, j->codes, g0, g1);
 }
 
 static void job_split(void *arg, size_t i0, size_t i1, int worker)
@@ -427,7 +434,8 @@ static int cpu_device_count(kv_error *err)
     return 2; /* 0: fast, 1: reference */
 }
 
-/* Threads for device 0: KVSIM_CPU_THREADS if set (1..256), else the online cores. */
+/* Threads for device 0: KVSIM_CPU_THREADS if set (1..256), else the online cores.
+   (KVSIM_CPU_ISA=generic, read at open, forces the portable code paths.) */
 static int cpu_thread_count(void)
 {
     const char *env = getenv("KVSIM_CPU_THREADS");
@@ -456,6 +464,10 @@ static int cpu_open(int index, const kv_backend_i **iface, void **ctx, kv_error 
         c->pool = c->threads > 1 ? kv_cpu_pool_create(c->threads) : NULL;
         c->threads = kv_cpu_pool_threads(c->pool);
         c->isa = kv_cpu_fast_isa();
+        /* KVSIM_CPU_ISA=generic forces the portable fast paths (tests run both) */
+        const char *force = getenv("KVSIM_CPU_ISA");
+        if (force && strcmp(force, "generic") == 0)
+            c->isa = "generic";
         *iface = &cpu_iface;
     }
     *ctx = c;
@@ -467,6 +479,13 @@ static const kv_backend_reg cpu_reg = {
     .device_count = cpu_device_count,
     .open = cpu_open,
 };
+
+kv_cpu_pool *kv_cpu_backend_pool(kv_backend *be)
+{
+    if (!be || be->reg != &cpu_reg)
+        return NULL;
+    return ((cpu_ctx *)be->ctx)->pool;
+}
 
 const kv_backend_reg *kv_backend_cpu_reg(void)
 {

@@ -161,7 +161,7 @@ static void decode_group_generic(const uint8_t *ain, const uint8_t *rin, uint32_
 /* ---- AVX-512 (with BMI2 for pext/pdep) -------------------------------------- */
 
 #ifdef KV_HAVE_X86
-#define KV_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,bmi2,fma")))
+#define KV_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,bmi2,fma,f16c")))
 
 static inline uint64_t lane_mask(unsigned w) /* low w bits of each of four 16-bit lanes */
 {
@@ -288,6 +288,442 @@ KV_AVX512 static void decode_group_avx512(const uint8_t *ain, const uint8_t *rin
         _mm512_mask_storeu_ps(out + i, m, _mm512_fmadd_ps(f, vs, vz));
     }
 }
+
+/* ---- AVX-512 batches: 16 full groups at a time --------------------------------
+ * For the common layout — token groups, cols a multiple of G, G a multiple of
+ * 16 — the groups are contiguous runs of G values and their streams are
+ * contiguous runs of G*w/8 bytes. The metadata of 16 groups is computed in
+ * one vector (vcvtps2ph rounds to nearest even like kv_f16_from_f32, with
+ * subnormals and overflow to Inf, which is then saturated as N2 says), and
+ * codes are written straight from registers: 16 codes of w bits are always
+ * exactly 2w bytes. */
+
+/* Any width: 16 codes fill exactly 2w bytes, as two runs of 8 codes of w
+   bytes each; pext gathers the low w bits of four 16-bit lanes at a time.
+   Masked byte stores and loads never touch a byte past the 2w. */
+KV_AVX512 static inline void emit16_any(__m512i q, unsigned w, uint8_t *out)
+{
+    uint64_t lanes[4], m = lane_mask(w);
+    _mm256_storeu_si256((__m256i *)lanes, _mm512_cvtepi32_epi16(q));
+    __mmask16 keep = (__mmask16)((1u << w) - 1u);
+    for (int h = 0; h < 2; h++) {
+        unsigned __int128 v = (unsigned __int128)_pext_u64(lanes[2 * h], m) |
+                              (unsigned __int128)_pext_u64(lanes[2 * h + 1], m) << (4 * w);
+        __m128i x = _mm_set_epi64x((long long)(uint64_t)(v >> 64), (long long)(uint64_t)v);
+        _mm_mask_storeu_epi8(out + h * w, keep, x);
+    }
+}
+
+KV_AVX512 static inline __m512i load16_any(const uint8_t *in, unsigned w)
+{
+    uint64_t lanes[4], m = lane_mask(w);
+    uint64_t low = w * 4 == 64 ? ~0ull : (1ull << (4 * w)) - 1;
+    __mmask16 keep = (__mmask16)((1u << w) - 1u);
+    for (int h = 0; h < 2; h++) {
+        uint64_t part[2];
+        _mm_storeu_si128((__m128i *)part, _mm_maskz_loadu_epi8(keep, in + h * w));
+        unsigned __int128 v = (unsigned __int128)part[1] << 64 | part[0];
+        lanes[2 * h] = _pdep_u64((uint64_t)v & low, m);
+        lanes[2 * h + 1] = _pdep_u64((uint64_t)(v >> (4 * w)) & low, m);
+    }
+    return _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)lanes));
+}
+
+/* 16 codes (one per dword) of width w → 2w bytes at out. */
+KV_AVX512 static inline void emit16(__m512i q, unsigned w, uint8_t *out)
+{
+    if (w == 8) {
+        _mm_storeu_si128((__m128i *)out, _mm512_cvtepi32_epi8(q));
+    } else if (w == 16) {
+        _mm256_storeu_si256((__m256i *)out, _mm512_cvtepi32_epi16(q));
+    } else if (w == 4) { /* qword k holds code 2k in its low dword and 2k+1 in its high dword */
+        __m512i v = _mm512_or_si512(q, _mm512_srli_epi64(q, 28));
+        _mm_storel_epi64((__m128i *)out, _mm512_cvtepi64_epi8(v));
+    } else {
+        emit16_any(q, w, out);
+    }
+}
+
+/* 2w bytes at in → 16 codes of width w, one per dword. */
+KV_AVX512 static inline __m512i load16(const uint8_t *in, unsigned w)
+{
+    if (w == 8)
+        return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)in));
+    if (w == 16)
+        return _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)in));
+    if (w != 4)
+        return load16_any(in, w);
+    __m128i b = _mm_loadl_epi64((const __m128i *)in);
+    __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0f));
+    __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f));
+    return _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi));
+}
+
+/* fp16 bits with ±Inf replaced by ±65504 (N2). */
+KV_AVX512 static inline __m256i saturate_f16(__m256i h)
+{
+    __mmask16 inf = _mm256_cmpeq_epi16_mask(_mm256_and_si256(h, _mm256_set1_epi16(0x7fff)), _mm256_set1_epi16(0x7c00));
+    return _mm256_mask_sub_epi16(h, inf, h, _mm256_set1_epi16(1)); /* 0x7c00 − 1 = 0x7bff, sign kept */
+}
+
+KV_AVX512 static void params16(__m512 vmn, __m512 vmx, unsigned bits, __mmask16 live, uint16_t *scale,
+                               uint16_t *zero, __m512 *S, __m512 *Z);
+
+/* A value that rounds (rint, after clamping to [0, 2^b − 1]) exactly like
+   the correctly rounded d / s, without a division in the common case.
+   t = d * fl(1/s) is within |d/s|·2^-22.4 of the exact quotient, and so is
+   fl(d/s); their roundings can differ only if a half-integer lies within
+   that distance of t. Such lanes are rare (about |t|·2^-19 of them), and a
+   vector holding one is divided exactly. NaN and ±Inf lanes (non-finite x)
+   never look risky and give NaN/±Inf like the division would. */
+KV_AVX512 static inline __m512 quotient(__m512 d, __m512 s, __m512 inv)
+{
+    __m512 t = _mm512_mul_ps(d, inv);
+    __m512 frac = _mm512_sub_ps(t, _mm512_roundscale_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
+    __m512 dist = _mm512_abs_ps(_mm512_sub_ps(frac, _mm512_set1_ps(0.5f)));
+    __m512 thr = _mm512_mul_ps(_mm512_max_ps(_mm512_abs_ps(t), _mm512_set1_ps(1.0f)), _mm512_set1_ps(0x1p-20f));
+    if (_mm512_cmp_ps_mask(dist, thr, _CMP_LE_OQ))
+        return _mm512_div_ps(d, s);
+    return t;
+}
+
+/* Encodes `count` (1..16) consecutive full groups of G values (G % 16 == 0).
+   codes16 (with abits 0): write the codes unpacked, as u16, to aout (the
+   quantize kernel: a 16-bit stream is the u16 array). */
+KV_AVX512 static void encode_batch_avx512(const float *x, uint32_t count, uint32_t G, unsigned bits, unsigned abits,
+                                          int codes16, uint8_t *aout, uint8_t *rout, uint16_t *scale, uint16_t *zero,
+                                          scratch *s)
+{
+    const __m512 zero_v = _mm512_setzero_ps();
+    float mn[16], mx[16], sv[16], zv[16];
+    for (uint32_t j = 0; j < 16; j++) {
+        if (j >= count) {
+            mn[j] = __builtin_inff();
+            mx[j] = -__builtin_inff();
+            continue;
+        }
+        __m512 vmn = _mm512_set1_ps(__builtin_inff()), vmx = _mm512_set1_ps(-__builtin_inff());
+        for (uint32_t i = 0; i < G; i += 16) {
+            __m512 v = _mm512_loadu_ps(x + (size_t)j * G + i);
+            __mmask16 fin = _mm512_cmp_ps_mask(_mm512_sub_ps(v, v), zero_v, _CMP_EQ_OQ);
+            vmn = _mm512_mask_min_ps(vmn, fin, vmn, v);
+            vmx = _mm512_mask_max_ps(vmx, fin, vmx, v);
+        }
+        mn[j] = _mm512_reduce_min_ps(vmn);
+        mx[j] = _mm512_reduce_max_ps(vmx);
+    }
+    /* the metadata of all 16 groups at once */
+    __m512 S, Z;
+    params16(_mm512_loadu_ps(mn), _mm512_loadu_ps(mx), bits, (__mmask16)(count >= 16 ? 0xffffu : (1u << count) - 1u),
+             scale, zero, &S, &Z);
+    _mm512_storeu_ps(sv, S);
+    _mm512_storeu_ps(zv, Z);
+    float inv[16];
+    _mm512_storeu_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.0f), S)); /* Inf where s == 0: those use the scalar rule */
+
+    unsigned r = abits ? bits - abits : 0, aw = codes16 ? 16 : abits ? abits : bits;
+    size_t abytes = (size_t)G * aw / 8, rbytes = (size_t)G * r / 8;
+    const __m512 vmax = _mm512_set1_ps((float)kv_code_max(bits));
+    const __m128i rshift = _mm_cvtsi32_si128((int)r);
+    const __m512i rmask = _mm512_set1_epi32((int)kv_code_max(r ? r : 1));
+    for (uint32_t j = 0; j < count; j++) {
+        const float *xj = x + (size_t)j * G;
+        uint8_t *ao = aout + j * abytes, *ro = abits ? rout + j * rbytes : NULL;
+        int constant = sv[j] == 0.0f;
+        if (constant) /* scale 0: the scalar rule (N4), codes to scratch */
+            for (uint32_t i = 0; i < G; i++)
+                s->a[i] = kv_quant_code(xj[i], sv[j], zv[j], bits);
+        const __m512 vz = _mm512_set1_ps(zv[j]), vs = _mm512_set1_ps(sv[j]), vinv = _mm512_set1_ps(inv[j]);
+        for (uint32_t i = 0; i < G; i += 16) {
+            __m512i q;
+            if (constant) {
+                q = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(s->a + i)));
+            } else {
+                __m512 d = _mm512_sub_ps(_mm512_loadu_ps(xj + i), vz);
+                /* above 12 bits most vectors would hold a risky lane: divide outright */
+                __m512 v = bits <= 12 ? quotient(d, vs, vinv) : _mm512_div_ps(d, vs);
+                v = _mm512_min_ps(_mm512_max_ps(v, zero_v), vmax); /* NaN → 0 */
+                q = _mm512_cvtps_epi32(v);
+            }
+            emit16(abits ? _mm512_srl_epi32(q, rshift) : q, aw, ao + (size_t)i * aw / 8);
+            if (abits)
+                emit16(_mm512_and_si512(q, rmask), r, ro + (size_t)i * r / 8);
+        }
+    }
+}
+
+/* Decodes `count` (1..16) consecutive full groups of G values (G % 16 == 0).
+   codes16 (rin NULL): ain holds u16 codes, masked to their width (the
+   dequantize kernel). */
+KV_AVX512 static void decode_batch_avx512(const uint8_t *ain, const uint8_t *rin, uint32_t count, uint32_t G,
+                                          unsigned bits, unsigned abits, int codes16, const uint16_t *scale,
+                                          const uint16_t *zero, float *out)
+{
+    float sv[16], zv[16];
+    __mmask16 live = (__mmask16)(count >= 16 ? 0xffffu : (1u << count) - 1u);
+    _mm512_storeu_ps(sv, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, scale)));
+    _mm512_storeu_ps(zv, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, zero)));
+    unsigned r = abits ? bits - abits : 0, aw = codes16 ? 16 : abits ? abits : bits;
+    size_t abytes = (size_t)G * aw / 8, rbytes = (size_t)G * r / 8;
+    const __m512i width_mask = _mm512_set1_epi32((int)kv_code_max(abits ? abits : bits));
+    const __m128i shift = _mm_cvtsi32_si128((int)r);
+    const __m512 mid = _mm512_set1_ps(abits && !rin ? (float)kv_code_max(r) / 2.0f : 0.0f);
+    for (uint32_t j = 0; j < count; j++) {
+        const __m512 vs = _mm512_set1_ps(sv[j]), vz = _mm512_set1_ps(zv[j]);
+        const uint8_t *ai = ain + j * abytes, *ri = rin ? rin + j * rbytes : NULL;
+        float *o = out + (size_t)j * G;
+        for (uint32_t i = 0; i < G; i += 16) {
+            __m512i q = load16(ai + (size_t)i * aw / 8, aw);
+            if (codes16)
+                q = _mm512_and_si512(q, width_mask);
+            __m512 f;
+            if (!abits)
+                f = _mm512_cvtepi32_ps(q);
+            else if (!ri)
+                f = _mm512_add_ps(_mm512_cvtepi32_ps(_mm512_sll_epi32(q, shift)), mid); /* exact */
+            else
+                f = _mm512_cvtepi32_ps(_mm512_or_si512(_mm512_sll_epi32(q, shift), load16(ri + (size_t)i * r / 8, r)));
+            _mm512_storeu_ps(o + i, _mm512_fmadd_ps(f, vs, vz));
+        }
+    }
+}
+
+/* ---- AVX-512 channel groups (KIVI keys): 16 columns at a time -----------------
+ * A block of G rows by 16 columns is 16 groups whose values arrive row by row
+ * as one vector: min/max and codes need no horizontal work. Each column's
+ * stream is built in a 64-bit word per lane and scattered when a word fills;
+ * the last, partial word is written bytewise. Readers gather the same way and
+ * never touch a byte past a stream's end. */
+
+typedef struct lanes_io {
+    __m512i lo, hi;     /* columns 0-7 and 8-15: the current word of each stream */
+    unsigned pos;       /* bits of the current word already used */
+    size_t word;        /* index of the current word */
+    unsigned w;         /* bits per code */
+    uint8_t *base;      /* stream of the first column (writer); const for readers */
+    size_t stride;      /* bytes from one column's stream to the next */
+    size_t bytes;       /* bytes of each stream */
+    __mmask16 live;     /* columns that exist */
+    int need_load;      /* reader: the current word is not loaded yet */
+} lanes_io;
+
+KV_AVX512 static inline __m512i lane_index(const lanes_io *io, int half)
+{
+    __m512i k = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
+    k = _mm512_add_epi64(k, _mm512_set1_epi64(half * 8));
+    return _mm512_add_epi64(_mm512_mullo_epi64(k, _mm512_set1_epi64((long long)io->stride)),
+                            _mm512_set1_epi64((long long)(io->word * 8)));
+}
+
+KV_AVX512 static void lanes_flush_word(lanes_io *io)
+{
+    _mm512_mask_i64scatter_epi64(io->base, (__mmask8)io->live, lane_index(io, 0), io->lo, 1);
+    _mm512_mask_i64scatter_epi64(io->base, (__mmask8)(io->live >> 8), lane_index(io, 1), io->hi, 1);
+    io->word++;
+}
+
+/* Appends 16 codes (one per dword, below 2^w). */
+KV_AVX512 static inline void lanes_put(lanes_io *io, __m512i q)
+{
+    __m512i lo = _mm512_cvtepu32_epi64(_mm512_castsi512_si256(q));
+    __m512i hi = _mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(q, 1));
+    __m128i sh = _mm_cvtsi32_si128((int)io->pos);
+    io->lo = _mm512_or_si512(io->lo, _mm512_sll_epi64(lo, sh));
+    io->hi = _mm512_or_si512(io->hi, _mm512_sll_epi64(hi, sh));
+    if (io->pos + io->w < 64) {
+        io->pos += io->w;
+        return;
+    }
+    lanes_flush_word(io);
+    __m128i used = _mm_cvtsi32_si128((int)(64 - io->pos)); /* bits of q that went into the flushed word */
+    io->lo = _mm512_srl_epi64(lo, used);                     /* shifts of 64 or more give 0 */
+    io->hi = _mm512_srl_epi64(hi, used);
+    io->pos = io->pos + io->w - 64;
+}
+
+KV_AVX512 static void lanes_finish(lanes_io *io)
+{
+    if (io->pos == 0)
+        return;
+    uint64_t tmp[16];
+    _mm512_storeu_si512(tmp, io->lo);
+    _mm512_storeu_si512(tmp + 8, io->hi);
+    size_t n = (io->pos + 7) / 8;
+    for (int k = 0; k < 16; k++)
+        if (io->live >> k & 1)
+            memcpy(io->base + k * io->stride + io->word * 8, &tmp[k], n);
+}
+
+/* The stream words `word` of every live column (bytes past a stream's end read as 0). */
+KV_AVX512 static void lanes_load(const lanes_io *io, size_t word, __m512i *lo, __m512i *hi)
+{
+    if (word * 8 + 8 <= io->bytes) {
+        lanes_io at = *io;
+        at.word = word;
+        *lo = _mm512_mask_i64gather_epi64(_mm512_setzero_si512(), (__mmask8)io->live, lane_index(&at, 0), io->base, 1);
+        *hi = _mm512_mask_i64gather_epi64(_mm512_setzero_si512(), (__mmask8)(io->live >> 8), lane_index(&at, 1),
+                                          io->base, 1);
+        return;
+    }
+    uint64_t tmp[16] = {0};
+    size_t n = io->bytes > word * 8 ? io->bytes - word * 8 : 0;
+    for (int k = 0; k < 16; k++)
+        if (io->live >> k & 1)
+            memcpy(&tmp[k], io->base + k * io->stride + word * 8, n);
+    *lo = _mm512_loadu_si512(tmp);
+    *hi = _mm512_loadu_si512(tmp + 8);
+}
+
+/* The next 16 codes, one per dword. */
+KV_AVX512 static inline __m512i lanes_get(lanes_io *io)
+{
+    if (io->need_load) {
+        lanes_load(io, io->word, &io->lo, &io->hi);
+        io->need_load = 0;
+    }
+    __m128i sh = _mm_cvtsi32_si128((int)io->pos);
+    __m512i lo = _mm512_srl_epi64(io->lo, sh), hi = _mm512_srl_epi64(io->hi, sh);
+    int spill = io->pos + io->w > 64;
+    __m512i nlo = lo, nhi = hi;
+    if (spill) {
+        lanes_load(io, io->word + 1, &nlo, &nhi);
+        __m128i back = _mm_cvtsi32_si128((int)(64 - io->pos));
+        lo = _mm512_or_si512(lo, _mm512_sll_epi64(nlo, back));
+        hi = _mm512_or_si512(hi, _mm512_sll_epi64(nhi, back));
+    }
+    __m512i m = _mm512_set1_epi64((long long)kv_code_max(io->w));
+    lo = _mm512_and_si512(lo, m);
+    hi = _mm512_and_si512(hi, m);
+    io->pos += io->w;
+    if (io->pos >= 64) {
+        io->pos -= 64;
+        io->word++;
+        if (spill) {
+            io->lo = nlo;
+            io->hi = nhi;
+        } else {
+            io->need_load = 1;
+        }
+    }
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi64_epi32(lo)), _mm512_cvtepi64_epi32(hi), 1);
+}
+
+/* Metadata of 16 groups from their finite min and max vectors (as
+   kv_quant_params); stores the live ones, returns s and z. */
+KV_AVX512 static void params16(__m512 vmn, __m512 vmx, unsigned bits, __mmask16 live, uint16_t *scale,
+                               uint16_t *zero, __m512 *S, __m512 *Z)
+{
+    const __m512 zero_v = _mm512_setzero_ps();
+    __mmask16 have = _mm512_cmp_ps_mask(vmn, vmx, _CMP_LE_OQ);
+    vmn = _mm512_add_ps(vmn, zero_v); /* N3 */
+    vmx = _mm512_add_ps(vmx, zero_v);
+    __m512 range = _mm512_div_ps(_mm512_sub_ps(vmx, vmn), _mm512_set1_ps((float)kv_code_max(bits)));
+    __m256i sh = saturate_f16(_mm512_cvtps_ph(range, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    __m256i zh = saturate_f16(_mm512_cvtps_ph(vmn, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    sh = _mm256_maskz_mov_epi16(have, sh);
+    zh = _mm256_maskz_mov_epi16(have, zh);
+    _mm256_mask_storeu_epi16(scale, live, sh);
+    _mm256_mask_storeu_epi16(zero, live, zh);
+    *S = _mm512_cvtph_ps(sh);
+    *Z = _mm512_cvtph_ps(zh);
+}
+
+/* Encodes the groups of block b, columns [c0, c0 + 16) ∩ live. */
+KV_AVX512 static void encode_channel_avx512(const kv_quant_layout *l, uint32_t b, uint32_t c0, __mmask16 live,
+                                            unsigned bits, unsigned abits, const float *x, uint8_t *aplane,
+                                            uint8_t *rplane, uint16_t *scale, uint16_t *zero)
+{
+    const __m512 zero_v = _mm512_setzero_ps(), pinf = _mm512_set1_ps(__builtin_inff());
+    uint32_t C = l->cols, G = l->group_size;
+    size_t g = (size_t)b * C + c0;
+    uint32_t n = kv_layout_group_len(l, g);
+    const float *x0 = x + (size_t)b * G * C + c0;
+    __m512 vmn = pinf, vmx = _mm512_set1_ps(-__builtin_inff());
+    for (uint32_t i = 0; i < n; i++) {
+        __m512 v = _mm512_maskz_loadu_ps(live, x0 + (size_t)i * C);
+        __mmask16 fin = _mm512_mask_cmp_ps_mask(live, _mm512_sub_ps(v, v), zero_v, _CMP_EQ_OQ);
+        vmn = _mm512_mask_min_ps(vmn, fin, vmn, v);
+        vmx = _mm512_mask_max_ps(vmx, fin, vmx, v);
+    }
+    __m512 S, Z;
+    params16(vmn, vmx, bits, live, scale + g, zero + g, &S, &Z);
+    unsigned r = abits ? bits - abits : 0, aw = abits ? abits : bits;
+    lanes_io wa = {_mm512_setzero_si512(), _mm512_setzero_si512(), 0, 0, aw, aplane + kv_layout_group_offset(l, aw, g),
+                   ((size_t)n * aw + 7) / 8, ((size_t)n * aw + 7) / 8, live, 0};
+    lanes_io wr = wa;
+    if (abits) {
+        wr.w = r;
+        wr.base = rplane + kv_layout_group_offset(l, r, g);
+        wr.stride = wr.bytes = ((size_t)n * r + 7) / 8;
+    }
+    const __m512 vmax = _mm512_set1_ps((float)kv_code_max(bits));
+    const __m512i qmax = _mm512_set1_epi32((int)kv_code_max(bits)), rmask = _mm512_set1_epi32((int)kv_code_max(r ? r : 1));
+    const __m128i rshift = _mm_cvtsi32_si128((int)r);
+    __mmask16 s0 = _mm512_cmp_ps_mask(S, zero_v, _CMP_EQ_OQ);
+    for (uint32_t i = 0; i < n; i++) {
+        __m512 v = _mm512_maskz_loadu_ps(live, x0 + (size_t)i * C);
+        __m512 t = _mm512_div_ps(_mm512_sub_ps(v, Z), S); /* lanes with s == 0 are replaced below */
+        t = _mm512_min_ps(_mm512_max_ps(t, zero_v), vmax);
+        __m512i q = _mm512_cvtps_epi32(t);
+        /* N4 for s == 0: 0, except +Inf → 2^b − 1 */
+        __mmask16 is_pinf = _mm512_cmp_ps_mask(v, pinf, _CMP_EQ_OQ);
+        q = _mm512_mask_mov_epi32(q, s0, _mm512_maskz_mov_epi32(is_pinf, qmax));
+        lanes_put(&wa, abits ? _mm512_srl_epi32(q, rshift) : q);
+        if (abits)
+            lanes_put(&wr, _mm512_and_si512(q, rmask));
+    }
+    lanes_finish(&wa);
+    if (abits)
+        lanes_finish(&wr);
+}
+
+KV_AVX512 static void decode_channel_avx512(const kv_quant_layout *l, uint32_t b, uint32_t c0, __mmask16 live,
+                                            unsigned bits, unsigned abits, const uint8_t *aplane,
+                                            const uint8_t *rplane, const uint16_t *scale, const uint16_t *zero,
+                                            float *out)
+{
+    uint32_t C = l->cols, G = l->group_size;
+    size_t g = (size_t)b * C + c0;
+    uint32_t n = kv_layout_group_len(l, g);
+    __m512 S = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, scale + g));
+    __m512 Z = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, zero + g));
+    unsigned r = abits ? bits - abits : 0, aw = abits ? abits : bits;
+    lanes_io ra = {_mm512_setzero_si512(), _mm512_setzero_si512(), 0, 0, aw,
+                   (uint8_t *)(uintptr_t)(aplane + kv_layout_group_offset(l, aw, g)), ((size_t)n * aw + 7) / 8,
+                   ((size_t)n * aw + 7) / 8, live, 1};
+    lanes_io rr = ra;
+    if (abits && rplane) {
+        rr.w = r;
+        rr.base = (uint8_t *)(uintptr_t)(rplane + kv_layout_group_offset(l, r, g));
+        rr.stride = rr.bytes = ((size_t)n * r + 7) / 8;
+    }
+    const __m128i shift = _mm_cvtsi32_si128((int)r);
+    const __m512 mid = _mm512_set1_ps(abits && !rplane ? (float)kv_code_max(r) / 2.0f : 0.0f);
+    float *o0 = out + (size_t)b * G * C + c0;
+    for (uint32_t i = 0; i < n; i++) {
+        __m512i q = lanes_get(&ra);
+        __m512 f;
+        if (!abits)
+            f = _mm512_cvtepi32_ps(q);
+        else if (!rplane)
+            f = _mm512_add_ps(_mm512_cvtepi32_ps(_mm512_sll_epi32(q, shift)), mid); /* exact */
+        else
+            f = _mm512_cvtepi32_ps(_mm512_or_si512(_mm512_sll_epi32(q, shift), lanes_get(&rr)));
+        _mm512_mask_storeu_ps(o0 + (size_t)i * C, live, _mm512_fmadd_ps(f, S, Z));
+    }
+}
+
+/* Runs fn over groups [g0, g1) of a channel layout as (block, 16 columns) pieces. */
+#define KV_FOR_CHANNEL_PIECES(l, g0, g1, BODY)                                                               \
+    for (size_t g_ = (g0); g_ < (g1);) {                                                                      \
+        uint32_t b_ = (uint32_t)(g_ / (l)->cols), c_ = (uint32_t)(g_ % (l)->cols);                            \
+        size_t left_ = (g1) - g_, row_left_ = (l)->cols - c_;                                                 \
+        uint32_t k_ = (uint32_t)(left_ < row_left_ ? left_ : row_left_);                                      \
+        k_ = k_ < 16 ? k_ : 16;                                                                               \
+        __mmask16 live_ = (__mmask16)((1u << k_) - 1u);                                                      \
+        BODY;                                                                                                  \
+        g_ += k_;                                                                                              \
+    }
 #endif
 
 /* ---- Dispatch --------------------------------------------------------------- */
@@ -298,10 +734,17 @@ const char *kv_cpu_fast_isa(void)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-        __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("fma"))
+        __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
         return "avx512";
 #endif
     return "generic";
+}
+
+/* Token groups that tile the rows exactly, 16 values at a time: group g is
+   x[g*G, (g+1)*G) and its stream starts at g*G*w/8. */
+static int regular(const kv_quant_layout *l)
+{
+    return l->grouping == KV_GROUP_TOKEN && l->group_size % 16 == 0 && l->cols % l->group_size == 0;
 }
 
 static int use_avx512(const char *isa)
@@ -321,6 +764,25 @@ void kv_cpu_fast_encode(const char *isa, const kv_quant_layout *l, unsigned bits
     scratch own, *sp = scratch_get(given, &own, l->group_size), s = *sp;
     unsigned aw = anchor_bits ? anchor_bits : bits, rw = bits - anchor_bits;
     int fast = use_avx512(isa);
+#ifdef KV_HAVE_X86
+    if (fast && regular(l)) {
+        uint32_t G = l->group_size;
+        for (size_t g = g0; g < g1; g += 16) {
+            uint32_t count = g1 - g < 16 ? (uint32_t)(g1 - g) : 16;
+            encode_batch_avx512(x + g * G, count, G, bits, anchor_bits, 0, anchor + g * G * aw / 8,
+                                anchor_bits ? residual + g * G * rw / 8 : NULL, scale + g, zero + g, &s);
+        }
+        scratch_put(sp, &own);
+        return;
+    }
+    if (fast && l->grouping == KV_GROUP_CHANNEL) {
+        KV_FOR_CHANNEL_PIECES(l, g0, g1,
+                              encode_channel_avx512(l, b_, c_, live_, bits, anchor_bits, x, anchor, residual, scale,
+                                                    zero));
+        scratch_put(sp, &own);
+        return;
+    }
+#endif
     for (size_t g = g0; g < g1; g++) {
         cpu_group_view v = cpu_group_at(l, g);
         const float *xs = gather(x, v, &s);
@@ -342,9 +804,26 @@ void kv_cpu_fast_decode(const char *isa, const kv_quant_layout *l, unsigned bits
                         const uint8_t *anchor, const uint8_t *residual, const uint16_t *scale,
                         const uint16_t *zero, float *out, size_t g0, size_t g1, kv_cpu_scratch *given)
 {
-    scratch own, *sp = scratch_get(given, &own, l->group_size), s = *sp;
     unsigned aw = anchor_bits ? anchor_bits : bits, rw = bits - anchor_bits;
     int fast = use_avx512(isa);
+#ifdef KV_HAVE_X86
+    if (fast && regular(l)) {
+        uint32_t G = l->group_size;
+        for (size_t g = g0; g < g1; g += 16) {
+            uint32_t count = g1 - g < 16 ? (uint32_t)(g1 - g) : 16;
+            decode_batch_avx512(anchor + g * G * aw / 8, anchor_bits && residual ? residual + g * G * rw / 8 : NULL,
+                                count, G, bits, anchor_bits, 0, scale + g, zero + g, out + g * G);
+        }
+        return;
+    }
+    if (fast && l->grouping == KV_GROUP_CHANNEL) {
+        KV_FOR_CHANNEL_PIECES(l, g0, g1,
+                              decode_channel_avx512(l, b_, c_, live_, bits, anchor_bits, anchor,
+                                                    anchor_bits ? residual : NULL, scale, zero, out));
+        return;
+    }
+#endif
+    scratch own, *sp = scratch_get(given, &own, l->group_size), s = *sp;
     for (size_t g = g0; g < g1; g++) {
         cpu_group_view v = cpu_group_at(l, g);
         const uint8_t *ai = anchor + kv_layout_group_offset(l, aw, g);
@@ -366,9 +845,73 @@ void kv_cpu_fast_decode(const char *isa, const kv_quant_layout *l, unsigned bits
     scratch_put(sp, &own);
 }
 
-void kv_cpu_fast_pack(const kv_quant_layout *l, unsigned bits, const uint16_t *codes, uint8_t *packed, size_t g0,
-                      size_t g1)
+#ifdef KV_HAVE_X86
+/* Regular layouts: the codes of groups [g0, g1) are codes[g0*G, g1*G) and
+   their streams packed[g0*G*w/8, ...): 16 codes at a time. */
+KV_AVX512 static void pack_regular_avx512(const uint16_t *codes, uint8_t *packed, size_t e0, size_t e1, unsigned w)
 {
+    const __m512i mask = _mm512_set1_epi32((int)kv_code_max(w));
+    for (size_t e = e0; e < e1; e += 16)
+        emit16(_mm512_and_si512(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(codes + e))), mask), w,
+               packed + e * w / 8);
+}
+
+KV_AVX512 static void unpack_regular_avx512(const uint8_t *packed, uint16_t *codes, size_t e0, size_t e1, unsigned w)
+{
+    for (size_t e = e0; e < e1; e += 16)
+        _mm256_storeu_si256((__m256i *)(codes + e), _mm512_cvtepi32_epi16(load16(packed + e * w / 8, w)));
+}
+#endif
+
+void kv_cpu_fast_quantize(const char *isa, const kv_quant_layout *l, unsigned bits, const float *x, uint16_t *codes,
+                          uint16_t *scale, uint16_t *zero, size_t g0, size_t g1)
+{
+#ifdef KV_HAVE_X86
+    if (use_avx512(isa) && regular(l)) {
+        scratch own, *sp = scratch_get(NULL, &own, l->group_size);
+        uint32_t G = l->group_size;
+        for (size_t g = g0; g < g1; g += 16) {
+            uint32_t count = g1 - g < 16 ? (uint32_t)(g1 - g) : 16;
+            encode_batch_avx512(x + g * G, count, G, bits, 0, 1, (uint8_t *)(codes + g * G), NULL, scale + g,
+                                zero + g, sp);
+        }
+        scratch_put(sp, &own);
+        return;
+    }
+#endif
+    (void)isa;
+    kv_cpu_ref_quantize(l, bits, x, codes, scale, zero, g0, g1);
+}
+
+void kv_cpu_fast_dequantize(const char *isa, const kv_quant_layout *l, unsigned bits, unsigned anchor_bits,
+                            const uint16_t *codes, const uint16_t *scale, const uint16_t *zero, float *out, size_t g0,
+                            size_t g1)
+{
+#ifdef KV_HAVE_X86
+    if (use_avx512(isa) && regular(l)) {
+        uint32_t G = l->group_size;
+        for (size_t g = g0; g < g1; g += 16) {
+            uint32_t count = g1 - g < 16 ? (uint32_t)(g1 - g) : 16;
+            decode_batch_avx512((const uint8_t *)(codes + g * G), NULL, count, G, bits, anchor_bits, 1, scale + g,
+                                zero + g, out + g * G);
+        }
+        return;
+    }
+#endif
+    (void)isa;
+    kv_cpu_ref_dequantize(l, bits, anchor_bits, codes, scale, zero, out, g0, g1);
+}
+
+void kv_cpu_fast_pack(const char *isa, const kv_quant_layout *l, unsigned bits, const uint16_t *codes,
+                      uint8_t *packed, size_t g0, size_t g1)
+{
+#ifdef KV_HAVE_X86
+    if (use_avx512(isa) && regular(l)) {
+        pack_regular_avx512(codes, packed, g0 * l->group_size, g1 * l->group_size, bits);
+        return;
+    }
+#endif
+    (void)isa;
     scratch own, *sp = scratch_get(NULL, &own, l->group_size), s = *sp;
     for (size_t g = g0; g < g1; g++) {
         cpu_group_view v = cpu_group_at(l, g);
@@ -379,9 +922,16 @@ void kv_cpu_fast_pack(const kv_quant_layout *l, unsigned bits, const uint16_t *c
     scratch_put(sp, &own);
 }
 
-void kv_cpu_fast_unpack(const kv_quant_layout *l, unsigned bits, const uint8_t *packed, uint16_t *codes,
-                        size_t g0, size_t g1)
+void kv_cpu_fast_unpack(const char *isa, const kv_quant_layout *l, unsigned bits, const uint8_t *packed,
+                        uint16_t *codes, size_t g0, size_t g1)
 {
+#ifdef KV_HAVE_X86
+    if (use_avx512(isa) && regular(l)) {
+        unpack_regular_avx512(packed, codes, g0 * l->group_size, g1 * l->group_size, bits);
+        return;
+    }
+#endif
+    (void)isa;
     scratch own, *sp = scratch_get(NULL, &own, l->group_size), s = *sp;
     for (size_t g = g0; g < g1; g++) {
         cpu_group_view v = cpu_group_at(l, g);

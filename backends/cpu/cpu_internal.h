@@ -77,16 +77,26 @@ void kv_cpu_fast_encode(const char *isa, const kv_quant_layout *l, unsigned bits
 void kv_cpu_fast_decode(const char *isa, const kv_quant_layout *l, unsigned bits, unsigned anchor_bits,
                         const uint8_t *anchor, const uint8_t *residual, const uint16_t *scale,
                         const uint16_t *zero, float *out, size_t g0, size_t g1, kv_cpu_scratch *scratch);
-void kv_cpu_fast_pack(const kv_quant_layout *l, unsigned bits, const uint16_t *codes, uint8_t *packed, size_t g0,
-                      size_t g1);
-void kv_cpu_fast_unpack(const kv_quant_layout *l, unsigned bits, const uint8_t *packed, uint16_t *codes,
-                        size_t g0, size_t g1);
+/* The unfused kernels, equal to their cpu_ref.c counterparts. */
+void kv_cpu_fast_quantize(const char *isa, const kv_quant_layout *l, unsigned bits, const float *x, uint16_t *codes,
+                          uint16_t *scale, uint16_t *zero, size_t g0, size_t g1);
+void kv_cpu_fast_dequantize(const char *isa, const kv_quant_layout *l, unsigned bits, unsigned anchor_bits,
+                            const uint16_t *codes, const uint16_t *scale, const uint16_t *zero, float *out, size_t g0,
+                            size_t g1);
+void kv_cpu_fast_pack(const char *isa, const kv_quant_layout *l, unsigned bits, const uint16_t *codes,
+                      uint8_t *packed, size_t g0, size_t g1);
+void kv_cpu_fast_unpack(const char *isa, const kv_quant_layout *l, unsigned bits, const uint8_t *packed,
+                        uint16_t *codes, size_t g0, size_t g1);
 
 /* ---- Attention (cpu_attention.c) and compaction (cpu_compact.c) ---- */
 
 int kv_cpu_attention(cpu_ctx *c, const kv_attention_args *a, kv_error *err);
 int kv_cpu_compact_alloc(cpu_ctx *c, const kv_compact_args *a, kv_error *err);
 int kv_cpu_compact_release(cpu_ctx *c, const kv_compact_args *a, kv_error *err);
+
+/* The worker pool of an opened CPU device (NULL for other backends, the
+   reference device, or one thread): `kvsim bench kernels` reads its on-CPU times. */
+kv_cpu_pool *kv_cpu_backend_pool(kv_backend *be);
 
 /* Resolves a[offset, offset + bytes) of a buffer, or fails with KV_EINPUT
    naming the kernel and the argument. */

@@ -8,6 +8,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <time.h>
 
 #include "core/alloc.h"
 
@@ -25,6 +26,8 @@ struct kv_cpu_pool {
     void *arg;
     size_t n, grain;
     atomic_size_t next;    /* first item not yet taken */
+    double *cpu_s;         /* [threads]: helper i's CPU seconds inside runs since the last reset;
+                              written by helper i only, read under lock after a run */
 };
 
 typedef struct helper_arg {
@@ -58,8 +61,11 @@ static void *helper_main(void *varg)
             break;
         seen = p->generation;
         pthread_mutex_unlock(&p->lock);
+        double t0 = kv_cpu_thread_cpu_s();
         work(p, worker);
+        double spent = kv_cpu_thread_cpu_s() - t0;
         pthread_mutex_lock(&p->lock);
+        p->cpu_s[worker] += spent;
         if (--p->active == 0)
             pthread_cond_signal(&p->done);
     }
@@ -78,6 +84,7 @@ kv_cpu_pool *kv_cpu_pool_create(int threads)
     pthread_cond_init(&p->done, NULL);
     atomic_init(&p->next, 0);
     p->helpers = kv_calloc((size_t)threads, sizeof *p->helpers);
+    p->cpu_s = kv_calloc((size_t)threads, sizeof *p->cpu_s);
     for (int i = 0; i < threads - 1; i++) {
         helper_arg *ha = kv_malloc(sizeof *ha);
         ha->pool = p;
@@ -105,6 +112,7 @@ void kv_cpu_pool_destroy(kv_cpu_pool *p)
     pthread_cond_destroy(&p->done);
     pthread_mutex_destroy(&p->lock);
     kv_free(p->helpers);
+    kv_free(p->cpu_s);
     kv_free(p);
 }
 
@@ -139,4 +147,33 @@ void kv_cpu_pool_run(kv_cpu_pool *p, size_t n, size_t grain, kv_cpu_range_fn fn,
     while (p->active > 0)
         pthread_cond_wait(&p->done, &p->lock);
     pthread_mutex_unlock(&p->lock);
+}
+
+double kv_cpu_thread_cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void kv_cpu_pool_cpu_reset(kv_cpu_pool *p)
+{
+    if (!p)
+        return;
+    pthread_mutex_lock(&p->lock);
+    for (int i = 0; i < p->threads; i++)
+        p->cpu_s[i] = 0;
+    pthread_mutex_unlock(&p->lock);
+}
+
+double kv_cpu_pool_cpu_max_s(const kv_cpu_pool *p)
+{
+    if (!p)
+        return 0;
+    double m = 0;
+    pthread_mutex_lock((pthread_mutex_t *)&p->lock);
+    for (int i = 1; i < p->threads; i++)
+        m = p->cpu_s[i] > m ? p->cpu_s[i] : m;
+    pthread_mutex_unlock((pthread_mutex_t *)&p->lock);
+    return m;
 }

@@ -20,4 +20,15 @@ int kv_cpu_pool_threads(const kv_cpu_pool *pool); /* 1 for NULL */
    reentrant: one parallel loop at a time per pool. */
 void kv_cpu_pool_run(kv_cpu_pool *pool, size_t n, size_t grain, kv_cpu_range_fn fn, void *arg);
 
+/* On-CPU time of the helper threads (workers 1..threads-1): each adds the
+   thread CPU time it spends inside runs. Reset, run, then read the largest;
+   with the caller's own thread CPU time this estimates how long the loop
+   would take if no other process wanted the cores (`kvsim bench kernels`
+   reports it next to wall time on shared machines). 0 without helpers. */
+void kv_cpu_pool_cpu_reset(kv_cpu_pool *pool);
+double kv_cpu_pool_cpu_max_s(const kv_cpu_pool *pool);
+
+/* The calling thread's CPU seconds (CLOCK_THREAD_CPUTIME_ID). */
+double kv_cpu_thread_cpu_s(void);
+
 #endif

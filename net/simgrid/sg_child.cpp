@@ -18,12 +18,14 @@
  *   SimGrid enables it with its own (shadowed) penalty; the driver therefore sets
  *   the class penalty from Engine::on_time_advance, the first moment the latency
  *   is paid and before the solver runs again. Strict classes are penalty ratios
- *   of kStrictRatio per class (a lower class still gets 1/kStrictRatio of the
- *   higher one's share where both are bottlenecked: the documented error);
+ *   of 1e9^(1/c_max) per class, c_max the highest class seen so far (a lower
+ *   class still gets that fraction of a higher one's share where both are
+ *   bottlenecked: the documented error);
  *   weighted classes are the weight ratios, exact up to the solver's precision.
  * Invariants (numbers as in net.h): the driver's time `now_` never decreases (1),
  * is never beyond the ADVANCE limit (2), every started flow is answered once or
- * cancelled (3), and all iteration is over vectors in start order (4).
+ * cancelled (3), and everything iterated is a vector whose order depends only on
+ * the requests; hash maps are only looked up (4).
  */
 #include <simgrid/kernel/resource/Action.hpp>
 #include <simgrid/kernel/resource/Model.hpp>
@@ -54,7 +56,11 @@ using simgrid::kernel::resource::Model;
 
 namespace {
 
-constexpr double kStrictRatio = 1e3;  /* penalty ratio between consecutive strict classes */
+/* Strict classes c = 0..c_max get penalties kPenaltyScale * ratio^c with ratio^c_max =
+   kStrictRange: 1/penalty stays within [1e-3, 1e6], where the solver's absolute
+   precision (maxmin/precision, 1e-5) still resolves the lowest class and sums over
+   thousands of class-0 flows still round to well below it. */
+constexpr double kStrictRange = 1e9;
 constexpr double kPenaltyScale = 1e-6; /* class-0 penalty of the reference flow (SimGrid's usual scale) */
 
 /* Full reads and writes on the socket; any failure means the parent is gone. */
@@ -116,8 +122,9 @@ struct Flow {
     int priority;
     sg4::CommPtr comm;
     std::vector<int> links;   /* indices into Platform::links, forward route */
-    Action* action = nullptr; /* SimGrid's network action, while its class penalty is pending */
-    double penalty = 0;       /* the class penalty to set once the latency is paid */
+    Action* action = nullptr; /* SimGrid's network action (priority modes only) */
+    double base_ratio = 0;    /* its SimGrid penalty / the reference flow's */
+    bool latency_due = false; /* still paying its latency: the penalty waits (in pending_) */
     size_t slot = 0;          /* position in Driver::active_ */
 };
 
@@ -160,6 +167,7 @@ private:
     Model* model_ = nullptr;
     double weight_s_ = 0;                     /* network/weight-S of the model */
     double reference_base_ = 0;               /* base penalty of the first prioritised flow */
+    int max_class_ = 1;                       /* strict: highest class seen (at least 1) */
     double now_ = 0;                          /* kvsim's time of this network */
     int error_code_ = KV_OK;                  /* first error of an unanswered request */
     std::string error_;
@@ -198,7 +206,7 @@ private:
     double class_factor(int priority) const
     {
         if (cfg_->priority == KV_PRIO_STRICT)
-            return std::pow(kStrictRatio, priority);
+            return std::pow(kStrictRange, (double)priority / max_class_);
         double w_max = 0;
         for (double w : cfg_->class_weight)
             w_max = std::max(w_max, w > 0 ? w : 1.0);
@@ -214,12 +222,13 @@ private:
                 i++;
                 continue;
             }
-            f->action->set_sharing_penalty(f->penalty);
-            f->action = nullptr;
+            f->action->set_sharing_penalty(penalty(f));
+            f->latency_due = false;
             pending_.erase(pending_.begin() + (long)i);
         }
     }
 
+    double penalty(const Flow* f) const { return f->base_ratio * kPenaltyScale * class_factor(f->priority); }
     void set_priority(Flow* f, double route_latency_s);
     void start(const kv_sg_request& rq);
     void cancel(const kv_sg_request& rq);
@@ -257,7 +266,7 @@ void Driver::set_priority(Flow* f, double route_latency_s)
         base = 1.0;
     if (reference_base_ == 0)
         reference_base_ = base;
-    f->penalty = base / reference_base_ * kPenaltyScale * class_factor(f->priority);
+    f->base_ratio = base / reference_base_;
     /* The action was created by this request; it is the newest one of the model. */
     auto* set = model_->get_started_action_set();
     const void* impl = f->comm->get_impl();
@@ -271,14 +280,25 @@ void Driver::set_priority(Flow* f, double route_latency_s)
         fail(KV_EFAIL, "net simgrid: cannot find the network action of flow " + std::to_string(f->id));
         return;
     }
+    std::vector<std::pair<Action*, double>> updates;
+    if (cfg_->priority == KV_PRIO_STRICT && f->priority > max_class_) {
+        /* A new lowest class: spread the classes again over the whole range. */
+        max_class_ = f->priority;
+        for (const Flow* g : active_)
+            if (g != f && g->action && !g->latency_due)
+                updates.emplace_back(g->action, penalty(g));
+    }
     if (f->action->get_type() == ActionHeap::Type::latency) {
+        f->latency_due = true;
         pending_.push_back(f);
     } else {
-        Action* a = f->action;
-        double p = f->penalty;
-        simgrid::kernel::actor::simcall_answered([a, p] { a->set_sharing_penalty(p); });
-        f->action = nullptr;
+        updates.emplace_back(f->action, penalty(f));
     }
+    if (!updates.empty())
+        simgrid::kernel::actor::simcall_answered([&updates] {
+            for (auto& [action, p] : updates)
+                action->set_sharing_penalty(p);
+        });
 }
 
 void Driver::start(const kv_sg_request& rq)
@@ -337,7 +357,7 @@ void Driver::finish(Flow* f, double t, uint64_t bytes_crossed)
     active_[f->slot]->slot = f->slot;
     active_.pop_back();
     comms_.pop_back();
-    if (f->action)
+    if (f->latency_due)
         pending_.erase(std::find(pending_.begin(), pending_.end(), f));
     flows_.erase(f->id);
 }

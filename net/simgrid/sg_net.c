@@ -14,6 +14,8 @@
  *   flows (they start at that date: the child has not moved) or cancel flows,
  *   including ones of the same batch not yet handed over (they are then dropped
  *   here, never reported: net.h invariant 3).
+ * - A flow started later than the network's time waits in a heap here; advance
+ *   stops the child at its start time, starts it there, and goes on.
  * - After any failure of the child the network is broken: every later call
  *   returns the same error.
  */
@@ -26,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -49,6 +52,8 @@ typedef struct sg_net {
     size_t active;         /* started, not yet reported or cancelled */
     kv_sg_request *out;    /* buffered START requests */
     size_t n_out, cap_out;
+    kv_sg_request *later;  /* min-heap on (t_s, id): flows that start after now_s */
+    size_t n_later, cap_later;
     kv_sg_done *batch;     /* completions being handed over */
     size_t n_batch, cap_batch, i_batch;
     int delivering;        /* inside the completion callbacks */
@@ -433,6 +438,48 @@ static int finish_reply(sg_net *net, const kv_sg_reply *head, kv_error *err)
     return head->code;
 }
 
+/* ---- flows that start in the future ---- */
+
+static int later_before(const kv_sg_request *a, const kv_sg_request *b)
+{
+    return a->t_s != b->t_s ? a->t_s < b->t_s : a->id < b->id;
+}
+
+static void later_push(sg_net *net, kv_sg_request rq)
+{
+    kv_grow((void **)&net->later, sizeof *net->later, &net->cap_later, net->n_later + 1);
+    size_t i = net->n_later++;
+    while (i > 0 && later_before(&rq, &net->later[(i - 1) / 2])) {
+        net->later[i] = net->later[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    net->later[i] = rq;
+}
+
+static void later_remove(sg_net *net, size_t i)
+{
+    kv_sg_request last = net->later[--net->n_later];
+    if (i == net->n_later)
+        return;
+    while (i > 0 && later_before(&last, &net->later[(i - 1) / 2])) {
+        net->later[i] = net->later[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        const kv_sg_request *best = &last;
+        if (l < net->n_later && later_before(&net->later[l], best))
+            best = &net->later[m = l];
+        if (r < net->n_later && later_before(&net->later[r], best))
+            m = r;
+        if (m == i)
+            break;
+        net->later[i] = net->later[m];
+        i = m;
+    }
+    net->later[i] = last;
+}
+
 /* ---- the interface ---- */
 
 static int sg_flow_start(void *ctx, const kv_flow_spec *flow, double now_s, kv_flow_id *out, kv_error *err)
@@ -447,34 +494,19 @@ static int sg_flow_start(void *ctx, const kv_flow_spec *flow, double now_s, kv_f
                             flow->dst, net->hosts);
     if (!isfinite(now_s))
         return kv_error_set(err, KV_EFAIL, "net simgrid: flow start time %g", now_s);
-    double t_start = now_s > net->now_s ? now_s : net->now_s;
-    if (t_start > net->now_s && net->active > 0) {
-        /* The child must move its clock with flows in flight: a completion on the
-           way must fail this call, not a later one, so ask now. */
-        kv_sg_request ping = {.op = KV_SG_ADVANCE, .t_s = t_start};
-        kv_sg_reply head;
-        int rc = request(net, &ping, &head, err);
-        if (rc == KV_OK && head.code == KV_OK && head.count != 0) {
-            kv_error_set(&net->failure, KV_EFAIL, "net simgrid: flow started at %.17g after an unreported "
-                         "completion at %.17g; advance the network first", t_start, head.t_now_s);
-            net->broken = 1;
-            *err = net->failure;
-            return KV_EFAIL;
-        }
-        if (rc == KV_OK)
-            rc = finish_reply(net, &head, err);
-        if (rc != KV_OK)
-            return rc;
-    }
-    net->now_s = t_start;
     kv_sg_request rq = {.op = KV_SG_START, .src = flow->src, .dst = flow->dst, .priority = flow->priority,
-                        .id = net->next_id, .bytes = flow->bytes, .tag = flow->tag, .t_s = t_start};
-    kv_grow((void **)&net->out, sizeof *net->out, &net->cap_out, net->n_out + 1);
-    net->out[net->n_out++] = rq;
-    if (net->n_out >= 256) {
-        int rc = flush_out(net, err);
-        if (rc != KV_OK)
-            return rc;
+                        .id = net->next_id, .bytes = flow->bytes, .tag = flow->tag,
+                        .t_s = now_s > net->now_s ? now_s : net->now_s};
+    if (rq.t_s > net->now_s) {
+        later_push(net, rq); /* started by sg_advance when the network gets there */
+    } else {
+        kv_grow((void **)&net->out, sizeof *net->out, &net->cap_out, net->n_out + 1);
+        net->out[net->n_out++] = rq;
+        if (net->n_out >= 256) {
+            int rc = flush_out(net, err);
+            if (rc != KV_OK)
+                return rc;
+        }
     }
     net->links_fresh = 0;
     net->active++;
@@ -499,6 +531,13 @@ static int sg_flow_cancel(void *ctx, kv_flow_id id, kv_error *err)
     }
     if (id == 0 || id >= net->next_id)
         return kv_error_set(err, KV_EFAIL, "net simgrid: no active flow %llu", (unsigned long long)id);
+    for (size_t i = 0; i < net->n_later; i++) {
+        if (net->later[i].id == id) {
+            later_remove(net, i);
+            net->active--;
+            return KV_OK;
+        }
+    }
     kv_sg_request rq = {.op = KV_SG_CANCEL, .id = id};
     kv_sg_reply head;
     int rc = request(net, &rq, &head, err);
@@ -514,6 +553,25 @@ static int sg_flow_cancel(void *ctx, kv_flow_id id, kv_error *err)
     return KV_OK;
 }
 
+/* One ADVANCE round trip to t_s; the completions it finds are left in net->batch. */
+static int advance_once(sg_net *net, double t_s, kv_sg_reply *head, kv_error *err)
+{
+    kv_sg_request rq = {.op = KV_SG_ADVANCE, .t_s = t_s};
+    int rc = request(net, &rq, head, err);
+    if (rc != KV_OK)
+        return rc;
+    kv_grow((void **)&net->batch, sizeof *net->batch, &net->cap_batch, head->count + 1);
+    if (head->count && read_full(net->fd, net->batch, head->count * sizeof *net->batch) != 0)
+        return child_failed(net, KV_EFAIL, "during the run", err);
+    rc = finish_reply(net, head, err);
+    if (rc != KV_OK)
+        return rc;
+    net->links_fresh = 0;
+    net->now_s = head->t_now_s;
+    net->n_batch = head->count;
+    return KV_OK;
+}
+
 static int sg_advance(void *ctx, double t_limit_s, double *t_now_s, kv_error *err)
 {
     sg_net *net = ctx;
@@ -521,20 +579,34 @@ static int sg_advance(void *ctx, double t_limit_s, double *t_now_s, kv_error *er
         return kv_error_set(err, KV_EFAIL, "net simgrid: kv_net_advance called from a completion callback");
     if (t_limit_s != t_limit_s)
         return kv_error_set(err, KV_EFAIL, "net simgrid: advance to NaN");
-    kv_sg_request rq = {.op = KV_SG_ADVANCE, .t_s = t_limit_s};
+    if (net->broken) {
+        *err = net->failure;
+        return net->failure.code;
+    }
+    if (net->active == 0) {
+        /* Nothing in flight or scheduled: no need to ask. The child catches up with
+           the next START, which carries this time. */
+        if (t_limit_s > net->now_s && isfinite(t_limit_s))
+            net->now_s = t_limit_s;
+        *t_now_s = net->now_s;
+        return KV_OK;
+    }
     kv_sg_reply head;
-    int rc = request(net, &rq, &head, err);
-    if (rc != KV_OK)
-        return rc;
-    kv_grow((void **)&net->batch, sizeof *net->batch, &net->cap_batch, head.count + 1);
-    if (head.count && read_full(net->fd, net->batch, head.count * sizeof *net->batch) != 0)
-        return child_failed(net, KV_EFAIL, "during the run", err);
-    rc = finish_reply(net, &head, err);
-    if (rc != KV_OK)
-        return rc;
-    net->links_fresh = 0;
-    net->now_s = head.t_now_s;
-    net->n_batch = head.count;
+    for (;;) {
+        /* Stop first where scheduled flows start, and start them there. */
+        int start_due = net->n_later > 0 && net->later[0].t_s <= t_limit_s;
+        int rc = advance_once(net, start_due ? net->later[0].t_s : t_limit_s, &head, err);
+        if (rc != KV_OK)
+            return rc;
+        if (head.count > 0 || !start_due)
+            break;
+        while (net->n_later > 0 && net->later[0].t_s <= net->now_s) {
+            kv_grow((void **)&net->out, sizeof *net->out, &net->cap_out, net->n_out + 1);
+            net->out[net->n_out] = net->later[0];
+            net->out[net->n_out++].t_s = net->now_s;
+            later_remove(net, 0);
+        }
+    }
     net->delivering = 1;
     for (net->i_batch = 0; net->i_batch < net->n_batch; net->i_batch++) {
         kv_sg_done d = net->batch[net->i_batch];
@@ -604,6 +676,7 @@ static void sg_destroy(void *ctx)
     if (net->errlog)
         fclose(net->errlog);
     kv_free(net->out);
+    kv_free(net->later);
     kv_free(net->batch);
     kv_free(net->links);
     kv_free(net);
@@ -677,6 +750,8 @@ int kv_net_simgrid_create(const kv_net_config *cfg, kv_net_done_fn done, void *u
     if (pid == 0) {
         /* The child: dies with kvsim, talks only on sv[1], writes only to the log. */
         prctl(PR_SET_PDEATHSIG, SIGKILL);
+        struct rlimit no_core = {0, 0}; /* a SimGrid abort must not leave core files behind */
+        setrlimit(RLIMIT_CORE, &no_core);
         if (net->errlog)
             dup2(fileno(net->errlog), STDERR_FILENO);
         dup2(STDERR_FILENO, STDOUT_FILENO);
@@ -689,9 +764,12 @@ int kv_net_simgrid_create(const kv_net_config *cfg, kv_net_done_fn done, void *u
     net->fd = sv[0];
     kv_sg_reply ready;
     if (read_full(net->fd, &ready, sizeof ready) != 0) {
-        char when[300];
-        snprintf(when, sizeof when, "while building the %s network of %s", kv_net_topology_name(cfg->topology),
-                 src);
+        char when[600];
+        if (cfg->topology == KV_TOPO_PLATFORM)
+            snprintf(when, sizeof when, "while loading %s for %s", cfg->platform_file, src);
+        else
+            snprintf(when, sizeof when, "while building the %s network of %s", kv_net_topology_name(cfg->topology),
+                     src);
         rc = child_failed(net, KV_EINPUT, when, err);
         sg_destroy(net);
         return rc;

@@ -212,7 +212,23 @@ bool by_name(const sg4::Host* a, const sg4::Host* b)
 
 void build_from_file(const kv_net_config* cfg, sg4::Engine& engine, std::vector<sg4::Host*>* hosts)
 {
-    engine.load_platform(cfg->platform_file);
+    std::string file = cfg->platform_file;
+    try {
+        engine.load_platform(file);
+    } catch (const std::exception& e) {
+        std::string what = e.what();
+        if (what.find(file) == std::string::npos && what.find(file.substr(file.rfind('/') + 1)) == std::string::npos)
+            what = file + ": " + what;
+        throw std::invalid_argument("network.platform_file: " + what);
+    }
+    /* SimGrid accepts these and dies later in the run. */
+    for (const sg4::Link* l : engine.get_all_links()) {
+        if (!(l->get_bandwidth() > 0) || !(l->get_latency() >= 0))
+            throw std::invalid_argument("network.platform_file: " + file + ": link '" + l->get_name() +
+                                        "' needs a positive bandwidth and a latency >= 0 (it has " +
+                                        std::to_string(l->get_bandwidth()) + " B/s, " +
+                                        std::to_string(l->get_latency()) + " s)");
+    }
     if (cfg->host_names) {
         for (int i = 0; i < cfg->hosts; i++) {
             sg4::Host* h = engine.host_by_name_or_null(cfg->host_names[i]);

@@ -1,0 +1,48 @@
+/* cpu_attention.h — what the two files of the fast CPU attention share (not for use outside cpu/). */
+#ifndef KV_CPU_ATTENTION_H
+#define KV_CPU_ATTENTION_H
+
+#include "backends/cpu/cpu_internal.h"
+
+/* Resolved arguments. */
+typedef struct attn {
+    const kv_attention_args *a;
+    const cpu_ctx *c;
+    const float *q;
+    const uint32_t *q_pos, *head_pages, *positions;
+    const kv_page_desc *pages;
+    const uint8_t *kv;
+    float *out, *scores;
+    uint32_t group;          /* query heads per KV head */
+    uint32_t max_page_tokens;
+    uint64_t *head_tokens;   /* [n_kv_heads] tokens of each KV head */
+    uint64_t max_head_tokens;
+} attn;
+
+/* Per-worker scratch of the fast path. */
+typedef struct fast_ws {
+    float *tile;          /* [max_page_tokens][head_dim] */
+    float *logits;        /* [block][group][max_head_tokens] */
+    float *acc;           /* [block][group][head_dim] */
+    float *score_acc;     /* [group][max_head_tokens] when scores are asked for */
+    kv_cpu_scratch dec;   /* for the fused decode */
+    float *qpad;          /* AVX-512 path: [rows rounded up to 4][head_dim] */
+    float *sz;            /* AVX-512 path: a page's scales then zeros as f32, [2][page groups] */
+} fast_ws;
+
+typedef struct fast_job {
+    const attn *t;
+    fast_ws *ws;      /* one per worker */
+    uint32_t block;   /* queries per block */
+    uint32_t blocks;  /* blocks per KV head */
+    int per_head;     /* 1: an item is a whole KV head (scores asked for) */
+} fast_job;
+
+/* One page's K (value = 0) or V (value = 1) as f32 [ntokens][head_dim] (cpu_attention.c). */
+void kv_cpu_page_tile(const attn *t, const kv_page_desc *pg, int value, float *tile, uint16_t *codes,
+                      kv_cpu_scratch *scratch);
+
+/* The AVX-512 work item (cpu_attention_avx512.c); usable when head_dim % 32 == 0. */
+void kv_cpu_attention_item_avx512(void *job, size_t i0, size_t i1, int worker);
+
+#endif

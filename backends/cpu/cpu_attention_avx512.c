@@ -1,0 +1,512 @@
+/* cpu_attention_avx512.c — the fast CPU attention item for AVX-512 CPUs:
+ * dequantization fused into the dot products and into the weighted sum of V,
+ * four (query, head) rows at a time.
+ *
+ * Rows are the (query, GQA head) pairs of a work item, padded to a multiple
+ * of 4 with rows that see nothing. For each page:
+ *  - K pass: every token's 16-value chunks are dequantized once (same
+ *    numerics as the decode kernel: fma(code, s, z), or the anchor midpoint)
+ *    and fed to four dot products; the four sums are reduced together and
+ *    stored token-major, logits[rowgroup][token][4].
+ *  - softmax: on that token-major layout a 16-lane vector holds 4 tokens x 4
+ *    rows, so max, exp and sum run over all 4 rows at once; the sum is kept
+ *    in double across blocks so that 32K-token rows stay accurate.
+ *  - V pass: chunk by chunk, each token's V chunk is dequantized and added to
+ *    four row accumulators with its probabilities; each page's partial sums
+ *    go into a double accumulator.
+ * Quantized pages whose layout is not "token groups of a multiple of 16 that
+ * tile head_dim" (KIVI channel groups, odd group sizes) are decoded to an f32
+ * tile first with the fused decode and then read like f32 pages.
+ * The item needs head_dim % 32 == 0 (the even/odd order works in 32s). */
+#include <math.h>
+#include <string.h>
+
+#include "backends/cpu/cpu_attention.h"
+#include "backends/numerics.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+#define KV_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,bmi2,fma,f16c")))
+#define KV_INLINE inline __attribute__((always_inline))
+
+/* Page readers, each specialised: f32, bf16, 8-bit and 16-bit codes, any
+   width (pdep), and two that read many small codes per load and dequantize
+   them by table lookup (vpermps on the group's 2^w possible values, formed
+   exactly as dequant() forms them):
+   - SRC_Q4P: 4-bit codes, 32 at a time: one 16-byte load gives the even
+     elements in the low nibbles and the odd ones in the high nibbles, so q
+     and the V accumulators use an even/odd order within each 32 (order 1);
+   - SRC_Q2Q: 2-bit codes, 64 at a time: vector j holds elements 4k + j
+     (order 2); the two halves of 64 may belong to two groups of 32, so the
+     lookup is a two-table vpermt2ps. */
+enum { SRC_F32, SRC_BF16, SRC_Q8, SRC_Q16, SRC_Q4P, SRC_Q2Q, SRC_QANY };
+
+static int step_of(int kind) /* elements per load */
+{
+    return kind == SRC_Q4P ? 32 : kind == SRC_Q2Q ? 64 : 16;
+}
+
+static int order_of(int kind) /* 0 natural, 1 even/odd in 32s, 2 j-major in 64s */
+{
+    return kind == SRC_Q4P ? 1 : kind == SRC_Q2Q ? 2 : 0;
+}
+
+/* Where element d of a head_dim vector goes in order `o`. */
+static uint32_t order_index(int o, uint32_t d)
+{
+    if (o == 1)
+        return d / 32 * 32 + (d % 2) * 16 + d % 32 / 2;
+    if (o == 2)
+        return d / 64 * 64 + (d % 4) * 16 + d % 64 / 4;
+    return d;
+}
+
+typedef struct src {
+    int kind;                /* SRC_* */
+    int anchor_only;         /* quantized: codes are a-bit anchors, midpoint reconstruction */
+    const uint8_t *data;     /* f32 values, bf16 bits, or the packed plane */
+    const float *s, *z;      /* quantized: scale and zero of each group, f32 */
+    unsigned w;              /* quantized: bits of each stored code */
+    unsigned r;              /* anchor-only: shift b − a */
+    float mid;               /* anchor-only: (2^r − 1) / 2 */
+    uint32_t G;              /* elements per group (head_dim for f32/bf16) */
+    uint32_t gpt;            /* groups per token */
+    float lut_base[16];      /* table lookups: the reconstruction point of each code before
+                                scaling: i, or (i << r) + mid for anchors */
+    uint16_t chunk_group[256]; /* quantized: group within the token of elements [16c, 16c + 16) */
+} src;
+
+static int is_quant(int kind)
+{
+    return kind >= SRC_Q8;
+}
+
+/* Codes → dequantized values: fma(code, s, z), or the anchor midpoint. */
+KV_AVX512 static KV_INLINE __m512 dequant(__m512i q, int anchor, const src *p, __m512 S, __m512 Z)
+{
+    __m512 f = anchor ? _mm512_add_ps(_mm512_cvtepi32_ps(_mm512_slli_epi32(q, p->r)), _mm512_set1_ps(p->mid))
+                      : _mm512_cvtepi32_ps(q);
+    return _mm512_fmadd_ps(f, S, Z);
+}
+
+/* The values of elements [e, e + step) of the page's row-major
+   [ntokens][head_dim], in the reader's order, 16 per vector. S and Z are the
+   group's scale and zero, or for the table kinds its table(s) (tables()). */
+KV_AVX512 static KV_INLINE void load_values(const src *p, int kind, int anchor, size_t e, __m512 S, __m512 Z,
+                                            __m512 *v)
+{
+    __m512 *v0 = &v[0], *v1 = &v[1];
+    if (kind == SRC_F32) {
+        *v0 = _mm512_loadu_ps((const float *)p->data + e);
+    } else if (kind == SRC_BF16) {
+        *v0 = _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p->data + 2 * e))), 16));
+    } else if (kind == SRC_Q8) {
+        *v0 = dequant(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p->data + e))), anchor, p, S, Z);
+    } else if (kind == SRC_Q16) {
+        *v0 = dequant(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p->data + 2 * e))), anchor, p, S, Z);
+    } else if (kind == SRC_Q4P) { /* S holds the group's 16 dequantized values; vpermps reads index bits 0-3 */
+        __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p->data + e / 2)));
+        (void)Z;
+        *v0 = _mm512_permutexvar_ps(d, S);
+        *v1 = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), S);
+    } else if (kind == SRC_Q2Q) { /* S, Z: tables of the groups of elements [e, e+32) and [e+32, e+64) */
+        __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p->data + e / 4)));
+        const __m512i upper = _mm512_set_epi32(16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0);
+        const __m512i three = _mm512_set1_epi32(3);
+        for (int j = 0; j < 4; j++) { /* index = ((d >> 2j) & 3) | (16 for lanes 8-15) */
+            __m512i idx = _mm512_ternarylogic_epi32(_mm512_srli_epi32(d, 2 * j), three, upper, 0xEA);
+            v[j] = _mm512_permutex2var_ps(S, idx, Z);
+        }
+    } else { /* any width: 16 codes are 2w bytes, two runs of 8 codes in w bytes */
+        const uint8_t *at = p->data + e * p->w / 8;
+        uint64_t lanes[4], m = kv_code_max(p->w);
+        m |= m << 16 | m << 32 | m << 48;
+        uint64_t low = p->w * 4 == 64 ? ~0ull : (1ull << (4 * p->w)) - 1;
+        __mmask16 keep = (__mmask16)((1u << p->w) - 1u);
+        for (int h = 0; h < 2; h++) {
+            uint64_t part[2];
+            _mm_storeu_si128((__m128i *)part, _mm_maskz_loadu_epi8(keep, at + h * p->w));
+            unsigned __int128 v = (unsigned __int128)part[1] << 64 | part[0];
+            lanes[2 * h] = _pdep_u64((uint64_t)v & low, m);
+            lanes[2 * h + 1] = _pdep_u64((uint64_t)(v >> (4 * p->w)) & low, m);
+        }
+        *v0 = dequant(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)lanes)), anchor, p, S, Z);
+    }
+}
+
+/* Prepares the reader of a page's K or V: f32 scales and zeros for fused
+   quantized pages (into sz), or an f32 tile for the rest. */
+KV_AVX512 static void src_prepare(const attn *t, fast_ws *w, const kv_page_desc *pg, int value, src *o)
+{
+    const kv_store_format *f = value ? &pg->value : &pg->key;
+    uint32_t hd = t->a->head_dim;
+    o->data = t->kv + (value ? pg->value_data : pg->key_data);
+    o->G = hd;
+    o->gpt = 1;
+    o->anchor_only = 0;
+    if (f->kind == KV_STORE_F32 || f->kind == KV_STORE_BF16) {
+        o->kind = f->kind == KV_STORE_F32 ? SRC_F32 : SRC_BF16;
+        return;
+    }
+    if (f->grouping != KV_GROUP_TOKEN || f->group_size % 16 != 0 || hd % f->group_size != 0 || hd / 16 > 256) {
+        kv_cpu_page_tile(t, pg, value, w->tile, NULL, &w->dec);
+        o->kind = SRC_F32;
+        o->data = (const uint8_t *)w->tile;
+        return;
+    }
+    o->w = f->anchor_bits ? f->anchor_bits : f->bits;
+    o->kind = o->w == 8                                              ? SRC_Q8
+              : o->w == 16                                           ? SRC_Q16
+              : o->w == 4 && f->group_size % 32 == 0                 ? SRC_Q4P
+              : o->w == 2 && f->group_size % 32 == 0 && hd % 64 == 0 ? SRC_Q2Q
+                                                                     : SRC_QANY;
+    o->anchor_only = f->anchor_bits > 0;
+    o->r = f->anchor_bits ? (unsigned)(f->bits - f->anchor_bits) : 0;
+    o->mid = o->anchor_only ? (float)kv_code_max(o->r) / 2.0f : 0.0f;
+    o->G = f->group_size;
+    o->gpt = hd / f->group_size;
+    for (uint32_t c = 0; c < hd / 16; c++)
+        o->chunk_group[c] = (uint16_t)(c * 16 / f->group_size);
+    for (uint32_t i = 0; i < 16; i++) /* (float)(i << r) + mid is exact, as in dequant() */
+        o->lut_base[i] = o->anchor_only ? (float)(i << o->r) + o->mid : (float)i;
+    size_t groups = (size_t)pg->ntokens * o->gpt;
+    const uint16_t *meta = (const uint16_t *)(t->kv + (value ? pg->value_meta : pg->key_meta));
+    float *s = w->sz, *z = w->sz + groups;
+    for (size_t i = 0; i < groups; i += 16) {
+        __mmask16 m = groups - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (groups - i)) - 1u);
+        _mm512_mask_storeu_ps(s + i, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, meta + i)));
+        _mm512_mask_storeu_ps(z + i, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, meta + groups + i)));
+    }
+    o->s = s;
+    o->z = z;
+}
+
+/* The four sums of a0..a3, in lanes 0..3. */
+KV_AVX512 static KV_INLINE __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3)
+{
+    __m256 b0 = _mm256_add_ps(_mm512_castps512_ps256(a0), _mm512_extractf32x8_ps(a0, 1));
+    __m256 b1 = _mm256_add_ps(_mm512_castps512_ps256(a1), _mm512_extractf32x8_ps(a1, 1));
+    __m256 b2 = _mm256_add_ps(_mm512_castps512_ps256(a2), _mm512_extractf32x8_ps(a2, 1));
+    __m256 b3 = _mm256_add_ps(_mm512_castps512_ps256(a3), _mm512_extractf32x8_ps(a3, 1));
+    __m256 d = _mm256_hadd_ps(_mm256_hadd_ps(b0, b1), _mm256_hadd_ps(b2, b3));
+    return _mm_add_ps(_mm256_castps256_ps128(d), _mm256_extractf128_ps(d, 1));
+}
+
+/* The scale and zero of the group holding element e of token t, or for the
+   table kinds the group's table(s) of dequantized values. */
+KV_AVX512 static KV_INLINE void tables(const src *p, int kind, uint32_t t, uint32_t e, __m512 *S, __m512 *Z)
+{
+    if (!is_quant(kind))
+        return;
+    size_t g = (size_t)t * p->gpt + p->chunk_group[e / 16];
+    __m512 s = _mm512_set1_ps(p->s[g]), z = _mm512_set1_ps(p->z[g]);
+    if (kind == SRC_Q4P) {
+        *S = _mm512_fmadd_ps(_mm512_loadu_ps(p->lut_base), s, z);
+    } else if (kind == SRC_Q2Q) {
+        size_t g2 = (size_t)t * p->gpt + p->chunk_group[e / 16 + 2];
+        *S = _mm512_fmadd_ps(_mm512_loadu_ps(p->lut_base), s, z);
+        *Z = _mm512_fmadd_ps(_mm512_loadu_ps(p->lut_base), _mm512_set1_ps(p->s[g2]), _mm512_set1_ps(p->z[g2]));
+    } else {
+        *S = s;
+        *Z = z;
+    }
+}
+
+/* Logits of 4 rows (q4: [4][hd], in the reader's element order) for the
+   page's tokens → L[token][4]; -Inf where a row does not see the token (its
+   position is above the row's query position, or the row is padding). */
+KV_AVX512 static KV_INLINE void k_pass(const src *p, int kind, int anchor, uint32_t ntok, uint32_t hd,
+                                       const float *q4, float scale, const uint32_t *pos, __m128i qpos,
+                                       __mmask8 valid, float *L)
+{
+    const __m128 ninf = _mm_set1_ps(-INFINITY), vscale = _mm_set1_ps(scale);
+    const uint32_t step = (uint32_t)step_of(kind), nv = step / 16;
+    for (uint32_t t = 0; t < ntok; t++) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, S = a0, Z = a0, v[4];
+        for (uint32_t e = 0; e < hd; e += step) {
+            tables(p, kind, t, e, &S, &Z);
+            load_values(p, kind, anchor, (size_t)t * hd + e, S, Z, v);
+            for (uint32_t j = 0; j < nv; j++) {
+                const float *q = q4 + e + 16 * j;
+                a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q), v[j], a0);
+                a1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + hd), v[j], a1);
+                a2 = _mm512_fmadd_ps(_mm512_loadu_ps(q + 2 * hd), v[j], a2);
+                a3 = _mm512_fmadd_ps(_mm512_loadu_ps(q + 3 * hd), v[j], a3);
+            }
+        }
+        __m128 l = _mm_mul_ps(reduce4(a0, a1, a2, a3), vscale);
+        __mmask8 see = _mm_mask_cmple_epu32_mask(valid, _mm_set1_epi32((int)pos[t]), qpos);
+        _mm_storeu_ps(L + 4 * (size_t)t, _mm_mask_blend_ps(see, ninf, l));
+    }
+}
+
+KV_AVX512 static KV_INLINE void acc_add(double *d, __m512 v)
+{
+    _mm512_storeu_pd(d, _mm512_add_pd(_mm512_loadu_pd(d), _mm512_cvtps_pd(_mm512_castps512_ps256(v))));
+    _mm512_storeu_pd(d + 8, _mm512_add_pd(_mm512_loadu_pd(d + 8), _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1))));
+}
+
+/* acc[4][hd] (double, the reader's element order) += P[token][4] · V over
+   the page's tokens; the page's sums are formed in float, then added. */
+KV_AVX512 static KV_INLINE void v_pass(const src *p, int kind, int anchor, uint32_t ntok, uint32_t hd,
+                                       const float *P, double *acc)
+{
+    const uint32_t step = (uint32_t)step_of(kind), nv = step / 16;
+    for (uint32_t e = 0; e < hd; e += step) {
+        __m512 o[4][4], S = _mm512_setzero_ps(), Z = S, v[4];
+        for (uint32_t j = 0; j < nv; j++)
+            o[0][j] = o[1][j] = o[2][j] = o[3][j] = _mm512_setzero_ps();
+        for (uint32_t t = 0; t < ntok; t++) {
+            tables(p, kind, t, e, &S, &Z);
+            load_values(p, kind, anchor, (size_t)t * hd + e, S, Z, v);
+            const float *pt = P + 4 * (size_t)t;
+            __m512 p0 = _mm512_set1_ps(pt[0]), p1 = _mm512_set1_ps(pt[1]), p2 = _mm512_set1_ps(pt[2]),
+                   p3 = _mm512_set1_ps(pt[3]);
+            for (uint32_t j = 0; j < nv; j++) {
+                o[0][j] = _mm512_fmadd_ps(p0, v[j], o[0][j]);
+                o[1][j] = _mm512_fmadd_ps(p1, v[j], o[1][j]);
+                o[2][j] = _mm512_fmadd_ps(p2, v[j], o[2][j]);
+                o[3][j] = _mm512_fmadd_ps(p3, v[j], o[3][j]);
+            }
+        }
+        for (uint32_t r = 0; r < 4; r++)
+            for (uint32_t j = 0; j < nv; j++)
+                acc_add(acc + (size_t)r * hd + e + 16 * j, o[r][j]);
+    }
+}
+
+/* One instance per (kind, anchor) so that the compiler hoists every test. */
+#define KV_SRC_SWITCH(call_k)                                                                                 \
+    switch (p->kind * 2 + p->anchor_only) {                                                                    \
+    case SRC_F32 * 2: call_k(SRC_F32, 0); break;                                                               \
+    case SRC_BF16 * 2: call_k(SRC_BF16, 0); break;                                                             \
+    case SRC_Q8 * 2: call_k(SRC_Q8, 0); break;                                                                 \
+    case SRC_Q8 * 2 + 1: call_k(SRC_Q8, 1); break;                                                             \
+    case SRC_Q16 * 2: call_k(SRC_Q16, 0); break;                                                               \
+    case SRC_Q16 * 2 + 1: call_k(SRC_Q16, 1); break;                                                           \
+    case SRC_Q4P * 2: call_k(SRC_Q4P, 0); break;                                                               \
+    case SRC_Q4P * 2 + 1: call_k(SRC_Q4P, 1); break;                                                           \
+    case SRC_Q2Q * 2: call_k(SRC_Q2Q, 0); break;                                                               \
+    case SRC_Q2Q * 2 + 1: call_k(SRC_Q2Q, 1); break;                                                           \
+    case SRC_QANY * 2: call_k(SRC_QANY, 0); break;                                                             \
+    default: call_k(SRC_QANY, 1); break;                                                                       \
+    }
+
+KV_AVX512 static void k_pass_any(const src *p, uint32_t ntok, uint32_t hd, const float *q4, float scale,
+                                 const uint32_t *pos, __m128i qpos, __mmask8 valid, float *L)
+{
+#define K_CALL(kind, anchor) k_pass(p, kind, anchor, ntok, hd, q4, scale, pos, qpos, valid, L)
+    KV_SRC_SWITCH(K_CALL)
+#undef K_CALL
+}
+
+KV_AVX512 static void v_pass_any(const src *p, uint32_t ntok, uint32_t hd, const float *P, double *acc)
+{
+#define V_CALL(kind, anchor) v_pass(p, kind, anchor, ntok, hd, P, acc)
+    KV_SRC_SWITCH(V_CALL)
+#undef V_CALL
+}
+
+/* e^x for x <= 0 (Cephes-style: x = n ln2 + r, degree-6 polynomial in r,
+   about 2 ulp); 0 where x is -Inf or below -87.3. */
+KV_AVX512 static KV_INLINE __m512 exp512(__m512 x)
+{
+    const __m512 lo = _mm512_set1_ps(-87.3f);
+    __mmask16 tiny = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+    x = _mm512_max_ps(x, lo);
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_maskz_scalef_ps((__mmask16)~tiny, p, n);
+}
+
+/* Row-wise softmax of L[T][4] in place: 16 lanes = 4 tokens x 4 rows. A row
+   that sees nothing becomes all zeros. */
+KV_AVX512 static void softmax4(float *L, size_t T)
+{
+    size_t n = T * 4;
+    __m512 vmax = _mm512_set1_ps(-INFINITY);
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), m, L + i));
+    }
+    __m256 h = _mm256_max_ps(_mm512_castps512_ps256(vmax), _mm512_extractf32x8_ps(vmax, 1));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    m4 = _mm_mask_blend_ps(_mm_cmp_ps_mask(m4, _mm_set1_ps(-INFINITY), _CMP_EQ_OQ), m4, _mm_setzero_ps());
+    __m512 M = _mm512_broadcast_f32x4(m4);
+    __m512d total_lo = _mm512_setzero_pd(), total_hi = _mm512_setzero_pd();
+    for (size_t b = 0; b < n; b += 1024) { /* blocks of 64 vectors summed in float, then in double */
+        size_t e = b + 1024 < n ? b + 1024 : n;
+        __m512 sum = _mm512_setzero_ps();
+        for (size_t i = b; i < e; i += 16) {
+            __mmask16 m = e - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (e - i)) - 1u);
+            __m512 x = exp512(_mm512_sub_ps(_mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), m, L + i), M));
+            _mm512_mask_storeu_ps(L + i, m, x);
+            sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(m, x));
+        }
+        total_lo = _mm512_add_pd(total_lo, _mm512_cvtps_pd(_mm512_castps512_ps256(sum)));
+        total_hi = _mm512_add_pd(total_hi, _mm512_cvtps_pd(_mm512_extractf32x8_ps(sum, 1)));
+    }
+    /* lanes r, r+4, r+8, r+12 of the 16 sums belong to row r */
+    double lanes[16], row[4] = {0, 0, 0, 0};
+    _mm512_storeu_pd(lanes, total_lo);
+    _mm512_storeu_pd(lanes + 8, total_hi);
+    for (int i = 0; i < 16; i++)
+        row[i % 4] += lanes[i];
+    float inv[4];
+    for (int r = 0; r < 4; r++)
+        inv[r] = row[r] > 0 ? (float)(1.0 / row[r]) : 0.0f;
+    __m512 I = _mm512_broadcast_f32x4(_mm_loadu_ps(inv));
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        _mm512_mask_storeu_ps(L + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, L + i), I));
+    }
+}
+
+/* Asks for a page's K or V data and metadata to be brought into L2: pages are
+   small (a few KiB), so the hardware prefetchers, which stop at 4 KiB page
+   boundaries, would leave every page start to a full memory latency. */
+static void prefetch_page(const attn *t, const kv_page_desc *pg, int value)
+{
+    const kv_store_format *f = value ? &pg->value : &pg->key;
+    uint32_t hd = t->a->head_dim;
+    size_t bytes, meta = 0;
+    if (f->kind == KV_STORE_F32) {
+        bytes = (size_t)pg->ntokens * hd * 4;
+    } else if (f->kind == KV_STORE_BF16) {
+        bytes = (size_t)pg->ntokens * hd * 2;
+    } else {
+        kv_quant_layout l = {pg->ntokens, hd, f->group_size, (kv_grouping)f->grouping};
+        bytes = kv_layout_packed_bytes(&l, f->anchor_bits ? f->anchor_bits : f->bits);
+        meta = kv_layout_meta_bytes(&l);
+    }
+    const char *d = (const char *)t->kv + (value ? pg->value_data : pg->key_data);
+    const char *m = (const char *)t->kv + (value ? pg->value_meta : pg->key_meta);
+    for (size_t o = 0; o < bytes; o += 64)
+        _mm_prefetch(d + o, _MM_HINT_T1);
+    for (size_t o = 0; o < meta; o += 64)
+        _mm_prefetch(m + o, _MM_HINT_T1);
+}
+
+enum { PREFETCH_PAGES = 2 }; /* how far ahead */
+
+KV_AVX512 void kv_cpu_attention_item_avx512(void *arg, size_t i0, size_t i1, int worker)
+{
+    const fast_job *j = arg;
+    const attn *t = j->t;
+    const kv_attention_args *a = t->a;
+    fast_ws *w = &j->ws[worker];
+    uint32_t hd = a->head_dim, G = t->group;
+    src ks, vs;
+    memset(&ks, 0, sizeof ks);
+    memset(&vs, 0, sizeof vs);
+    for (size_t item = i0; item < i1; item++) {
+        uint32_t kh = (uint32_t)(j->per_head ? item : item / j->blocks);
+        uint32_t b0 = j->per_head ? 0 : (uint32_t)(item % j->blocks), b1 = j->per_head ? j->blocks : b0 + 1;
+        size_t T = t->head_tokens[kh];
+        uint32_t pfirst = t->head_pages[2 * kh], pend = pfirst + t->head_pages[2 * kh + 1];
+        if (w->score_acc)
+            memset(w->score_acc, 0, (size_t)G * (T ? T : 1) * sizeof(float));
+        for (uint32_t b = b0; b < b1; b++) {
+            uint32_t q0 = b * j->block, q1 = q0 + j->block < a->n_queries ? q0 + j->block : a->n_queries;
+            uint32_t nq = (q1 - q0) * G, groups4 = (nq + 3) / 4; /* rows, and row groups of 4 */
+            uint32_t qpos[1024 + 4];
+            size_t rows4 = (size_t)groups4 * 4;
+            float *qord[3] = {w->qpad, w->qpad + rows4 * hd, w->qpad + 2 * rows4 * hd}; /* the 3 orders */
+            for (uint32_t r = 0; r < rows4; r++) {
+                float *dst = qord[0] + (size_t)r * hd, *eo = qord[1] + (size_t)r * hd, *jm = qord[2] + (size_t)r * hd;
+                if (r < nq) {
+                    memcpy(dst, t->q + ((size_t)(q0 + r / G) * a->n_heads + kh * G + r % G) * hd, hd * sizeof(float));
+                    qpos[r] = t->q_pos[q0 + r / G];
+                } else {
+                    memset(dst, 0, hd * sizeof(float));
+                    qpos[r] = 0;
+                }
+                for (uint32_t d = 0; d < hd; d++) {
+                    eo[order_index(1, d)] = dst[d];
+                    if (hd % 64 == 0)
+                        jm[order_index(2, d)] = dst[d];
+                }
+            }
+            /* K pass: logits, token-major per row group */
+            size_t base = 0;
+            for (uint32_t p = pfirst; p < pend; p++) {
+                const kv_page_desc *pg = &t->pages[p];
+                if (p + PREFETCH_PAGES < pend)
+                    prefetch_page(t, &t->pages[p + PREFETCH_PAGES], 0);
+                if (!pg->ntokens)
+                    continue;
+                src_prepare(t, w, pg, 0, &ks);
+                for (uint32_t g4 = 0; g4 < groups4; g4++) {
+                    uint32_t live = nq - g4 * 4 >= 4 ? 4 : nq - g4 * 4;
+                    k_pass_any(&ks, pg->ntokens, hd, qord[order_of(ks.kind)] + (size_t)g4 * 4 * hd, a->scale,
+                               t->positions + pg->pos_index, _mm_loadu_si128((const __m128i *)(qpos + g4 * 4)),
+                               (__mmask8)((1u << live) - 1u), w->logits + (size_t)g4 * 4 * T + 4 * base);
+                }
+                base += pg->ntokens;
+            }
+            /* softmax, and the scores: probabilities summed over queries */
+            for (uint32_t g4 = 0; g4 < groups4; g4++) {
+                float *L = w->logits + (size_t)g4 * 4 * T;
+                softmax4(L, T);
+                if (w->score_acc)
+                    for (uint32_t r = 0; r < 4 && g4 * 4 + r < nq; r++) {
+                        float *sa = w->score_acc + (size_t)((g4 * 4 + r) % G) * T;
+                        for (size_t i = 0; i < T; i++)
+                            sa[i] += L[4 * i + r];
+                    }
+            }
+            /* V pass */
+            /* [rows4][hd] doubles in each of the 3 orders: w->acc has room (attention_fast) */
+            double *acc[3] = {(double *)w->acc, (double *)w->acc + rows4 * hd, (double *)w->acc + 2 * rows4 * hd};
+            memset(acc[0], 0, 3 * rows4 * hd * sizeof(double));
+            base = 0;
+            for (uint32_t p = pfirst; p < pend; p++) {
+                const kv_page_desc *pg = &t->pages[p];
+                if (p + PREFETCH_PAGES < pend)
+                    prefetch_page(t, &t->pages[p + PREFETCH_PAGES], 1);
+                if (!pg->ntokens)
+                    continue;
+                src_prepare(t, w, pg, 1, &vs);
+                for (uint32_t g4 = 0; g4 < groups4; g4++)
+                    v_pass_any(&vs, pg->ntokens, hd, w->logits + (size_t)g4 * 4 * T + 4 * base,
+                               acc[order_of(vs.kind)] + (size_t)g4 * 4 * hd);
+                base += pg->ntokens;
+            }
+            for (uint32_t r = 0; r < nq; r++) {
+                float *out = t->out + ((size_t)(q0 + r / G) * a->n_heads + kh * G + r % G) * hd;
+                const double *nat = acc[0] + (size_t)r * hd, *eo = acc[1] + (size_t)r * hd, *jm = acc[2] + (size_t)r * hd;
+                for (uint32_t d = 0; d < hd; d++)
+                    out[d] = (float)(nat[d] + eo[order_index(1, d)] + (hd % 64 == 0 ? jm[order_index(2, d)] : 0.0));
+            }
+        }
+        if (w->score_acc) {
+            float *sc = t->scores + (size_t)kh * a->score_stride;
+            for (size_t i = 0; i < T; i++) {
+                float m = w->score_acc[i];
+                for (uint32_t g = 1; g < G; g++)
+                    m = w->score_acc[g * T + i] > m ? w->score_acc[g * T + i] : m;
+                sc[i] = m;
+            }
+        }
+    }
+}
+
+#else
+
+void kv_cpu_attention_item_avx512(void *job, size_t i0, size_t i1, int worker)
+{
+    (void)job, (void)i0, (void)i1, (void)worker; /* never chosen: kv_cpu_fast_isa() is "generic" here */
+}
+
+#endif

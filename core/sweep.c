@@ -1,0 +1,918 @@
+/* sweep.c — sweep files: load, expand (cartesian or zip), point commands, job scripts, the combined CSV. */
+#define _XOPEN_SOURCE 700 /* realpath */
+#include "core/sweep.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/afile.h"
+#include "core/alloc.h"
+#include "core/json.h"
+#include "core/jsonread.h"
+#include "core/ytree.h"
+
+struct kv_sweep {
+    char *path;            /* the sweep file as given */
+    char *name;            /* `name:` or the file's base name without .yaml */
+    char *base;            /* absolute path of the base scenario */
+    char *out_dir;         /* absolute */
+    char *kvsim;           /* the binary the commands run */
+    int zip;               /* mode: zip (else cartesian) */
+    char **keys;           /* [n_keys] dotted scenario keys, in file order */
+    size_t n_keys;
+    char **fixed;          /* [n_fixed] "key=value" applied to every point */
+    size_t n_fixed;
+    kv_sweep_point *points;/* [n_points] */
+    size_t n_points;
+    char ***argv;          /* [n_points] NULL-terminated argv of each point */
+    char **commands;       /* [n_points] shell lines */
+};
+
+static const char *const sweep_keys[] = {"name", "description", "base", "set", "mode", "matrix", "out"};
+
+/* ---- Small string helpers -------------------------------------------------------------------- */
+
+static int needs_yaml_quotes(const char *s)
+{
+    if (!s[0])
+        return 1;
+    for (const char *p = s; *p; p++)
+        if (strchr(",[]{}:#'\"&*!|>%@`\n\t", *p))
+            return 1;
+    /* "- x" and "? x" start block syntax; "-5" is a number. */
+    return s[0] == ' ' || ((s[0] == '-' || s[0] == '?') && (s[1] == ' ' || s[1] == '\0')) || s[strlen(s) - 1] == ' ';
+}
+
+/* Writes a node as YAML flow text: what --set parses back into the same node. */
+static void yaml_flow(FILE *out, const kv_ynode *n)
+{
+    if (n->kind == KV_YSCALAR) {
+        if (n->quoted || (needs_yaml_quotes(n->value) && n->value[0])) {
+            fputc('\'', out);
+            for (const char *p = n->value; *p; p++) {
+                if (*p == '\'')
+                    fputc('\'', out);
+                fputc(*p, out);
+            }
+            fputc('\'', out);
+        } else {
+            fputs(n->value, out);
+        }
+        return;
+    }
+    fputc(n->kind == KV_YSEQ ? '[' : '{', out);
+    for (size_t i = 0; i < n->count; i++) {
+        if (i)
+            fputs(", ", out);
+        if (n->kind == KV_YMAP)
+            fprintf(out, "%s: ", n->keys[i]);
+        yaml_flow(out, n->items[i]);
+    }
+    fputc(n->kind == KV_YSEQ ? ']' : '}', out);
+}
+
+static char *flow_text(const kv_ynode *n)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f)
+        return kv_strdup("");
+    yaml_flow(f, n);
+    fclose(f);
+    char *copy = kv_strdup(buf);
+    free(buf); /* open_memstream's buffer comes from malloc */
+    return copy;
+}
+
+static char *join3(const char *a, const char *b, const char *c)
+{
+    size_t len = strlen(a) + strlen(b) + strlen(c) + 1;
+    char *s = kv_malloc(len);
+    snprintf(s, len, "%s%s%s", a, b, c);
+    return s;
+}
+
+void kv_sweep_shell_quote(FILE *out, const char *word)
+{
+    int safe = word[0] != '\0';
+    for (const char *p = word; *p && safe; p++)
+        safe = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+               strchr("_@%+=:,./-", *p) != NULL;
+    if (safe) {
+        fputs(word, out);
+        return;
+    }
+    fputc('\'', out);
+    for (const char *p = word; *p; p++) {
+        if (*p == '\'')
+            fputs("'\\''", out);
+        else
+            fputc(*p, out);
+    }
+    fputc('\'', out);
+}
+
+/* The part of a point's folder name for one key=value: last key component, value made file-safe. */
+static void name_part(FILE *out, const char *key, const char *value)
+{
+    const char *dot = strrchr(key, '.');
+    const char *last = dot ? dot + 1 : key;
+    fputc('-', out);
+    for (const char *p = last; *p && p - last < 40; p++)
+        fputc((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '_' ? *p
+                                                                                                             : '_',
+              out);
+    fputc('=', out);
+    int written = 0;
+    for (const char *p = value; *p && written < 40; p++) {
+        char c = *p;
+        if (strchr("[]{} '\"", c))
+            continue;
+        if (c == ',')
+            c = '+';
+        else if (c == ':')
+            c = '-';
+        else if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || strchr("._+-", c)))
+            c = '_';
+        fputc(c, out);
+        written++;
+    }
+}
+
+static int did_you_mean(const char *key, char *hint, size_t size)
+{
+    hint[0] = '\0';
+    for (size_t i = 0; i < sizeof sweep_keys / sizeof sweep_keys[0]; i++) {
+        size_t a = strlen(key), b = strlen(sweep_keys[i]);
+        size_t common = 0;
+        while (common < a && common < b && key[common] == sweep_keys[i][common])
+            common++;
+        if (common >= 2 || strstr(sweep_keys[i], key) || strstr(key, sweep_keys[i])) {
+            snprintf(hint, size, " (did you mean '%s'?)", sweep_keys[i]);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* ---- Loading --------------------------------------------------------------------------------- */
+
+static int bad(kv_error *err, const kv_ynode *n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* KV_EINPUT with the node's file:line:col before the message. */
+static int bad(kv_error *err, const kv_ynode *n, const char *fmt, ...)
+{
+    char w[512], msg[700];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return kv_error_set(err, KV_EINPUT, "%s: %s", kv_ytree_where(n, w, sizeof w), msg);
+}
+
+/* The base scenario's absolute path: relative names are relative to the sweep file's folder. */
+static int resolve_base(kv_sweep *sw, const kv_ynode *node, kv_error *err)
+{
+    char *tmp = kv_strdup(sw->path);
+    char *dir = kv_strdup(dirname(tmp));
+    kv_free(tmp);
+    char *joined = node->value[0] == '/' ? kv_strdup(node->value) : join3(dir, "/", node->value);
+    kv_free(dir);
+    char resolved[PATH_MAX];
+    int rc = KV_OK;
+    if (!realpath(joined, resolved))
+        rc = bad(err, node, "base: '%s' not found (a path relative to the sweep file's folder)", node->value);
+    else
+        sw->base = kv_strdup(resolved);
+    kv_free(joined);
+    return rc;
+}
+
+static int resolve_out(kv_sweep *sw, const char *out)
+{
+    if (out[0] == '/') {
+        sw->out_dir = kv_strdup(out);
+    } else {
+        char cwd[PATH_MAX];
+        if (!getcwd(cwd, sizeof cwd))
+            snprintf(cwd, sizeof cwd, ".");
+        sw->out_dir = join3(cwd, "/", out);
+    }
+    size_t n = strlen(sw->out_dir);
+    while (n > 1 && sw->out_dir[n - 1] == '/')
+        sw->out_dir[--n] = '\0';
+    return KV_OK;
+}
+
+static void add_fixed(kv_sweep *sw, size_t *cap, char *kv)
+{
+    kv_grow((void **)&sw->fixed, sizeof *sw->fixed, cap, sw->n_fixed + 1);
+    sw->fixed[sw->n_fixed++] = kv;
+}
+
+/* Builds every point's values: cartesian (last key fastest) or zip. */
+static int expand(kv_sweep *sw, const kv_ynode *matrix, kv_error *err)
+{
+    size_t n = sw->n_keys;
+    size_t *lengths = kv_calloc(n ? n : 1, sizeof *lengths);
+    const kv_ynode **lists = kv_calloc(n ? n : 1, sizeof *lists);
+    size_t total = 1; /* an empty matrix is one point: the base scenario */
+    int rc = KV_OK;
+    for (size_t k = 0; k < n; k++) {
+        const kv_ynode *v = matrix->items[k];
+        lists[k] = v;
+        lengths[k] = v->kind == KV_YSEQ ? v->count : 1;
+        if (v->kind == KV_YSEQ && v->count == 0) {
+            rc = bad(err, v, "matrix.%s: an empty list gives no points", sw->keys[k]);
+            break;
+        }
+        if (sw->zip) {
+            if (k > 0 && lengths[k] != lengths[0]) {
+                rc = bad(err, v, "matrix.%s: mode zip needs lists of equal length (this one has %zu values, %s has "
+                         "%zu)", sw->keys[k], lengths[k], sw->keys[0], lengths[0]);
+                break;
+            }
+            total = lengths[0];
+        } else {
+            if (kv_mul_size(total, lengths[k], &total) != 0 || total > 1000000) {
+                rc = bad(err, matrix, "matrix: more than a million points");
+                break;
+            }
+        }
+    }
+    if (!rc) {
+        sw->n_points = total;
+        sw->points = kv_calloc(total, sizeof *sw->points);
+        int width = 2;
+        for (size_t t = total > 0 ? total - 1 : 0; t >= 100; t /= 10)
+            width++;
+        for (size_t i = 0; i < total; i++) {
+            kv_sweep_point *p = &sw->points[i];
+            p->index = i;
+            p->values = kv_calloc(n ? n : 1, sizeof *p->values);
+            size_t rest = i;
+            for (size_t kk = n; kk-- > 0;) {
+                size_t at = sw->zip ? i : rest % lengths[kk];
+                if (!sw->zip)
+                    rest /= lengths[kk];
+                const kv_ynode *v = lists[kk];
+                p->values[kk] = flow_text(v->kind == KV_YSEQ ? v->items[at] : v);
+            }
+            char *buf = NULL;
+            size_t len = 0;
+            FILE *f = open_memstream(&buf, &len);
+            fprintf(f, "p%0*zu", width, i);
+            for (size_t k = 0; k < n; k++)
+                name_part(f, sw->keys[k], p->values[k]);
+            fclose(f);
+            if (len > 160)
+                buf[160] = '\0';
+            p->name = kv_strdup(buf);
+            free(buf);
+            p->dir = join3(sw->out_dir, "/", p->name);
+        }
+    }
+    kv_free(lengths);
+    kv_free(lists);
+    return rc;
+}
+
+static void build_commands(kv_sweep *sw)
+{
+    sw->argv = kv_calloc(sw->n_points ? sw->n_points : 1, sizeof *sw->argv);
+    sw->commands = kv_calloc(sw->n_points ? sw->n_points : 1, sizeof *sw->commands);
+    for (size_t i = 0; i < sw->n_points; i++) {
+        kv_sweep_point *p = &sw->points[i];
+        /* kvsim run BASE, --set pairs, --set outputs.json=true, --out DIR, --quiet, NULL */
+        size_t max = 3 + 2 * (sw->n_fixed + sw->n_keys) + 2 + 2 + 1 + 1;
+        char **argv = kv_calloc(max, sizeof *argv);
+        size_t a = 0;
+        argv[a++] = kv_strdup(sw->kvsim);
+        argv[a++] = kv_strdup("run");
+        argv[a++] = kv_strdup(sw->base);
+        for (size_t k = 0; k < sw->n_fixed; k++) {
+            argv[a++] = kv_strdup("--set");
+            argv[a++] = kv_strdup(sw->fixed[k]);
+        }
+        for (size_t k = 0; k < sw->n_keys; k++) {
+            argv[a++] = kv_strdup("--set");
+            argv[a++] = join3(sw->keys[k], "=", p->values[k]);
+        }
+        /* The point is finished when results.json exists, so it must be written. */
+        argv[a++] = kv_strdup("--set");
+        argv[a++] = kv_strdup("outputs.json=true");
+        argv[a++] = kv_strdup("--out");
+        argv[a++] = kv_strdup(p->dir);
+        argv[a++] = kv_strdup("--quiet");
+        argv[a] = NULL;
+        sw->argv[i] = argv;
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+        for (size_t k = 0; argv[k]; k++) {
+            if (k)
+                fputc(' ', f);
+            kv_sweep_shell_quote(f, argv[k]);
+        }
+        fclose(f);
+        sw->commands[i] = kv_strdup(buf);
+        free(buf);
+    }
+}
+
+int kv_sweep_load(const char *path, const char *const *extra_sets, int n_extra, const char *out_dir,
+                  const char *kvsim, kv_sweep **out, kv_error *err)
+{
+    *out = NULL;
+    kv_ynode *tree = NULL;
+    int rc = kv_ytree_load_file(path, &tree, err);
+    if (rc)
+        return rc;
+    kv_sweep *sw = kv_calloc(1, sizeof *sw);
+    sw->path = kv_strdup(path);
+    sw->kvsim = kv_strdup(kvsim && kvsim[0] ? kvsim : "kvsim");
+    size_t cap_fixed = 0;
+    if (tree->kind != KV_YMAP)
+        rc = bad(err, tree, "a sweep file is a mapping: base:, matrix:, mode:, set:, out: (docs/sweeps.md)");
+    for (size_t i = 0; !rc && i < tree->count; i++) {
+        int known = 0;
+        for (size_t k = 0; k < sizeof sweep_keys / sizeof sweep_keys[0]; k++)
+            known |= strcmp(tree->keys[i], sweep_keys[k]) == 0;
+        if (!known) {
+            char hint[80];
+            did_you_mean(tree->keys[i], hint, sizeof hint);
+            rc = kv_error_set(err, KV_EINPUT, "%s:%d:%d: unknown key '%s'%s; a sweep file has name, description, "
+                              "base, set, mode, matrix, out", path, tree->key_lines[i], tree->key_cols[i],
+                              tree->keys[i], hint);
+        }
+    }
+    const kv_ynode *name = rc ? NULL : kv_ytree_get(tree, "name", NULL);
+    const kv_ynode *base = rc ? NULL : kv_ytree_get(tree, "base", NULL);
+    const kv_ynode *set = rc ? NULL : kv_ytree_get(tree, "set", NULL);
+    const kv_ynode *mode = rc ? NULL : kv_ytree_get(tree, "mode", NULL);
+    const kv_ynode *matrix = rc ? NULL : kv_ytree_get(tree, "matrix", NULL);
+    const kv_ynode *outn = rc ? NULL : kv_ytree_get(tree, "out", NULL);
+    if (!rc && name && name->kind != KV_YSCALAR)
+        rc = bad(err, name, "name: expected text");
+    if (!rc) {
+        if (name && name->value[0]) {
+            sw->name = kv_strdup(name->value);
+        } else {
+            char *tmp = kv_strdup(path);
+            const char *b = basename(tmp);
+            size_t len = strlen(b);
+            if (len > 5 && strcmp(b + len - 5, ".yaml") == 0)
+                len -= 5;
+            else if (len > 4 && strcmp(b + len - 4, ".yml") == 0)
+                len -= 4;
+            sw->name = kv_strndup(b, len);
+            kv_free(tmp);
+        }
+    }
+    if (!rc && !base)
+        rc = kv_error_set(err, KV_EINPUT, "%s: base: missing; name the scenario every point starts from, e.g. "
+                          "base: ../lynx.yaml", path);
+    if (!rc && base->kind != KV_YSCALAR)
+        rc = bad(err, base, "base: expected a path to a scenario");
+    if (!rc)
+        rc = resolve_base(sw, base, err);
+    if (!rc && mode) {
+        if (mode->kind != KV_YSCALAR || (strcmp(mode->value, "cartesian") != 0 && strcmp(mode->value, "zip") != 0))
+            rc = bad(err, mode, "mode: expected cartesian or zip");
+        else
+            sw->zip = strcmp(mode->value, "zip") == 0;
+    }
+    if (!rc && set) {
+        if (set->kind != KV_YMAP)
+            rc = bad(err, set, "set: expected a mapping of scenario keys to values, e.g. {workload.requests: 16}");
+        for (size_t i = 0; !rc && i < set->count; i++) {
+            char *v = flow_text(set->items[i]);
+            add_fixed(sw, &cap_fixed, join3(set->keys[i], "=", v));
+            kv_free(v);
+        }
+    }
+    for (int i = 0; !rc && i < n_extra; i++) {
+        if (!strchr(extra_sets[i], '='))
+            rc = kv_error_set(err, KV_EINPUT, "--set %s: expected key.path=value", extra_sets[i]);
+        else
+            add_fixed(sw, &cap_fixed, kv_strdup(extra_sets[i]));
+    }
+    if (!rc && matrix && matrix->kind != KV_YMAP)
+        rc = bad(err, matrix, "matrix: expected a mapping of scenario keys to lists of values, e.g. "
+                 "{network.nic_bandwidth_gbps: [10, 25, 100]}");
+    if (!rc && matrix) {
+        sw->n_keys = matrix->count;
+        sw->keys = kv_calloc(matrix->count ? matrix->count : 1, sizeof *sw->keys);
+        for (size_t k = 0; k < matrix->count; k++) {
+            sw->keys[k] = kv_strdup(matrix->keys[k]);
+            const kv_ynode *v = matrix->items[k];
+            if (!rc && v->kind == KV_YMAP)
+                rc = bad(err, v, "matrix.%s: expected a list of values; write nested keys with dots "
+                         "(network.nic_bandwidth_gbps: [10, 25])", matrix->keys[k]);
+        }
+    }
+    if (!rc) {
+        const char *o = out_dir && out_dir[0] ? out_dir : NULL;
+        char deflt[600];
+        if (!o && outn) {
+            if (outn->kind != KV_YSCALAR || !outn->value[0])
+                rc = bad(err, outn, "out: expected a folder");
+            o = outn->value;
+        }
+        if (!o) {
+            snprintf(deflt, sizeof deflt, "out/sweeps/%s", sw->name);
+            o = deflt;
+        }
+        if (!rc)
+            rc = resolve_out(sw, o);
+    }
+    if (!rc)
+        rc = expand(sw, matrix ? matrix : tree, err);
+    if (!rc)
+        build_commands(sw);
+    kv_ytree_free(tree);
+    if (rc) {
+        kv_sweep_destroy(sw);
+        return rc;
+    }
+    *out = sw;
+    return KV_OK;
+}
+
+void kv_sweep_destroy(kv_sweep *sw)
+{
+    if (!sw)
+        return;
+    for (size_t i = 0; i < sw->n_points; i++) {
+        kv_sweep_point *p = &sw->points[i];
+        for (size_t k = 0; k < sw->n_keys && p->values; k++)
+            kv_free(p->values[k]);
+        kv_free(p->values);
+        kv_free(p->name);
+        kv_free(p->dir);
+        if (sw->argv && sw->argv[i]) {
+            for (size_t a = 0; sw->argv[i][a]; a++)
+                kv_free(sw->argv[i][a]);
+            kv_free(sw->argv[i]);
+        }
+        if (sw->commands)
+            kv_free(sw->commands[i]);
+    }
+    kv_free(sw->argv);
+    kv_free(sw->commands);
+    kv_free(sw->points);
+    for (size_t k = 0; k < sw->n_keys; k++)
+        kv_free(sw->keys[k]);
+    kv_free(sw->keys);
+    for (size_t k = 0; k < sw->n_fixed; k++)
+        kv_free(sw->fixed[k]);
+    kv_free(sw->fixed);
+    kv_free(sw->path);
+    kv_free(sw->name);
+    kv_free(sw->base);
+    kv_free(sw->out_dir);
+    kv_free(sw->kvsim);
+    kv_free(sw);
+}
+
+const char *kv_sweep_name(const kv_sweep *sw) { return sw->name; }
+const char *kv_sweep_out_dir(const kv_sweep *sw) { return sw->out_dir; }
+const char *kv_sweep_base(const kv_sweep *sw) { return sw->base; }
+size_t kv_sweep_key_count(const kv_sweep *sw) { return sw->n_keys; }
+const char *kv_sweep_key(const kv_sweep *sw, size_t i) { return sw->keys[i]; }
+size_t kv_sweep_point_count(const kv_sweep *sw) { return sw->n_points; }
+const kv_sweep_point *kv_sweep_point_get(const kv_sweep *sw, size_t i) { return &sw->points[i]; }
+char *const *kv_sweep_point_argv(const kv_sweep *sw, size_t i) { return sw->argv[i]; }
+const char *kv_sweep_point_command(const kv_sweep *sw, size_t i) { return sw->commands[i]; }
+
+/* ---- Folders, manifest, state ---------------------------------------------------------------- */
+
+static int write_text(const char *path, const char *text, kv_error *err)
+{
+    kv_afile a;
+    int rc = kv_afile_open(&a, path, err);
+    if (rc)
+        return rc;
+    fputs(text, a.f);
+    return kv_afile_commit(&a, err);
+}
+
+static int file_exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+int kv_sweep_prepare(const kv_sweep *sw, kv_error *err)
+{
+    int rc = kv_mkdirs(sw->out_dir, err);
+    for (size_t i = 0; !rc && i < sw->n_points; i++)
+        rc = kv_mkdirs(sw->points[i].dir, err);
+    if (rc)
+        return rc;
+    char *path = join3(sw->out_dir, "/", "points.json");
+    kv_afile a;
+    rc = kv_afile_open(&a, path, err);
+    kv_free(path);
+    if (rc)
+        return rc;
+    FILE *f = a.f;
+    fputs("{\"sweep\":", f);
+    kv_json_string(f, sw->path);
+    fputs(",\"name\":", f);
+    kv_json_string(f, sw->name);
+    fputs(",\"base\":", f);
+    kv_json_string(f, sw->base);
+    fprintf(f, ",\"mode\":\"%s\",\n\"set\":[", sw->zip ? "zip" : "cartesian");
+    for (size_t k = 0; k < sw->n_fixed; k++) {
+        if (k)
+            fputc(',', f);
+        kv_json_string(f, sw->fixed[k]);
+    }
+    fputs("],\n\"keys\":[", f);
+    for (size_t k = 0; k < sw->n_keys; k++) {
+        if (k)
+            fputc(',', f);
+        kv_json_string(f, sw->keys[k]);
+    }
+    fputs("],\n\"points\":[\n", f);
+    for (size_t i = 0; i < sw->n_points; i++) {
+        const kv_sweep_point *p = &sw->points[i];
+        fprintf(f, "{\"point\":%zu,\"dir\":", i);
+        kv_json_string(f, p->name);
+        fputs(",\"values\":[", f);
+        for (size_t k = 0; k < sw->n_keys; k++) {
+            if (k)
+                fputc(',', f);
+            kv_json_string(f, p->values[k]);
+        }
+        fputs("],\"command\":", f);
+        kv_json_string(f, sw->commands[i]);
+        fputs(i + 1 < sw->n_points ? "},\n" : "}\n", f);
+    }
+    fputs("]}\n", f);
+    rc = kv_afile_commit(&a, err);
+    for (size_t i = 0; !rc && i < sw->n_points; i++) {
+        char *cmd_path = join3(sw->points[i].dir, "/", "command.txt");
+        char *text = join3(sw->commands[i], "\n", "");
+        rc = write_text(cmd_path, text, err);
+        kv_free(cmd_path);
+        kv_free(text);
+    }
+    return rc;
+}
+
+static char *read_small(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 4096, n = 0;
+    char *buf = kv_malloc(cap);
+    size_t got;
+    while ((got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
+        n += got;
+        if (cap - n < 2)
+            kv_grow((void **)&buf, 1, &cap, cap * 2);
+    }
+    fclose(f);
+    buf[n] = '\0';
+    return buf;
+}
+
+int kv_sweep_point_state(const kv_sweep *sw, size_t i, int *stale)
+{
+    *stale = 0;
+    const kv_sweep_point *p = &sw->points[i];
+    char *results = join3(p->dir, "/", "results.json");
+    int state = KV_POINT_PENDING;
+    if (file_exists(results)) {
+        char *cmd_path = join3(p->dir, "/", "command.txt");
+        char *old = read_small(cmd_path);
+        kv_free(cmd_path);
+        size_t len = old ? strlen(old) : 0;
+        while (len > 0 && (old[len - 1] == '\n' || old[len - 1] == '\r'))
+            old[--len] = '\0';
+        if (!old || strcmp(old, sw->commands[i]) == 0) {
+            state = KV_POINT_FINISHED;
+        } else {
+            *stale = 1;
+            unlink(results);
+        }
+        kv_free(old);
+    }
+    kv_free(results);
+    return state;
+}
+
+/* ---- Job scripts ----------------------------------------------------------------------------- */
+
+/* One point as a self-contained shell command: skip if finished, else run, stderr to the point folder. */
+static void job_line(FILE *f, const kv_sweep *sw, size_t i)
+{
+    const kv_sweep_point *p = &sw->points[i];
+    char *results = join3(p->dir, "/", "results.json");
+    char *stderr_path = join3(p->dir, "/", "stderr.txt");
+    fputs("mkdir -p ", f);
+    kv_sweep_shell_quote(f, p->dir);
+    fputs(" && { test -f ", f);
+    kv_sweep_shell_quote(f, results);
+    fprintf(f, " || %s 2> ", sw->commands[i]);
+    kv_sweep_shell_quote(f, stderr_path);
+    fputs("; }", f);
+    kv_free(results);
+    kv_free(stderr_path);
+}
+
+int kv_sweep_emit(const kv_sweep *sw, const char *kind, char **written, kv_error *err)
+{
+    *written = NULL;
+    int slurm = strcmp(kind, "slurm") == 0;
+    if (!slurm && strcmp(kind, "parallel") != 0)
+        return kv_error_set(err, KV_EINPUT, "--emit %s: expected slurm or parallel", kind);
+    char *path = join3(sw->out_dir, "/", slurm ? "sweep.slurm" : "jobs.txt");
+    kv_afile a;
+    int rc = kv_afile_open(&a, path, err);
+    if (rc) {
+        kv_free(path);
+        return rc;
+    }
+    FILE *f = a.f;
+    if (slurm) {
+        fprintf(f, "#!/bin/bash\n"
+                   "# kvsim sweep %s: %zu points, one Slurm array task each.\n"
+                   "# Submit:   sbatch %s\n"
+                   "#           (at most 16 at a time: sbatch --array=0-%zu%%16 %s)\n"
+                   "# Collect:  kvsim sweep --collect %s\n"
+                   "# A task whose point already has results.json does nothing, so resubmitting resumes.\n",
+                sw->name, sw->n_points, path, sw->n_points ? sw->n_points - 1 : 0, path, sw->out_dir);
+        fprintf(f, "#SBATCH --job-name=kvsim-%s\n#SBATCH --array=0-%zu\n#SBATCH --cpus-per-task=1\n"
+                   "#SBATCH --output=%s/slurm-%%A_%%a.out\n\n"
+                   "case \"$SLURM_ARRAY_TASK_ID\" in\n",
+                sw->name, sw->n_points ? sw->n_points - 1 : 0, sw->out_dir);
+        for (size_t i = 0; i < sw->n_points; i++) {
+            fprintf(f, "%zu) ", i);
+            job_line(f, sw, i);
+            fputs(" ;;\n", f);
+        }
+        fputs("*) echo \"kvsim sweep: no point $SLURM_ARRAY_TASK_ID\" >&2; exit 2 ;;\nesac\n", f);
+    } else {
+        for (size_t i = 0; i < sw->n_points; i++) {
+            job_line(f, sw, i);
+            fputc('\n', f);
+        }
+    }
+    rc = kv_afile_commit(&a, err);
+    if (!rc && slurm)
+        chmod(path, 0755);
+    if (rc)
+        kv_free(path);
+    else
+        *written = path;
+    return rc;
+}
+
+/* ---- The combined CSV ------------------------------------------------------------------------ */
+
+typedef struct point_row {
+    char *name;             /* folder name */
+    char **values;          /* [n_keys] */
+    kv_jvalue *results;     /* parsed results.json, or NULL */
+    const char *status;     /* ok | failed | missing | unreadable */
+} point_row;
+
+static void csv_field(FILE *f, const char *s)
+{
+    if (!strpbrk(s, ",\"\n\r")) {
+        fputs(s, f);
+        return;
+    }
+    fputc('"', f);
+    for (const char *p = s; *p; p++) {
+        if (*p == '"')
+            fputc('"', f);
+        fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+static void csv_json_scalar(FILE *f, const kv_jvalue *v)
+{
+    if (!v)
+        return;
+    switch (v->kind) {
+    case KV_JNUMBER: fputs(v->text, f); break;
+    case KV_JBOOL: fputs(v->boolean ? "true" : "false", f); break;
+    case KV_JSTRING: csv_field(f, v->text); break;
+    default: break; /* null, arrays and objects: empty */
+    }
+}
+
+static int by_name(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Without points.json: every sub-folder that looks like a point, in name order. */
+static int scan_points(const char *dir, point_row **rows, size_t *n, kv_error *err)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return kv_error_set(err, KV_EINPUT, "%s: cannot open folder: %s", dir, strerror(errno));
+    char **names = NULL;
+    size_t cap = 0, count = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        char *sub = join3(dir, "/", e->d_name);
+        char *r = join3(sub, "/", "results.json");
+        char *c = join3(sub, "/", "command.txt");
+        if (file_exists(r) || file_exists(c)) {
+            kv_grow((void **)&names, sizeof *names, &cap, count + 1);
+            names[count++] = kv_strdup(e->d_name);
+        }
+        kv_free(sub);
+        kv_free(r);
+        kv_free(c);
+    }
+    closedir(d);
+    if (count)
+        qsort(names, count, sizeof *names, by_name);
+    *rows = kv_calloc(count ? count : 1, sizeof **rows);
+    for (size_t i = 0; i < count; i++)
+        (*rows)[i].name = names[i];
+    kv_free(names);
+    *n = count;
+    return KV_OK;
+}
+
+static int read_manifest(const char *dir, char ***keys, size_t *n_keys, point_row **rows, size_t *n, kv_error *err)
+{
+    char *path = join3(dir, "/", "points.json");
+    *keys = NULL;
+    *n_keys = 0;
+    *rows = NULL;
+    *n = 0;
+    if (!file_exists(path)) {
+        kv_free(path);
+        return scan_points(dir, rows, n, err);
+    }
+    kv_jvalue *m = NULL;
+    int rc = kv_jread_file(path, &m, err);
+    const kv_jvalue *jk = rc ? NULL : kv_jvalue_get(m, "keys");
+    const kv_jvalue *jp = rc ? NULL : kv_jvalue_get(m, "points");
+    if (!rc && (!jk || jk->kind != KV_JARRAY || !jp || jp->kind != KV_JARRAY))
+        rc = kv_error_set(err, KV_EINPUT, "%s: expected \"keys\" and \"points\" lists (written by kvsim sweep)",
+                          path);
+    if (!rc) {
+        *n_keys = jk->count;
+        *keys = kv_calloc(jk->count ? jk->count : 1, sizeof **keys);
+        for (size_t k = 0; k < jk->count; k++)
+            (*keys)[k] = kv_strdup(jk->items[k]->kind == KV_JSTRING ? jk->items[k]->text : "?");
+        *rows = kv_calloc(jp->count ? jp->count : 1, sizeof **rows);
+        *n = jp->count;
+        for (size_t i = 0; i < jp->count && !rc; i++) {
+            const kv_jvalue *d = kv_jvalue_get(jp->items[i], "dir");
+            const kv_jvalue *vals = kv_jvalue_get(jp->items[i], "values");
+            if (!d || d->kind != KV_JSTRING || strchr(d->text, '/') || !vals || vals->kind != KV_JARRAY ||
+                vals->count != jk->count) {
+                rc = kv_error_set(err, KV_EINPUT, "%s:%d:%d: point %zu: expected \"dir\" (a folder name) and "
+                                  "\"values\" (one per key)", path, jp->items[i]->line, jp->items[i]->col, i);
+                break;
+            }
+            (*rows)[i].name = kv_strdup(d->text);
+            (*rows)[i].values = kv_calloc(jk->count ? jk->count : 1, sizeof *(*rows)[i].values);
+            for (size_t k = 0; k < jk->count; k++)
+                (*rows)[i].values[k] = kv_strdup(vals->items[k]->kind == KV_JSTRING ? vals->items[k]->text : "");
+        }
+    }
+    kv_jvalue_free(m);
+    kv_free(path);
+    return rc;
+}
+
+static void add_column(char ***cols, size_t *n, size_t *cap, const char *name)
+{
+    for (size_t i = 0; i < *n; i++)
+        if (strcmp((*cols)[i], name) == 0)
+            return;
+    kv_grow((void **)cols, sizeof **cols, cap, *n + 1);
+    (*cols)[(*n)++] = kv_strdup(name);
+}
+
+int kv_sweep_collect(const char *dir, kv_sweep_totals *totals, kv_error *err)
+{
+    memset(totals, 0, sizeof *totals);
+    char **keys = NULL;
+    size_t n_keys = 0, n = 0;
+    point_row *rows = NULL;
+    int rc = read_manifest(dir, &keys, &n_keys, &rows, &n, err);
+    char **cols = NULL;
+    size_t n_cols = 0, cap_cols = 0;
+    for (size_t i = 0; !rc && i < n; i++) {
+        point_row *r = &rows[i];
+        char *sub = join3(dir, "/", r->name);
+        char *res = join3(sub, "/", "results.json");
+        char *errp = join3(sub, "/", "stderr.txt");
+        struct stat st;
+        if (file_exists(res)) {
+            kv_error perr = {0};
+            if (kv_jread_file(res, &r->results, &perr) != KV_OK) {
+                r->status = "unreadable";
+                fprintf(stderr, "kvsim sweep: %s\n", perr.msg);
+                totals->failed++;
+            } else {
+                r->status = "ok";
+                totals->ok++;
+            }
+        } else if (stat(errp, &st) == 0 && st.st_size > 0) {
+            r->status = "failed";
+            totals->failed++;
+        } else {
+            r->status = "missing";
+            totals->missing++;
+        }
+        const kv_jvalue *pol = r->results ? kv_jvalue_get(r->results, "policies") : NULL;
+        for (size_t p = 0; pol && pol->kind == KV_JARRAY && p < pol->count; p++) {
+            const kv_jvalue *o = pol->items[p];
+            for (size_t k = 0; o->kind == KV_JOBJECT && k < o->count; k++) {
+                kv_jkind kind = o->items[k]->kind;
+                if (strcmp(o->keys[k], "name") != 0 && kind != KV_JARRAY && kind != KV_JOBJECT)
+                    add_column(&cols, &n_cols, &cap_cols, o->keys[k]);
+            }
+        }
+        kv_free(sub);
+        kv_free(res);
+        kv_free(errp);
+    }
+    totals->points = n;
+    kv_afile a = {0};
+    char *path = join3(dir, "/", "sweep.csv");
+    if (!rc)
+        rc = kv_afile_open(&a, path, err);
+    if (!rc) {
+        FILE *f = a.f;
+        fputs("point,dir,status", f);
+        for (size_t k = 0; k < n_keys; k++) {
+            fputc(',', f);
+            csv_field(f, keys[k]);
+        }
+        fputs(",policy", f);
+        for (size_t c = 0; c < n_cols; c++) {
+            fputc(',', f);
+            csv_field(f, cols[c]);
+        }
+        fputc('\n', f);
+        for (size_t i = 0; i < n; i++) {
+            const point_row *r = &rows[i];
+            const kv_jvalue *pol = r->results ? kv_jvalue_get(r->results, "policies") : NULL;
+            size_t np = pol && pol->kind == KV_JARRAY ? pol->count : 0;
+            for (size_t p = 0; p < (np ? np : 1); p++) {
+                const kv_jvalue *o = np ? pol->items[p] : NULL;
+                fprintf(f, "%zu,", i);
+                csv_field(f, r->name);
+                fprintf(f, ",%s", np ? r->status : (r->results ? "empty" : r->status));
+                for (size_t k = 0; k < n_keys; k++) {
+                    fputc(',', f);
+                    csv_field(f, r->values ? r->values[k] : "");
+                }
+                fputc(',', f);
+                const kv_jvalue *pname = kv_jvalue_get(o, "name");
+                if (pname && pname->kind == KV_JSTRING)
+                    csv_field(f, pname->text);
+                for (size_t c = 0; c < n_cols; c++) {
+                    fputc(',', f);
+                    csv_json_scalar(f, kv_jvalue_get(o, cols[c]));
+                }
+                fputc('\n', f);
+                totals->rows++;
+            }
+        }
+        rc = kv_afile_commit(&a, err);
+    }
+    kv_free(path);
+    for (size_t i = 0; i < n; i++) {
+        kv_free(rows[i].name);
+        for (size_t k = 0; rows[i].values && k < n_keys; k++)
+            kv_free(rows[i].values[k]);
+        kv_free(rows[i].values);
+        kv_jvalue_free(rows[i].results);
+    }
+    kv_free(rows);
+    for (size_t k = 0; k < n_keys; k++)
+        kv_free(keys[k]);
+    kv_free(keys);
+    for (size_t c = 0; c < n_cols; c++)
+        kv_free(cols[c]);
+    kv_free(cols);
+    return rc;
+}

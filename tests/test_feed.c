@@ -1,0 +1,47 @@
+/* test_feed.c — diffkv.from: reference-model: tier fractions measured on SmolLM2-135M drive the engine. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/study.h"
+
+static int model_available(void)
+{
+    char path[4096];
+    const char *dir = getenv("KVSIM_MODEL_DIR"), *home = getenv("HOME");
+    if (dir)
+        snprintf(path, sizeof path, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", dir);
+    else
+        snprintf(path, sizeof path, "%s/.cache/kvsim/models/SmolLM2-135M-Instruct.Q4_1.gguf", home ? home : "");
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "skipped: reference-model feed: %s not fetched (scripts/fetch-model.sh)\n", path);
+        return 0;
+    }
+    fclose(f);
+    return 1;
+}
+
+Test(feed, diffkv_tiers_from_reference_model, .timeout = 600)
+{
+    if (!model_available())
+        cr_skip("reference model not available");
+    const char *sets[] = {"diffkv.from=reference-model", "policies=[bf16,diffkv]", "workload.requests=6",
+                          "workload.output.min=64", "workload.output.max=128"};
+    kv_error err = {0};
+    kv_scenario *s = NULL;
+    kv_study *st = NULL;
+    cr_assert_eq(kv_scenario_load("scenarios/diffkv.yaml", sets, 5, &s, &err), 0, "%s", err.msg);
+    cr_assert_eq(kv_study_prepare(s, &st, &err), 0, "%s", err.msg);
+    cr_assert_eq(kv_study_run(st, &err), 0, "%s", err.msg);
+    size_t n = 0;
+    const kv_policy_outcome *o = kv_study_outcomes(st, &n);
+    cr_assert_eq(n, 2);
+    cr_expect(strstr(o[1].run.tiers_source, "reference model smollm2-135m") != NULL, "%s", o[1].run.tiers_source);
+    cr_expect(strstr(o[0].run.tiers_source, "scenario") != NULL, "%s", o[0].run.tiers_source);
+    /* Some tokens are demoted: the measured low tier is not empty. */
+    cr_expect(o[1].run.tier_low_fraction > 0.0, "low tier %g", o[1].run.tier_low_fraction);
+    kv_study_destroy(st);
+    kv_scenario_destroy(s);
+}
