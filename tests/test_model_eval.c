@@ -213,6 +213,24 @@ Test(eval, bad_inputs_exit_2)
         free(sc);
     }
     free(img);
+    /* A tensor of a type ggml does not define. */
+    kvt_gguf w;
+    kvt_gguf_init(&w);
+    kvt_tiny_hparams(&w);
+    kvt_tiny_tokenizer(&w);
+    uint64_t dims[2] = {KVT_TINY_DIM, KVT_TINY_VOCAB};
+    static uint8_t blob[64];
+    kvt_tensor_info(&w, "token_embd.weight", 2, dims, 77, 0);
+    kvt_put(&w.data, blob, sizeof blob);
+    uint8_t *odd = kvt_gguf_image(&w, &len);
+    kvt_gguf_free(&w);
+    snprintf(path, sizeof path, "%s/type77.gguf", dir);
+    cr_assert_eq(kvt_write_file(path, odd, len), 0);
+    free(odd);
+    sc = tiny_scenario(dir, path, text, "bf16", "");
+    snprintf(args, sizeof args, "eval %s --quiet", sc);
+    expect_exit2(args, "unknown tensor type 77");
+    free(sc);
     /* An empty text. */
     char *empty = kvt_write(dir, "empty.txt", "");
     sc = tiny_scenario(dir, model, empty, "bf16", "");

@@ -65,6 +65,11 @@ struct kv_kvstore {
     kv_kvstore_shape shape;
     kv_encoding *enc;   /* [n_layers * n_kv_heads], NULL = exact forever */
     kv_backend *backend;/* attention after the seal runs here when set (borrowed) */
+    kv_buffer *dev[8];  /* the backend buffers of attention calls, reused: q, q_pos, pages, head_pages,
+                           positions, kv_data, out, scores */
+    size_t dev_bytes[8];
+    uint8_t *host;      /* kv_data staging, reused */
+    size_t host_cap;
     unsigned flags;
     bool sealed, residual;
     int length;         /* positions seen (max position + 1) */
@@ -383,6 +388,10 @@ void kv_kvstore_destroy(kv_kvstore *s)
     for (size_t i = 0; i < n_lanes; i++)
         lane_free(&s->lanes[i]);
     kv_free(s->lanes);
+    for (int i = 0; i < 8; i++)
+        if (s->dev[i])
+            kv_buffer_free(s->backend, s->dev[i]);
+    kv_free(s->host);
     kv_free(s->enc);
     kv_free(s->err_sq);
     kv_free(s->ref_sq);
@@ -888,12 +897,32 @@ static size_t put_tensor(bytes_vec *kv, const kv_store_format *f, const lane *L,
     return at;
 }
 
-/* Writes host bytes to a fresh backend buffer; *out is the caller's. */
-static int upload(kv_backend *be, const void *src, size_t bytes, kv_buffer **out, kv_error *err)
+/* Backend buffer `slot` of the store with room for bytes (kept between calls;
+   grown by half again when too small). */
+static int dev_reserve(kv_kvstore *s, int slot, size_t bytes, kv_buffer **out, kv_error *err)
 {
-    int rc = kv_buffer_alloc(be, bytes ? bytes : 4, out, err);
+    bytes = bytes ? bytes : 4;
+    if (s->dev_bytes[slot] < bytes) {
+        if (s->dev[slot])
+            kv_buffer_free(s->backend, s->dev[slot]);
+        s->dev[slot] = NULL;
+        s->dev_bytes[slot] = 0;
+        size_t want = bytes + bytes / 2;
+        int rc = kv_buffer_alloc(s->backend, want, &s->dev[slot], err);
+        if (rc)
+            return rc;
+        s->dev_bytes[slot] = want;
+    }
+    *out = s->dev[slot];
+    return KV_OK;
+}
+
+/* Writes host bytes into backend buffer `slot`. */
+static int upload(kv_kvstore *s, int slot, const void *src, size_t bytes, kv_buffer **out, kv_error *err)
+{
+    int rc = dev_reserve(s, slot, bytes, out, err);
     if (!rc && bytes)
-        rc = kv_buffer_write(be, *out, 0, src, bytes, err);
+        rc = kv_buffer_write(s->backend, *out, 0, src, bytes, err);
     return rc;
 }
 
@@ -908,7 +937,7 @@ static int attention_backend(kv_kvstore *s, int layer, const float *q, const int
     kv_page_desc *pages = NULL;
     size_t n_pages = 0, cap_pages = 0, n_pos = 0;
     uint32_t *head_pages = kv_malloc((size_t)KVH * 2 * sizeof *head_pages), *positions = NULL;
-    bytes_vec kv = {0};
+    bytes_vec kv = {s->host, 0, s->host_cap};
     bool scores = false;
     uint32_t stride = 1;
     for (int g = 0; g < KVH; g++) {
@@ -956,21 +985,23 @@ static int attention_backend(kv_kvstore *s, int layer, const float *q, const int
     kv_backend *be = s->backend;
     kv_buffer *bq = NULL, *bqp = NULL, *bpg = NULL, *bhp = NULL, *bpos = NULL, *bkv = NULL, *bout = NULL,
               *bsc = NULL;
-    int rc = upload(be, q, qbytes, &bq, err);
+    s->host = kv.p; /* kept for the next call */
+    s->host_cap = kv.cap;
+    int rc = upload(s, 0, q, qbytes, &bq, err);
     if (!rc)
-        rc = upload(be, qpos, (size_t)T * 4, &bqp, err);
+        rc = upload(s, 1, qpos, (size_t)T * 4, &bqp, err);
     if (!rc)
-        rc = upload(be, pages, n_pages * sizeof *pages, &bpg, err);
+        rc = upload(s, 2, pages, n_pages * sizeof *pages, &bpg, err);
     if (!rc)
-        rc = upload(be, head_pages, (size_t)KVH * 8, &bhp, err);
+        rc = upload(s, 3, head_pages, (size_t)KVH * 8, &bhp, err);
     if (!rc)
-        rc = upload(be, positions, n_pos * 4, &bpos, err);
+        rc = upload(s, 4, positions, n_pos * 4, &bpos, err);
     if (!rc)
-        rc = upload(be, kv.p, kv.n, &bkv, err);
+        rc = upload(s, 5, kv.p, kv.n, &bkv, err);
     if (!rc)
-        rc = kv_buffer_alloc(be, qbytes, &bout, err);
+        rc = dev_reserve(s, 6, qbytes, &bout, err);
     if (!rc && scores)
-        rc = kv_buffer_alloc(be, sbytes, &bsc, err);
+        rc = dev_reserve(s, 7, sbytes, &bsc, err);
     float *sc = scores ? kv_malloc(sbytes) : NULL;
     if (!rc) {
         kv_attention_args a = {
@@ -1010,15 +1041,11 @@ static int attention_backend(kv_kvstore *s, int layer, const float *q, const int
                     L->sig_n[j] += pos[t] >= L->pos[j] ? 1.0f : 0.0f;
             }
         }
-    kv_buffer *all[] = {bq, bqp, bpg, bhp, bpos, bkv, bout, bsc};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        kv_buffer_free(be, all[i]);
     kv_free(sc);
     kv_free(qpos);
     kv_free(pages);
     kv_free(head_pages);
     kv_free(positions);
-    kv_free(kv.p);
     if (rc)
         kv_error_prefix(err, "layer %d: ", layer);
     return rc;
@@ -1091,7 +1118,16 @@ static int attention_stored(kv_kvstore *s, int layer, const float *q, const int3
     return KV_OK;
 }
 
-void kv_kvstore_set_backend(kv_kvstore *s, kv_backend *be) { s->backend = be; }
+void kv_kvstore_set_backend(kv_kvstore *s, kv_backend *be)
+{
+    for (int i = 0; i < 8; i++) {
+        if (s->dev[i])
+            kv_buffer_free(s->backend, s->dev[i]);
+        s->dev[i] = NULL;
+        s->dev_bytes[i] = 0;
+    }
+    s->backend = be;
+}
 
 int kv_kvstore_attention(kv_kvstore *s, int layer, const float *q, const int32_t *pos, int T, float *out,
                          kv_error *err)

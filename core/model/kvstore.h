@@ -78,8 +78,9 @@ void kv_kvstore_append(kv_kvstore *s, int layer, const float *k, const float *v,
 int kv_kvstore_attention(kv_kvstore *s, int layer, const float *q, const int32_t *pos, int T, float *out,
                          kv_error *err);
 
-/* Attention after the seal goes through this backend's kernel (borrowed; NULL:
-   the built-in loop). */
+/* Attention after the seal goes through this backend's kernel (borrowed: it
+   must outlive the store; NULL: the built-in loop). The store keeps its
+   backend buffers between calls and frees them here or at destroy. */
 void kv_kvstore_set_backend(kv_kvstore *s, kv_backend *be);
 
 /* Ends the prefill: encodes every stored token per the policy. */
