@@ -5,21 +5,18 @@
 #include <string.h>
 
 #include "core/study.h"
+#include "tests/model_fixture.h"
 
+/* Fetches the reference model (once; cached) or says visibly why it cannot be had. */
 static int model_available(void)
 {
-    char path[4096];
-    const char *dir = getenv("KVSIM_MODEL_DIR"), *home = getenv("HOME");
-    if (dir)
-        snprintf(path, sizeof path, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", dir);
-    else
-        snprintf(path, sizeof path, "%s/.cache/kvsim/models/SmolLM2-135M-Instruct.Q4_1.gguf", home ? home : "");
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "skipped: reference-model feed: %s not fetched (scripts/fetch-model.sh)\n", path);
+    char reason[512];
+    char *path = kvt_real_model(reason, sizeof reason);
+    if (!path) {
+        fprintf(stderr, "skipped: reference-model feed: %s\n", reason);
         return 0;
     }
-    fclose(f);
+    free(path);
     return 1;
 }
 

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/study.h"
+#include "tests/model_fixture.h"
 
 #define ONE "tests/fixtures/scenarios/lynx-one.yaml"
 
@@ -123,20 +124,13 @@ Test(lynx, no_speculation_waits_for_the_whole_cache)
 /* lynx.from: reference-model — acceptance measured on SmolLM2-135M drives the speculation. */
 Test(lynx, acceptance_from_reference_model, .timeout = 600)
 {
-    char model[4096];
-    const char *dir = getenv("KVSIM_MODEL_DIR");
-    const char *home = getenv("HOME");
-    if (dir)
-        snprintf(model, sizeof model, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", dir);
-    else
-        snprintf(model, sizeof model, "%s/.cache/kvsim/models/SmolLM2-135M-Instruct.Q4_1.gguf", home ? home : "");
-    FILE *f = fopen(model, "rb");
-    if (!f) {
-        fprintf(stderr, "skipped: lynx acceptance from the reference model: %s not fetched "
-                        "(scripts/fetch-model.sh)\n", model);
+    char reason[512];
+    char *model = kvt_real_model(reason, sizeof reason);
+    if (!model) {
+        fprintf(stderr, "skipped: lynx acceptance from the reference model: %s\n", reason);
         cr_skip("reference model not available");
     }
-    fclose(f);
+    free(model);
     run r;
     const char *sets[] = {"lynx.from=reference-model", "policies=[int4,int8,lynx]"};
     run_one(&r, sets, 2);
