@@ -43,7 +43,7 @@ int kv_feed_measure(const kv_scenario *s, kv_policy *p, kv_feed *out, kv_error *
         const char *texts[] = {FEED_TEXT};
         kv_eval_config cfg = {.texts = texts, .n_texts = 1, .context_tokens = FEED_CONTEXT, .score_tokens = 16,
                               .generate_tokens = 8, .needle_count = 0, .needle_context_tokens = 0,
-                              .speculative_positions = k, .speculation_points = 4, .seed = (uint64_t)s->seed};
+                              .speculative_positions = k, .speculation_points = 8, .seed = (uint64_t)s->seed};
         kv_eval_policy ep = {kv_policy_name(p), enc, k};
         rc = kv_eval_run(m, &cfg, &ep, 1, &res, err);
     }

@@ -2,7 +2,7 @@
  *
  * When a scenario says `lynx.from: reference-model` or `diffkv.from:
  * reference-model`, each policy is evaluated once on SmolLM2-135M (a short
- * teacher-forced text and Lynx speculation at several prompt lengths, through
+ * teacher-forced text and Lynx speculation at 8 prompt lengths, through
  * core/model/eval.c) and the engine uses what was measured: the conditional
  * acceptance of each speculative position and the fraction of tokens each
  * DiffKV tier kept outside the recent window.
