@@ -4,7 +4,7 @@
 set -eu
 
 PACKAGES="build-essential cmake pkg-config libsimgrid-dev liblua5.4-dev libyaml-dev \
-libcriterion-dev ocl-icd-opencl-dev opencl-headers pocl-opencl-icd libopenblas-dev python3 python3-matplotlib"
+libcriterion-dev ocl-icd-opencl-dev opencl-headers pocl-opencl-icd libopenblas-dev python3 python3-pip python3-matplotlib"
 
 missing=""
 for p in $PACKAGES; do
