@@ -97,6 +97,13 @@ static void jnum(FILE *out, const char *key, double v, int comma)
         fputc(',', out);
 }
 
+static void jstr(FILE *out, const char *key, const char *v, const char *after)
+{
+    jkey(out, key);
+    kv_json_string(out, v);
+    fputs(after, out);
+}
+
 static void jstat(FILE *out, const char *name, const kv_stat *st)
 {
     char key[64];
@@ -114,60 +121,32 @@ static void jstat(FILE *out, const char *name, const kv_stat *st)
 void kv_report_json(FILE *out, const kv_scenario *s, const kv_policy_outcome *o, size_t n)
 {
     fputs("{\n", out);
-    jkey(out, "kvsim_version");
-    kv_json_string(out, KV_VERSION);
-    fputs(",\n", out);
+    jstr(out, "kvsim_version", KV_VERSION, ",\n");
     jkey(out, "scenario");
     fputs("{", out);
-    jkey(out, "name");
-    kv_json_string(out, s->name);
-    fputc(',', out);
-    jkey(out, "path");
-    kv_json_string(out, s->path);
-    fputc(',', out);
+    jstr(out, "name", s->name, ",");
+    jstr(out, "path", s->path, ",");
     jnum(out, "seed", s->seed, 1);
-    jkey(out, "model");
-    kv_json_string(out, s->model_card.name);
-    fputc(',', out);
-    jkey(out, "decode_device");
-    kv_json_string(out, s->decode_device.name);
-    fputc(',', out);
-    jkey(out, "prefill_device");
-    kv_json_string(out, s->prefill_device.name);
-    fputc(',', out);
+    jstr(out, "model", s->model_card.name, ",");
+    jstr(out, "decode_device", s->decode_device.name, ",");
+    jstr(out, "prefill_device", s->prefill_device.name, ",");
     jnum(out, "prefill_nodes", s->prefill.nodes, 1);
     jnum(out, "decode_nodes", s->decode.nodes, 1);
     jnum(out, "nic_bandwidth_gbps", s->nic_bandwidth_gbps, 1);
-    jkey(out, "lynx_acceptance_from");
-    kv_json_string(out, s->lynx_from);
-    fputc(',', out);
-    jkey(out, "diffkv_tiers_from");
-    kv_json_string(out, s->diffkv_from);
-    fputs("},\n", out);
+    jstr(out, "lynx_acceptance_from", s->lynx_from, ",");
+    jstr(out, "diffkv_tiers_from", s->diffkv_from, "},\n");
     jkey(out, "policies");
     fputs("[\n", out);
     for (size_t i = 0; i < n; i++) {
         const kv_summary *m = &o[i].summary;
         const kv_run_result *r = &o[i].run;
         fputs("{", out);
-        jkey(out, "name");
-        kv_json_string(out, o[i].name);
-        fputc(',', out);
-        jkey(out, "file");
-        kv_json_string(out, o[i].file);
-        fputc(',', out);
-        jkey(out, "network");
-        kv_json_string(out, r->network);
-        fputc(',', out);
-        jkey(out, "timing_source");
-        kv_json_string(out, r->timing_source);
-        fputc(',', out);
-        jkey(out, "acceptance_source");
-        kv_json_string(out, r->acceptance_source);
-        fputc(',', out);
-        jkey(out, "tiers_source");
-        kv_json_string(out, r->tiers_source);
-        fputs(",\n", out);
+        jstr(out, "name", o[i].name, ",");
+        jstr(out, "file", o[i].file, ",");
+        jstr(out, "network", r->network, ",");
+        jstr(out, "timing_source", r->timing_source, ",");
+        jstr(out, "acceptance_source", r->acceptance_source, ",");
+        jstr(out, "tiers_source", r->tiers_source, ",\n");
         jnum(out, "completed", (double)m->completed, 1);
         jnum(out, "duration", m->duration_s, 1);
         jnum(out, "request_throughput", m->request_throughput, 1);
@@ -228,9 +207,7 @@ void kv_report_json(FILE *out, const kv_scenario *s, const kv_policy_outcome *o,
                 continue; /* idle links would drown the file on large topologies */
             fputs(shown++ ? ",\n" : "\n", out);
             fputc('{', out);
-            jkey(out, "name");
-            kv_json_string(out, r->links[l].name);
-            fputc(',', out);
+            jstr(out, "name", r->links[l].name, ",");
             jnum(out, "bytes", (double)r->links[l].bytes, 1);
             jnum(out, "busy_s", r->links[l].busy_s, 1);
             jnum(out, "bandwidth_gbps", r->links[l].bandwidth_gbps, 1);
