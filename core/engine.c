@@ -150,7 +150,6 @@ typedef struct engine {
     const double *accept_pos; /* per-position conditional acceptance, or NULL */
     size_t n_accept_pos;
     int ttkt_k;
-    kv_tier_split tiers;
     kv_kernel_costs costs;  /* zeroes: roofline */
     kv_backend *be;         /* where the memory managers' free lists and compaction kernels run */
     bool own_be;            /* opened here (timing.backend), closed at the end */
@@ -233,7 +232,7 @@ static int plan_request(engine *e, request *r)
             if (rc || en->diffkv)
                 continue;
             kv_head_bytes hb;
-            kv_encoding_bytes(en, tokens, m->head_dim, &e->tiers, &hb);
+            kv_encoding_bytes(en, tokens, m->head_dim, NULL, &hb); /* DiffKV's bytes come from its cache below */
             anchor += hb.anchor;
             residual += hb.residual;
             kept += hb.kept_tokens;
@@ -1101,25 +1100,21 @@ static int setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_erro
                  in->feed_source ? in->feed_source : "reference model");
     }
     e->ttkt_k = s->ttkt_k;
-    e->tiers = (kv_tier_split){s->diffkv_high_fraction, s->diffkv_low_fraction};
-    snprintf(out->tiers_source, sizeof out->tiers_source, "scenario (diffkv.high_fraction, low_fraction)");
-    if (in->tiers) {
-        e->tiers = (kv_tier_split){in->tiers[0], in->tiers[1]};
-        e->tiers_measured = true;
-        snprintf(out->tiers_source, sizeof out->tiers_source, "%s",
-                 in->feed_source ? in->feed_source : "reference model");
-    }
     const kv_model_card *m = &s->model_card;
     char w[512];
     e->score_model = (kv_diffkv_score_model){
         .kind = strcmp(s->diffkv_scores, "fixed") == 0 ? KV_DIFFKV_SCORES_FIXED : KV_DIFFKV_SCORES_LOGNORMAL,
         .sigma = s->diffkv_score_sigma, .head_spread = s->diffkv_head_spread,
         .high_fraction = s->diffkv_high_fraction, .low_fraction = s->diffkv_low_fraction};
-    if (e->tiers_measured) {
+    snprintf(out->tiers_source, sizeof out->tiers_source, "scenario (diffkv.high_fraction, low_fraction)");
+    if (in->tiers) {
         /* Fractions measured on the reference model replace the scenario's score model. */
         e->score_model.kind = KV_DIFFKV_SCORES_FIXED;
-        e->score_model.high_fraction = e->tiers.high;
-        e->score_model.low_fraction = e->tiers.low;
+        e->score_model.high_fraction = in->tiers[0];
+        e->score_model.low_fraction = in->tiers[1];
+        e->tiers_measured = true;
+        snprintf(out->tiers_source, sizeof out->tiers_source, "%s",
+                 in->feed_source ? in->feed_source : "reference model");
     }
     e->head_factors = kv_calloc((size_t)m->layers * m->kv_heads, sizeof *e->head_factors);
     kv_diffkv_head_factors(&e->score_model, (uint64_t)s->seed, m->layers * m->kv_heads, e->head_factors);
