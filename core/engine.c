@@ -1106,7 +1106,10 @@ static int setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_erro
         .kind = strcmp(s->diffkv_scores, "fixed") == 0 ? KV_DIFFKV_SCORES_FIXED : KV_DIFFKV_SCORES_LOGNORMAL,
         .sigma = s->diffkv_score_sigma, .head_spread = s->diffkv_head_spread,
         .high_fraction = s->diffkv_high_fraction, .low_fraction = s->diffkv_low_fraction};
-    snprintf(out->tiers_source, sizeof out->tiers_source, "scenario (diffkv.high_fraction, low_fraction)");
+    snprintf(out->tiers_source, sizeof out->tiers_source, "%s",
+             e->score_model.kind == KV_DIFFKV_SCORES_FIXED
+                 ? "scenario (diffkv.scores: fixed; diffkv.high_fraction, low_fraction)"
+                 : "scenario (diffkv.scores: lognormal; diffkv.score_sigma, head_spread, the policy's alphas)");
     if (in->tiers) {
         /* Fractions measured on the reference model replace the scenario's score model. */
         e->score_model.kind = KV_DIFFKV_SCORES_FIXED;
