@@ -46,6 +46,10 @@ static const kv_key_spec device_keys[] = {
      "fixed cost of one forward step, microseconds"},
     {"nic_bandwidth_gbps", KV_KEY_POSITIVE, D(nic_bandwidth_gbps), "400", 0, 1e6, NULL,
      "typical NIC, Gbit/s (informative)"},
+    {"interconnect_gbs", KV_KEY_POSITIVE, D(interconnect_gbs), "450", 0, 1e6, NULL,
+     "scale-up link bandwidth per device and direction, GB/s (tensor-parallel all-reduces)"},
+    {"allreduce_latency_us", KV_KEY_DOUBLE, D(allreduce_latency_s), "10", 0, 1e6, NULL,
+     "fixed cost of one all-reduce across the node's devices, microseconds"},
     {"source", KV_KEY_STRING, D(source), "\"\"", 0, 0, NULL, "datasheet the figures come from"},
 };
 #undef D
@@ -113,6 +117,7 @@ int kv_device_profile_load(const char *name, const char *const *dirs, int n_dirs
     memset(out, 0, sizeof *out);
     int rc = load(&device_schema, "devices", name, dirs, n_dirs, where, out, err);
     out->kernel_overhead_s *= 1e-6; /* the file says microseconds */
+    out->allreduce_latency_s *= 1e-6;
     return rc;
 }
 

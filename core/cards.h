@@ -36,6 +36,8 @@ typedef struct kv_device_profile {
     double memory_efficiency;  /* fraction of peak bandwidth reached by streaming kernels */
     double kernel_overhead_s;  /* fixed cost per launched step (launch + sync) */
     double nic_bandwidth_gbps; /* typical NIC for this part (informative) */
+    double interconnect_gbs;   /* scale-up link (NVLink, Infinity Fabric, HCCS) per device and direction, GB/s */
+    double allreduce_latency_s;/* fixed cost of one tensor-parallel all-reduce */
     char *source;              /* datasheet */
 } kv_device_profile;
 

@@ -24,5 +24,6 @@ int kv_cmd_bench_kernels(int argc, char **argv); /* backends/bench_kernels.c */
 int kv_cmd_bench_net(int argc, char **argv);     /* net/bench_net.c */
 int kv_cmd_bench_policy(int argc, char **argv);  /* core/policy_bench.c */
 int kv_cmd_bench_model(int argc, char **argv);   /* core/model/bench_model.c */
+int kv_cmd_bench_roofline(int argc, char **argv); /* core/bench_roofline.c */
 
 #endif

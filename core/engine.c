@@ -1134,6 +1134,8 @@ static int setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_erro
     kv_policy_set_model(e->policy, &e->model); /* every hook, placement ones too, sees ctx.model */
     kv_timing_init(&e->prefill_timing, m, &s->prefill_device, s->prefill.tp);
     kv_timing_init(&e->decode_timing, m, &s->decode_device, s->decode.tp);
+    e->prefill_timing.profile = in->prefill_profile;
+    e->decode_timing.profile = in->decode_profile;
     if (in->costs) {
         e->costs = *in->costs;
         if (in->costs->encode_efficiency > 0)

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/policy.h"
+#include "core/profile.h"
 #include "core/progress.h"
 #include "core/scenario.h"
 #include "core/timeline.h"
@@ -21,7 +22,7 @@ typedef struct kv_kernel_costs {
     double decode_efficiency;  /* likewise merge / dequantize */
     double encode_s_per_value; /* measured: seconds per KV value encoded (0: use the roofline) */
     double decode_s_per_value; /* measured: seconds per KV value merged/decoded (0: roofline) */
-    char source[160];          /* "model (...)", "measured on cpu (...)", "model, kernel efficiencies from FILE" */
+    char source[1024];         /* "model (...)", "measured on cpu (...)", "model, kernel efficiencies from FILE" */
 } kv_kernel_costs;
 
 typedef struct kv_run_inputs {
@@ -38,6 +39,7 @@ typedef struct kv_run_inputs {
     const char *feed_source;       /* what measured them, for results.json */
     kv_backend *backend;           /* runs the decode nodes' memory managers; NULL: the engine opens
                                       timing.backend (device 0) for the run */
+    const kv_profile *prefill_profile, *decode_profile; /* timing.source: profile (NULL: the roofline) */
 } kv_run_inputs;
 
 /* What happened to one request; times are simulated seconds from the start,
@@ -73,7 +75,7 @@ typedef struct kv_run_result {
     kv_link_stats *links;        /* [n_links] */
     size_t n_links;
     char network[32];            /* "simgrid" or "ideal" */
-    char timing_source[160];
+    char timing_source[1024];
     char acceptance_source[256];   /* where Lynx acceptance came from */
     char tiers_source[256];        /* where DiffKV tier fractions came from */
     double makespan_s;           /* last completion */

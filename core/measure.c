@@ -82,3 +82,46 @@ int kv_measure_costs(const kv_scenario *s, kv_policy *p, int prompt_tokens, kv_k
     snprintf(c->source, sizeof c->source, "model (%s roofline)", s->decode_device.name);
     return KV_OK;
 }
+
+static int need_key(const kv_scenario *s, const char *key, const char *value, kv_error *err)
+{
+    char w[512];
+    if (value[0])
+        return KV_OK;
+    return kv_error_set(err, KV_EINPUT, "%s: timing.source: profile needs %s (see docs/timing.md)",
+                        kv_scenario_where(s, "timing.source", w, sizeof w), key);
+}
+
+int kv_measure_profiles(const kv_scenario *s, kv_profile **prefill, kv_profile **decode, kv_error *err)
+{
+    *prefill = *decode = NULL;
+    if (strcmp(s->timing_source, "profile") != 0)
+        return KV_OK;
+    int rc = need_key(s, "timing.profile.file", s->timing_profile_file, err);
+    if (!rc)
+        rc = need_key(s, "timing.profile.model", s->timing_profile_model, err);
+    if (!rc)
+        rc = need_key(s, "timing.profile.prefill_hardware", s->timing_profile_prefill_hardware, err);
+    char path[4096], w[512];
+    if (!rc)
+        rc = kv_scenario_find_file(s, s->timing_profile_file, "timing.profile.file", path, sizeof path, err);
+    if (rc)
+        return rc;
+    const char *decode_hw =
+        s->timing_profile_decode_hardware[0] ? s->timing_profile_decode_hardware : s->timing_profile_prefill_hardware;
+    const char *decode_key =
+        s->timing_profile_decode_hardware[0] ? "timing.profile.decode_hardware" : "timing.profile.prefill_hardware";
+    char where[700];
+    snprintf(where, sizeof where, "%s: timing.profile.prefill_hardware",
+             kv_scenario_where(s, "timing.profile.prefill_hardware", w, sizeof w));
+    rc = kv_profile_load(path, s->timing_profile_model, s->timing_profile_prefill_hardware, s->prefill.tp, where,
+                         prefill, err);
+    snprintf(where, sizeof where, "%s: %s", kv_scenario_where(s, decode_key, w, sizeof w), decode_key);
+    if (!rc)
+        rc = kv_profile_load(path, s->timing_profile_model, decode_hw, s->decode.tp, where, decode, err);
+    if (rc) {
+        kv_profile_destroy(*prefill);
+        *prefill = NULL;
+    }
+    return rc;
+}

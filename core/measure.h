@@ -4,6 +4,7 @@
 
 #include "core/engine.h"
 #include "core/policy.h"
+#include "core/profile.h"
 #include "core/scenario.h"
 
 /* Fills costs for one policy per the scenario's timing section:
@@ -16,5 +17,10 @@
  *    their measured seconds per value in the simulated timeline.
  * Bad backends and calibration files give KV_EINPUT naming the key. */
 int kv_measure_costs(const kv_scenario *s, kv_policy *p, int prompt_tokens, kv_kernel_costs *costs, kv_error *err);
+
+/* timing.source: profile — loads timing.profile.file for the prefill pool (prefill_hardware, cluster.prefill.tp)
+   and the decode pool (decode_hardware or prefill_hardware, cluster.decode.tp). Otherwise sets both to NULL.
+   A missing key, file or matching row is KV_EINPUT naming the key. The caller destroys both. */
+int kv_measure_profiles(const kv_scenario *s, kv_profile **prefill, kv_profile **decode, kv_error *err);
 
 #endif

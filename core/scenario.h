@@ -56,6 +56,9 @@ typedef struct kv_scenario {
 
     char *timing_source, *timing_backend, *timing_calibration;
     int timing_samples;
+    char *timing_profile_file;     /* timing.source: profile — the table (core/profile.h) */
+    char *timing_profile_model;    /* its `model` column to use */
+    char *timing_profile_prefill_hardware, *timing_profile_decode_hardware; /* its `hardware` column per pool */
 
     kv_strlist policies;
     const kv_ynode *policy_settings;

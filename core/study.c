@@ -9,6 +9,7 @@
 #include "core/metrics.h"
 #include "core/model/feed.h"
 #include "core/policy.h"
+#include "core/profile.h"
 #include "core/progress.h"
 #include "core/rng.h"
 #include "core/timeline.h"
@@ -24,6 +25,7 @@ struct kv_study {
     kv_timeline *timeline;
     kv_kernel_costs *costs;   /* [n] per policy */
     kv_feed *feeds;           /* [n] measured on the reference model, when asked */
+    kv_profile *prefill_profile, *decode_profile; /* timing.source: profile; else NULL */
     int ran;
 };
 
@@ -150,6 +152,19 @@ int kv_study_prepare(const kv_scenario *s, kv_study **out, kv_error *err)
     int first_prompt = n_req ? kv_workload_get(st->workload, 0)->prompt_tokens : 1;
     for (size_t i = 0; !rc && i < st->n; i++)
         rc = kv_measure_costs(s, st->policies[i], first_prompt, &st->costs[i], err);
+    if (!rc)
+        rc = kv_measure_profiles(s, &st->prefill_profile, &st->decode_profile, err);
+    for (size_t i = 0; !rc && st->prefill_profile && i < st->n; i++) {
+        char kernels[sizeof st->costs[i].source];
+        const char *pd = kv_profile_describe(st->prefill_profile), *dd = kv_profile_describe(st->decode_profile);
+        snprintf(kernels, sizeof kernels, "%s", st->costs[i].source);
+        if (strcmp(pd, dd) == 0)
+            snprintf(st->costs[i].source, sizeof st->costs[i].source, "profile %s %s; KV kernels: %s",
+                     s->timing_profile_file, pd, kernels);
+        else
+            snprintf(st->costs[i].source, sizeof st->costs[i].source,
+                     "profile %s, prefill: %s; decode: %s; KV kernels: %s", s->timing_profile_file, pd, dd, kernels);
+    }
     int want_accept = strcmp(s->lynx_from, "reference-model") == 0;
     int want_tiers = strcmp(s->diffkv_from, "reference-model") == 0;
     for (size_t i = 0; !rc && (want_accept || want_tiers) && i < st->n; i++)
@@ -176,6 +191,8 @@ void kv_study_destroy(kv_study *st)
     kv_free(st->outcomes);
     kv_free(st->costs);
     kv_free(st->feeds);
+    kv_profile_destroy(st->prefill_profile);
+    kv_profile_destroy(st->decode_profile);
     kv_workload_destroy(st->workload);
     kv_timeline_destroy(st->timeline);
     kv_free(st);
@@ -199,7 +216,8 @@ int kv_study_run(kv_study *st, kv_error *err)
                                                    kv_workload_count(st->workload));
         kv_run_inputs in = {.scenario = s, .policy = st->policies[i], .workload = st->workload,
                             .costs = &st->costs[i], .timeline = st->timeline, .progress = progress,
-                            .network_model = model, .feed_source = f->source};
+                            .network_model = model, .feed_source = f->source,
+                            .prefill_profile = st->prefill_profile, .decode_profile = st->decode_profile};
         if (strcmp(s->lynx_from, "reference-model") == 0 && f->positions > 0) {
             in.accept_conditional = f->accept_conditional;
             in.accept_positions = f->positions;
