@@ -98,6 +98,9 @@ typedef struct request {
     int action;             /* enum step_action of the step in progress */
     double last_commit_s;
     double transfer_start_s;
+    double reserved_bytes;  /* KV page bytes counted in its decode node's kv_reserved_bytes while its KV is in
+                               flight (placed, not yet queued); 0 otherwise */
+    bool incoming;          /* counted in its decode node's incoming */
     /* Timeline only (-1: did not happen): */
     double plane_start_s[2];/* first flow of the anchor / residual plane started */
     double enqueued_s;      /* joined its decode node's wait queue */
@@ -128,6 +131,8 @@ typedef struct decode_node {
     double pending_kernel_s;/* memory-manager and swap work to charge to the next step */
     uint64_t mgr_calls_seen;/* manager calls already accounted */
     double mgr_bytes_seen, mgr_wall_seen;
+    int incoming;           /* requests placed here whose KV is still in flight (not yet queued) */
+    double kv_reserved_bytes; /* bytes of KV pages those requests will need on arrival */
     int track;
 } decode_node;
 
@@ -345,6 +350,8 @@ static int node_state(engine *e, bool decode, kv_policy_node **out)
             decode_node *dn = &e->dnodes[i];
             nodes[i].queued = (int)dn->wn;
             nodes[i].running = (int)dn->n_running;
+            nodes[i].incoming = dn->incoming;
+            nodes[i].kv_reserved_bytes = dn->kv_reserved_bytes;
             if (dn->mem) {
                 double page = kv_mem_page_bytes(dn->mem);
                 nodes[i].kv_used_bytes = kv_mem_used_pages(dn->mem) * page;
@@ -593,7 +600,8 @@ static void try_admit(engine *e, int d, double now)
         uint64_t keep = dn->n_running > 0 ? (uint64_t)ceil(e->s->memory_watermark * (double)capacity) : 0;
         if (need + keep > free)
             break; /* head of line waits for memory */
-        kv_policy_node state = {d, (int)dn->wn, (int)dn->n_running, free * page, (capacity - free) * page};
+        kv_policy_node state = {d, (int)dn->wn, (int)dn->n_running, free * page, (capacity - free) * page,
+                                dn->incoming, dn->kv_reserved_bytes};
         kv_policy_request pr = policy_request(r);
         bool admit = true;
         int rc = kv_policy_admit(e->policy, &pr, &state, need * page, &admit, e->err);
@@ -649,10 +657,25 @@ static void try_admit(engine *e, int d, double now)
     memory_sample(e, d, now);
 }
 
+/* r's KV has reached its decode node (enough of it to queue): it no longer counts as incoming there. */
+static void arrive_decode(engine *e, request *r)
+{
+    if (!r->incoming)
+        return;
+    decode_node *dn = &e->dnodes[r->res->decode_node];
+    dn->incoming--;
+    dn->kv_reserved_bytes -= r->reserved_bytes;
+    if (dn->incoming == 0)
+        dn->kv_reserved_bytes = 0; /* no rounding residue once nothing is in flight */
+    r->incoming = false;
+    r->reserved_bytes = 0;
+}
+
 /* A request is ready for its decode node: queue it and wake the node if idle. */
 static void enqueue_decode(engine *e, request *r, double now)
 {
     decode_node *dn = &e->dnodes[r->res->decode_node];
+    arrive_decode(e, r);
     r->in_wait = true;
     r->enqueued_s = now;
     fifo_push(&dn->wait, &dn->whead, &dn->wn, &dn->wcap, (int)(r - e->reqs));
@@ -887,14 +910,23 @@ static uint64_t flow_tag(size_t req, int layer, int plane)
     return ((uint64_t)req << 20) | ((uint64_t)layer << 1) | (uint64_t)plane;
 }
 
+/* Bytes of one flow: the plane's whole-byte total split across its layers so that the parts sum to it
+   exactly (the first total % layers layers carry one byte more); a flow carries at least 1 byte. */
+static uint64_t flow_bytes(const request *r, int layer, int plane)
+{
+    double total_d = plane == PLANE_ANCHOR ? r->res->anchor_bytes : r->res->residual_bytes;
+    uint64_t total = total_d > 0 ? (uint64_t)llround(total_d) : 0;
+    uint64_t layers = (uint64_t)r->layers_total;
+    uint64_t bytes = total / layers + ((uint64_t)layer < total % layers ? 1 : 0);
+    return bytes > 0 ? bytes : 1;
+}
+
 static void start_flow(engine *e, request *r, int layer, int plane, double now)
 {
-    double total = plane == PLANE_ANCHOR ? r->res->anchor_bytes : r->res->residual_bytes;
-    double bytes = ceil(total / r->layers_total);
     kv_flow_spec f = {
         .src = r->res->prefill_node,
         .dst = e->n_pnodes + r->res->decode_node,
-        .bytes = bytes > 0 ? (uint64_t)bytes : 1,
+        .bytes = flow_bytes(r, layer, plane),
         .priority = (r->plan.priority_mode != KV_PRIO_NONE && plane == PLANE_RESIDUAL) ? 1 : 0,
         .tag = flow_tag((size_t)(r - e->reqs), layer, plane),
     };
@@ -917,6 +949,12 @@ static void start_transfer(engine *e, request *r, int layer, double now)
         }
         r->res->decode_node = node;
         r->transfer_start_s = now;
+        /* Counted at its node from now until its KV arrives, so the next placements see it. */
+        decode_node *dn = &e->dnodes[node];
+        r->incoming = true;
+        r->reserved_bytes = dn->mem ? (double)kv_cache_pages_needed(&r->cache) * kv_mem_page_bytes(dn->mem) : 0;
+        dn->incoming++;
+        dn->kv_reserved_bytes += r->reserved_bytes;
     }
     start_flow(e, r, layer, PLANE_ANCHOR, now);
     if (r->split && r->plan.order == KV_ORDER_CONCURRENT)
