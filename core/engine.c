@@ -94,6 +94,8 @@ typedef struct request {
     int anchor_pending, residual_pending;
     bool anchor_done, residual_done, merge_pending;
     bool prefilled;         /* its KV exists (received, or computed by a prefill step on the decode node) */
+    bool first_held;        /* disaggregated: token 1 (the prefill node's last logits) exists but is not committed
+                               yet: that waits for its complete KV at the decode node */
     int committed, speculated;
     int action;             /* enum step_action of the step in progress */
     double last_commit_s;
@@ -336,6 +338,12 @@ static double accept_probability(const engine *e, int i)
     return e->accept_p;
 }
 
+/* Tokens that exist (committed, or token 1 held until its KV is complete); the next step's input is the last. */
+static int generated(const request *r)
+{
+    return r->committed + (r->first_held ? 1 : 0);
+}
+
 /* ---- Decode nodes ---------------------------------------------------------------------------- */
 
 static void start_step(engine *e, int d);
@@ -475,7 +483,7 @@ static int preempt(engine *e, int d, size_t i)
         r->swapped = true;
     } else {
         r->prefilled = false;
-        r->prefill_tokens = r->spec.prompt_tokens + r->committed;
+        r->prefill_tokens = r->spec.prompt_tokens + generated(r);
         kv_cache_set_tokens(&r->cache, r->prefill_tokens, true);
     }
     memmove(dn->running + i, dn->running + i + 1, (dn->n_running - i - 1) * sizeof *dn->running);
@@ -502,7 +510,7 @@ static bool ensure_pages(engine *e, int d)
     for (size_t i = 0; i < dn->n_running; i++) {
         request *r = &e->reqs[dn->running[i]];
         if (r->prefilled)
-            kv_cache_grow_to(&r->cache, (int64_t)r->spec.prompt_tokens + r->committed + r->speculated);
+            kv_cache_grow_to(&r->cache, (int64_t)r->spec.prompt_tokens + generated(r) + r->speculated);
     }
     for (;;) {
         size_t k = 0, n_short = 0;
@@ -698,7 +706,7 @@ static void start_step(engine *e, int d)
     double prefill_tokens = 0;
     for (size_t i = 0; i < dn->n_running; i++) {
         request *r = &e->reqs[dn->running[i]];
-        double context = r->spec.prompt_tokens + r->committed + r->speculated;
+        double context = r->spec.prompt_tokens + generated(r) + r->speculated;
         r->action = ACT_NONE;
         if (!r->prefilled) {
             /* Prefill inside this step (colocated, or a recompute after preemption), within the token
@@ -711,7 +719,7 @@ static void start_step(engine *e, int d)
             w.kernel_s += r->encode_s * r->prefill_tokens / r->spec.prompt_tokens;
             r->action = ACT_PREFILL;
         } else if (r->speculative && !r->residual_done) {
-            int room = r->spec.output_tokens - r->committed - r->speculated;
+            int room = r->spec.output_tokens - generated(r) - r->speculated;
             if (r->speculated < r->spec_k && room > 0) {
                 kv_step_add_decode(&e->decode_timing, &w, context, r->anchor_per_token * context);
                 r->action = ACT_SPEC;
@@ -974,6 +982,26 @@ static void plane_spans(engine *e, request *r, int plane, double t)
          (int64_t)r->spec.id);
 }
 
+/* r's complete KV (every plane and layer) is at its decode node at t: token 1, which the prefill node's
+   last logits produced, is committed now (the decode node streams it; it needs no decode step). A request
+   with one output token is then done without decoding; others queue, unless already there on the anchor. */
+static void kv_complete(engine *e, request *r, double t)
+{
+    r->res->kv_arrived_s = t;
+    if (r->first_held) {
+        r->first_held = false;
+        commit_tokens(e, r, 1, t);
+    }
+    if (r->committed >= r->spec.output_tokens) {
+        arrive_decode(e, r);
+        finish_request(e, r);
+    } else if (!r->in_wait && !r->running) {
+        enqueue_decode(e, r, t);
+    } else if (r->running) {
+        start_step(e, r->res->decode_node); /* wakes a node whose batch was all stalled */
+    }
+}
+
 static void on_flow_done(void *user, kv_flow_id id, uint64_t tag, double t)
 {
     (void)id;
@@ -993,10 +1021,9 @@ static void on_flow_done(void *user, kv_flow_id id, uint64_t tag, double t)
             r->res->anchor_arrived_s = t;
             if (!r->split) {
                 r->residual_done = true;
-                r->res->kv_arrived_s = t;
-                enqueue_decode(e, r, t);
-            } else if (r->speculative) {
-                enqueue_decode(e, r, t);
+                kv_complete(e, r, t);
+            } else if (r->speculative && r->spec.output_tokens > 1) {
+                enqueue_decode(e, r, t); /* speculates token 2 onwards on the anchor */
             }
         }
         return;
@@ -1005,12 +1032,7 @@ static void on_flow_done(void *user, kv_flow_id id, uint64_t tag, double t)
         plane_spans(e, r, PLANE_RESIDUAL, t);
         r->residual_done = true;
         r->merge_pending = true;
-        r->res->kv_arrived_s = t;
-        if (!r->speculative) {
-            enqueue_decode(e, r, t);
-        } else if (r->running) {
-            start_step(e, r->res->decode_node); /* wakes a node whose batch was all stalled */
-        }
+        kv_complete(e, r, t);
     }
 }
 
@@ -1047,6 +1069,7 @@ static void start_prefill(engine *e, int p, double now)
         request *r = &e->reqs[pn->batch[i]];
         r->res->prefill_start_s = now;
         r->res->prefill_end_s = end;
+        r->first_held = true; /* its last logits give token 1 at `end`; committed when its KV is complete */
         r->anchor_pending = r->layers_total;
         r->residual_pending = r->split ? r->layers_total : 0;
         if (r->plan.layerwise) {
