@@ -13,19 +13,31 @@
  * A request preempted in DECODE for memory goes back to the head of WAIT; its
  * KV is recomputed by a prefill step on the decode node or swapped back in.
  *
+ * Token 1 of a disaggregated request comes from the prefill node's last
+ * logits; it is committed (delivered by the decode node) when the request's
+ * complete KV, every plane and layer, is at the decode node, so TTFT is
+ * prefill + encode + transfer. Decode steps make tokens 2..N (N - 1 steps); a
+ * request with one output token is done on arrival without decoding.
+ *
+ * Decode placement happens when the first flow starts (the flow needs a
+ * destination); a node's load counts the requests placed on it whose KV is
+ * still in flight (`incoming`, `kv_reserved_bytes` of the node table).
+ *
  * Lynx (a policy whose encoding splits anchor and residual planes and whose
  * speculate hook returns k > 0) enters WAIT when its anchor plane has
- * arrived. In DECODE it then speculates on anchor-only KV, one token per step,
- * up to k tokens, stalling if the residual is still in flight. When the
- * residual has arrived, its next step pays the merge kernel and verifies the
- * speculated tokens (costed like a k-token prefill over the context); the
- * longest accepted prefix plus one corrected token is committed, the rest is
- * wasted, and the request continues as a normal one.
+ * arrived. In DECODE it then speculates on anchor-only KV, one token per step
+ * (tokens 2, 3, ...), up to k tokens, stalling if the residual is still in
+ * flight. When the residual has arrived, token 1 is committed and the next
+ * step pays the merge kernel and verifies the speculated tokens (costed like
+ * a k-token prefill over the context); the longest accepted prefix plus one
+ * corrected token is committed, the rest is wasted, and the request continues
+ * as a normal one.
  *
  * Invariants (checked where they can break):
  *  1. The simulated clock never decreases (eventq.c aborts on a push into the past).
  *  2. A token is committed only by a normal decode step, a prefill step
- *     (colocated), or a verification; speculated tokens are never counted as
+ *     (colocated, or token 1 of a disaggregated request once its complete KV
+ *     has arrived), or a verification; speculated tokens are never counted as
  *     committed unless a verification accepted them.
  *  3. A decode node's KV never exceeds its capacity: KV is held only in pages of
  *     the node's memory manager (core/kvmem.h), which has capacity / page pages;
