@@ -13,19 +13,31 @@
  * A request preempted in DECODE for memory goes back to the head of WAIT; its
  * KV is recomputed by a prefill step on the decode node or swapped back in.
  *
+ * Token 1 of a disaggregated request comes from the prefill node's last
+ * logits; it is committed (delivered by the decode node) when the request's
+ * complete KV, every plane and layer, is at the decode node, so TTFT is
+ * prefill + encode + transfer. Decode steps make tokens 2..N (N - 1 steps); a
+ * request with one output token is done on arrival without decoding.
+ *
+ * Decode placement happens when the first flow starts (the flow needs a
+ * destination); a node's load counts the requests placed on it whose KV is
+ * still in flight (`incoming`, `kv_reserved_bytes` of the node table).
+ *
  * Lynx (a policy whose encoding splits anchor and residual planes and whose
  * speculate hook returns k > 0) enters WAIT when its anchor plane has
- * arrived. In DECODE it then speculates on anchor-only KV, one token per step,
- * up to k tokens, stalling if the residual is still in flight. When the
- * residual has arrived, its next step pays the merge kernel and verifies the
- * speculated tokens (costed like a k-token prefill over the context); the
- * longest accepted prefix plus one corrected token is committed, the rest is
- * wasted, and the request continues as a normal one.
+ * arrived. In DECODE it then speculates on anchor-only KV, one token per step
+ * (tokens 2, 3, ...), up to k tokens, stalling if the residual is still in
+ * flight. When the residual has arrived, token 1 is committed and the next
+ * step pays the merge kernel and verifies the speculated tokens (costed like
+ * a k-token prefill over the context); the longest accepted prefix plus one
+ * corrected token is committed, the rest is wasted, and the request continues
+ * as a normal one.
  *
  * Invariants (checked where they can break):
  *  1. The simulated clock never decreases (eventq.c aborts on a push into the past).
  *  2. A token is committed only by a normal decode step, a prefill step
- *     (colocated), or a verification; speculated tokens are never counted as
+ *     (colocated, or token 1 of a disaggregated request once its complete KV
+ *     has arrived), or a verification; speculated tokens are never counted as
  *     committed unless a verification accepted them.
  *  3. A decode node's KV never exceeds its capacity: KV is held only in pages of
  *     the node's memory manager (core/kvmem.h), which has capacity / page pages;
@@ -94,10 +106,15 @@ typedef struct request {
     int anchor_pending, residual_pending;
     bool anchor_done, residual_done, merge_pending;
     bool prefilled;         /* its KV exists (received, or computed by a prefill step on the decode node) */
+    bool first_held;        /* disaggregated: token 1 (the prefill node's last logits) exists but is not committed
+                               yet: that waits for its complete KV at the decode node */
     int committed, speculated;
     int action;             /* enum step_action of the step in progress */
     double last_commit_s;
     double transfer_start_s;
+    double reserved_bytes;  /* KV page bytes counted in its decode node's kv_reserved_bytes while its KV is in
+                               flight (placed, not yet queued); 0 otherwise */
+    bool incoming;          /* counted in its decode node's incoming */
     /* Timeline only (-1: did not happen): */
     double plane_start_s[2];/* first flow of the anchor / residual plane started */
     double enqueued_s;      /* joined its decode node's wait queue */
@@ -128,6 +145,8 @@ typedef struct decode_node {
     double pending_kernel_s;/* memory-manager and swap work to charge to the next step */
     uint64_t mgr_calls_seen;/* manager calls already accounted */
     double mgr_bytes_seen, mgr_wall_seen;
+    int incoming;           /* requests placed here whose KV is still in flight (not yet queued) */
+    double kv_reserved_bytes; /* bytes of KV pages those requests will need on arrival */
     int track;
 } decode_node;
 
@@ -331,6 +350,12 @@ static double accept_probability(const engine *e, int i)
     return e->accept_p;
 }
 
+/* Tokens that exist (committed, or token 1 held until its KV is complete); the next step's input is the last. */
+static int generated(const request *r)
+{
+    return r->committed + (r->first_held ? 1 : 0);
+}
+
 /* ---- Decode nodes ---------------------------------------------------------------------------- */
 
 static void start_step(engine *e, int d);
@@ -345,6 +370,8 @@ static int node_state(engine *e, bool decode, kv_policy_node **out)
             decode_node *dn = &e->dnodes[i];
             nodes[i].queued = (int)dn->wn;
             nodes[i].running = (int)dn->n_running;
+            nodes[i].incoming = dn->incoming;
+            nodes[i].kv_reserved_bytes = dn->kv_reserved_bytes;
             if (dn->mem) {
                 double page = kv_mem_page_bytes(dn->mem);
                 nodes[i].kv_used_bytes = kv_mem_used_pages(dn->mem) * page;
@@ -468,7 +495,7 @@ static int preempt(engine *e, int d, size_t i)
         r->swapped = true;
     } else {
         r->prefilled = false;
-        r->prefill_tokens = r->spec.prompt_tokens + r->committed;
+        r->prefill_tokens = r->spec.prompt_tokens + generated(r);
         kv_cache_set_tokens(&r->cache, r->prefill_tokens, true);
     }
     memmove(dn->running + i, dn->running + i + 1, (dn->n_running - i - 1) * sizeof *dn->running);
@@ -495,7 +522,7 @@ static bool ensure_pages(engine *e, int d)
     for (size_t i = 0; i < dn->n_running; i++) {
         request *r = &e->reqs[dn->running[i]];
         if (r->prefilled)
-            kv_cache_grow_to(&r->cache, (int64_t)r->spec.prompt_tokens + r->committed + r->speculated);
+            kv_cache_grow_to(&r->cache, (int64_t)r->spec.prompt_tokens + generated(r) + r->speculated);
     }
     for (;;) {
         size_t k = 0, n_short = 0;
@@ -593,7 +620,8 @@ static void try_admit(engine *e, int d, double now)
         uint64_t keep = dn->n_running > 0 ? (uint64_t)ceil(e->s->memory_watermark * (double)capacity) : 0;
         if (need + keep > free)
             break; /* head of line waits for memory */
-        kv_policy_node state = {d, (int)dn->wn, (int)dn->n_running, free * page, (capacity - free) * page};
+        kv_policy_node state = {d, (int)dn->wn, (int)dn->n_running, free * page, (capacity - free) * page,
+                                dn->incoming, dn->kv_reserved_bytes};
         kv_policy_request pr = policy_request(r);
         bool admit = true;
         int rc = kv_policy_admit(e->policy, &pr, &state, need * page, &admit, e->err);
@@ -649,10 +677,25 @@ static void try_admit(engine *e, int d, double now)
     memory_sample(e, d, now);
 }
 
+/* r's KV has reached its decode node (enough of it to queue): it no longer counts as incoming there. */
+static void arrive_decode(engine *e, request *r)
+{
+    if (!r->incoming)
+        return;
+    decode_node *dn = &e->dnodes[r->res->decode_node];
+    dn->incoming--;
+    dn->kv_reserved_bytes -= r->reserved_bytes;
+    if (dn->incoming == 0)
+        dn->kv_reserved_bytes = 0; /* no rounding residue once nothing is in flight */
+    r->incoming = false;
+    r->reserved_bytes = 0;
+}
+
 /* A request is ready for its decode node: queue it and wake the node if idle. */
 static void enqueue_decode(engine *e, request *r, double now)
 {
     decode_node *dn = &e->dnodes[r->res->decode_node];
+    arrive_decode(e, r);
     r->in_wait = true;
     r->enqueued_s = now;
     fifo_push(&dn->wait, &dn->whead, &dn->wn, &dn->wcap, (int)(r - e->reqs));
@@ -675,7 +718,7 @@ static void start_step(engine *e, int d)
     double prefill_tokens = 0;
     for (size_t i = 0; i < dn->n_running; i++) {
         request *r = &e->reqs[dn->running[i]];
-        double context = r->spec.prompt_tokens + r->committed + r->speculated;
+        double context = r->spec.prompt_tokens + generated(r) + r->speculated;
         r->action = ACT_NONE;
         if (!r->prefilled) {
             /* Prefill inside this step (colocated, or a recompute after preemption), within the token
@@ -688,7 +731,7 @@ static void start_step(engine *e, int d)
             w.kernel_s += r->encode_s * r->prefill_tokens / r->spec.prompt_tokens;
             r->action = ACT_PREFILL;
         } else if (r->speculative && !r->residual_done) {
-            int room = r->spec.output_tokens - r->committed - r->speculated;
+            int room = r->spec.output_tokens - generated(r) - r->speculated;
             if (r->speculated < r->spec_k && room > 0) {
                 kv_step_add_decode(&e->decode_timing, &w, context, r->anchor_per_token * context);
                 r->action = ACT_SPEC;
@@ -887,14 +930,23 @@ static uint64_t flow_tag(size_t req, int layer, int plane)
     return ((uint64_t)req << 20) | ((uint64_t)layer << 1) | (uint64_t)plane;
 }
 
+/* Bytes of one flow: the plane's whole-byte total split across its layers so that the parts sum to it
+   exactly (the first total % layers layers carry one byte more); a flow carries at least 1 byte. */
+static uint64_t flow_bytes(const request *r, int layer, int plane)
+{
+    double total_d = plane == PLANE_ANCHOR ? r->res->anchor_bytes : r->res->residual_bytes;
+    uint64_t total = total_d > 0 ? (uint64_t)llround(total_d) : 0;
+    uint64_t layers = (uint64_t)r->layers_total;
+    uint64_t bytes = total / layers + ((uint64_t)layer < total % layers ? 1 : 0);
+    return bytes > 0 ? bytes : 1;
+}
+
 static void start_flow(engine *e, request *r, int layer, int plane, double now)
 {
-    double total = plane == PLANE_ANCHOR ? r->res->anchor_bytes : r->res->residual_bytes;
-    double bytes = ceil(total / r->layers_total);
     kv_flow_spec f = {
         .src = r->res->prefill_node,
         .dst = e->n_pnodes + r->res->decode_node,
-        .bytes = bytes > 0 ? (uint64_t)bytes : 1,
+        .bytes = flow_bytes(r, layer, plane),
         .priority = (r->plan.priority_mode != KV_PRIO_NONE && plane == PLANE_RESIDUAL) ? 1 : 0,
         .tag = flow_tag((size_t)(r - e->reqs), layer, plane),
     };
@@ -917,6 +969,12 @@ static void start_transfer(engine *e, request *r, int layer, double now)
         }
         r->res->decode_node = node;
         r->transfer_start_s = now;
+        /* Counted at its node from now until its KV arrives, so the next placements see it. */
+        decode_node *dn = &e->dnodes[node];
+        r->incoming = true;
+        r->reserved_bytes = dn->mem ? (double)kv_cache_pages_needed(&r->cache) * kv_mem_page_bytes(dn->mem) : 0;
+        dn->incoming++;
+        dn->kv_reserved_bytes += r->reserved_bytes;
     }
     start_flow(e, r, layer, PLANE_ANCHOR, now);
     if (r->split && r->plan.order == KV_ORDER_CONCURRENT)
@@ -934,6 +992,26 @@ static void plane_spans(engine *e, request *r, int plane, double t)
     span(e, e->host_tracks[r->res->prefill_node], name, "transfer", r->plane_start_s[plane], t, (int64_t)r->spec.id);
     span(e, e->host_tracks[e->n_pnodes + r->res->decode_node], name, "transfer", r->plane_start_s[plane], t,
          (int64_t)r->spec.id);
+}
+
+/* r's complete KV (every plane and layer) is at its decode node at t: token 1, which the prefill node's
+   last logits produced, is committed now (the decode node streams it; it needs no decode step). A request
+   with one output token is then done without decoding; others queue, unless already there on the anchor. */
+static void kv_complete(engine *e, request *r, double t)
+{
+    r->res->kv_arrived_s = t;
+    if (r->first_held) {
+        r->first_held = false;
+        commit_tokens(e, r, 1, t);
+    }
+    if (r->committed >= r->spec.output_tokens) {
+        arrive_decode(e, r);
+        finish_request(e, r);
+    } else if (!r->in_wait && !r->running) {
+        enqueue_decode(e, r, t);
+    } else if (r->running) {
+        start_step(e, r->res->decode_node); /* wakes a node whose batch was all stalled */
+    }
 }
 
 static void on_flow_done(void *user, kv_flow_id id, uint64_t tag, double t)
@@ -955,10 +1033,9 @@ static void on_flow_done(void *user, kv_flow_id id, uint64_t tag, double t)
             r->res->anchor_arrived_s = t;
             if (!r->split) {
                 r->residual_done = true;
-                r->res->kv_arrived_s = t;
-                enqueue_decode(e, r, t);
-            } else if (r->speculative) {
-                enqueue_decode(e, r, t);
+                kv_complete(e, r, t);
+            } else if (r->speculative && r->spec.output_tokens > 1) {
+                enqueue_decode(e, r, t); /* speculates token 2 onwards on the anchor */
             }
         }
         return;
@@ -967,12 +1044,7 @@ static void on_flow_done(void *user, kv_flow_id id, uint64_t tag, double t)
         plane_spans(e, r, PLANE_RESIDUAL, t);
         r->residual_done = true;
         r->merge_pending = true;
-        r->res->kv_arrived_s = t;
-        if (!r->speculative) {
-            enqueue_decode(e, r, t);
-        } else if (r->running) {
-            start_step(e, r->res->decode_node); /* wakes a node whose batch was all stalled */
-        }
+        kv_complete(e, r, t);
     }
 }
 
@@ -1009,6 +1081,7 @@ static void start_prefill(engine *e, int p, double now)
         request *r = &e->reqs[pn->batch[i]];
         r->res->prefill_start_s = now;
         r->res->prefill_end_s = end;
+        r->first_held = true; /* its last logits give token 1 at `end`; committed when its KV is complete */
         r->anchor_pending = r->layers_total;
         r->residual_pending = r->split ? r->layers_total : 0;
         if (r->plan.layerwise) {

@@ -213,7 +213,7 @@ static void push_request(lua_State *L, kv_policy *p, const kv_policy_request *r)
 
 static void push_node(lua_State *L, kv_policy *p, const kv_policy_node *n)
 {
-    lua_createtable(L, 0, 5);
+    lua_createtable(L, 0, 7);
     lua_pushinteger(L, n->index);
     lua_setfield(L, -2, "index");
     lua_pushinteger(L, n->queued);
@@ -224,6 +224,10 @@ static void push_node(lua_State *L, kv_policy *p, const kv_policy_node *n)
     lua_setfield(L, -2, "kv_free_bytes");
     lua_pushnumber(L, n->kv_used_bytes);
     lua_setfield(L, -2, "kv_used_bytes");
+    lua_pushinteger(L, n->incoming);
+    lua_setfield(L, -2, "incoming");
+    lua_pushnumber(L, n->kv_reserved_bytes);
+    lua_setfield(L, -2, "kv_reserved_bytes");
     lua_rawgeti(L, LUA_REGISTRYINDEX, p->node_mt_ref);
     lua_setmetatable(L, -2);
 }
@@ -1164,10 +1168,12 @@ static int place(kv_policy *p, int hook, const kv_policy_request *r, const kv_po
     if (n_nodes <= 0)
         return kv_error_set(err, KV_EFAIL, "policy '%s': %s asked with no nodes", p->name, hook_names[hook]);
     if (p->hook_ref[hook] == LUA_NOREF) {
+        /* Requests already travelling to a decode node count as its load: placement happens when the
+           transfer starts, before the node has queued anything, so a burst would otherwise all go to one. */
         int best = 0;
         for (int i = 1; i < n_nodes; i++) {
-            long load = (long)nodes[i].queued + nodes[i].running;
-            long best_load = (long)nodes[best].queued + nodes[best].running;
+            long load = (long)nodes[i].queued + nodes[i].running + nodes[i].incoming;
+            long best_load = (long)nodes[best].queued + nodes[best].running + nodes[best].incoming;
             if (load < best_load || (load == best_load && nodes[i].index < nodes[best].index))
                 best = i;
         }

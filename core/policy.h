@@ -84,8 +84,10 @@ typedef struct kv_policy_node {
     int index;             /* within its pool */
     int queued;            /* requests waiting */
     int running;           /* requests in the batch */
-    double kv_free_bytes;  /* memory free for KV */
-    double kv_used_bytes;
+    double kv_free_bytes;  /* bytes of memory free for KV (pages not held by running requests) */
+    double kv_used_bytes;  /* bytes of KV pages held by running requests */
+    int incoming;          /* decode: requests placed here whose KV is still in flight (not yet queued); 0 for prefill */
+    double kv_reserved_bytes; /* decode: bytes of KV pages those incoming requests will need on arrival */
 } kv_policy_node;
 
 /* Parameters from the scenario: `policy.<name>.<key>: value` (numbers,
@@ -119,7 +121,8 @@ int kv_policy_encoding(kv_policy *p, const kv_policy_model *m, const kv_policy_r
 int kv_policy_transfer(kv_policy *p, const kv_policy_request *r, kv_transfer_plan *out, kv_error *err);
 /* Hook `speculate(ctx)`; default 0 (no speculation). Returns max speculative tokens in *k. */
 int kv_policy_speculation(kv_policy *p, const kv_policy_request *r, int *k, kv_error *err);
-/* Hooks `prefill_node(ctx)` / `decode_node(ctx)`; default: least loaded, lowest index.
+/* Hooks `prefill_node(ctx)` / `decode_node(ctx)`; default: least loaded (queued + running + incoming:
+   a decode node counts the requests whose KV is already travelling to it), lowest index on ties.
    Returns a node index within the pool. */
 int kv_policy_prefill_node(kv_policy *p, const kv_policy_request *r, const kv_policy_node *nodes,
                            int n_nodes, int *node, kv_error *err);

@@ -76,22 +76,30 @@ Test(engine, one_request_ttft_equals_hand_computation)
     double prefill = fmax(prefill_flops / flops_peak, (weights + kv_bytes) / bw) + overhead;
     double encode = (kv_bytes + kv_bytes) / bw;
     double transfer = 2 * 5e-6 + kv_bytes * 8 / 100e9;
-    double step_flops = linear + 4 * L * H * hd * T + 2 * hidden * vocab;
-    double step = fmax(step_flops / flops_peak, (weights + kv_bytes) / bw) + overhead;
+    /* Decode step producing token k+1 (k = 1..3): it attends T + k tokens and reads their KV. */
+    double steps = 0;
+    for (int k = 1; k <= 3; k++) {
+        double ctx = T + k;
+        double step_flops = linear + 4 * L * H * hd * ctx + 2 * hidden * vocab;
+        steps += fmax(step_flops / flops_peak, (weights + ctx * 2 * L * KVH * hd * 2) / bw) + overhead;
+    }
 
     cr_expect(fabs(r->prefill_end_s - prefill) < 1e-12, "prefill %.12g vs %.12g", r->prefill_end_s, prefill);
     cr_expect(fabs(r->encode_end_s - (prefill + encode)) < 1e-12, "encode end %.12g", r->encode_end_s);
     cr_expect(fabs(r->kv_arrived_s - (prefill + encode + transfer)) < 1e-12, "arrival %.12g vs %.12g",
               r->kv_arrived_s, prefill + encode + transfer);
-    double ttft = prefill + encode + transfer + step;
+    /* Token 1 comes from the prefill node's logits: committed once its whole KV is at the decode node. */
+    double ttft = prefill + encode + transfer;
     cr_expect(fabs(r->first_token_s - ttft) < 1e-12, "ttft %.12g vs hand %.12g", r->first_token_s, ttft);
     cr_expect(fabs(o[0].summary.ttft_ms.mean - ttft * 1e3) < 1e-9);
+    /* Tokens 2..4: three decode steps, not four. */
+    cr_expect_eq(o[0].run.decode_steps, 3, "%llu decode steps for 4 output tokens",
+                 (unsigned long long)o[0].run.decode_steps);
+    cr_expect(fabs(r->done_s - (ttft + steps)) < 1e-12, "e2el %.12g vs hand %.12g", r->done_s, ttft + steps);
     cr_expect_eq(r->anchor_bytes, kv_bytes);
     /* Smaller KV on the wire: INT8 and INT4 reach the first token sooner. */
     cr_expect(o[1].run.requests[0].first_token_s < r->first_token_s);
     cr_expect(o[2].run.requests[0].first_token_s < o[1].run.requests[0].first_token_s);
-    /* Every output token committed; tokens 2..4 one decode step apart. */
-    cr_expect(r->done_s > r->first_token_s);
     kv_study_destroy(st);
     kv_scenario_destroy(s);
 }

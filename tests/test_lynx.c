@@ -60,12 +60,16 @@ Test(lynx, phases_equal_hand_computation)
               anchor_at);
     cr_expect(fabs(ly->kv_arrived_s - residual_at) < 1e-12, "residual %.15g vs %.15g", ly->kv_arrived_s,
               residual_at);
-    /* The first speculative token costs what int4's first token costs (same bytes read). */
-    cr_expect(fabs((ly->first_spec_s - ly->arrival_s) - (i4->first_token_s - i4->arrival_s) - split_cost) < 1e-9,
-              "ttft_spec %.12g, int4 ttft %.12g, split %.3g", ly->first_spec_s, i4->first_token_s, split_cost);
+    /* Token 1 comes from the prefill; the first speculative token (token 2) is one decode step on the anchor,
+       which costs what int4's step to its token 2 costs (same bytes read). */
+    double i4_second = i4->first_token_s + r.o[0].run.itl_s[0];
+    cr_expect(fabs((ly->first_spec_s - ly->arrival_s) - (i4_second - i4->arrival_s) - split_cost) < 1e-8,
+              "ttft_spec %.12g, int4 token 2 %.12g, split %.3g", ly->first_spec_s, i4_second, split_cost);
+    cr_expect(fabs(i4->first_token_s - i4->kv_arrived_s) < 1e-15, "int4's token 1 is committed when its KV is in");
     cr_expect(ly->spec_tokens > 0);
-    /* Committed tokens only after verification, which needs the residual. */
-    cr_expect(ly->first_token_s > ly->kv_arrived_s);
+    /* Committed: token 1 when the residual has arrived too; the rest only after verification. */
+    cr_expect_eq(ly->first_token_s, ly->kv_arrived_s);
+    cr_expect(ly->kth_token_s > ly->kv_arrived_s);
     run_free(&r);
 }
 
@@ -76,8 +80,10 @@ Test(lynx, full_acceptance_commits_every_speculated_token_at_verification)
     const kv_request_result *ly = req(&r, 2);
     cr_expect_eq(ly->accepted_tokens, ly->spec_tokens);
     cr_expect(ly->spec_tokens >= 5, "speculated %d", ly->spec_tokens);
-    /* K <= speculated tokens: the K-th token is committed by the verification itself. */
-    cr_expect_eq(ly->kth_token_s, ly->first_token_s);
+    /* K <= speculated tokens + 1: tokens 2..K are committed by the verification itself, in one commit. */
+    cr_expect(ly->kth_token_s > ly->first_token_s);
+    cr_expect(fabs(ly->kth_token_s - (ly->first_token_s + r.o[2].run.itl_s[0])) < 1e-6, "kth %.9g, first %.9g",
+              ly->kth_token_s, ly->first_token_s);
     cr_expect(r.o[2].summary.spec_accept_rate == 1.0);
     run_free(&r);
 }
@@ -104,7 +110,10 @@ Test(lynx, speculated_tokens_never_counted_before_verification)
     run_one(&r, sets, 2);
     const kv_request_result *ly = req(&r, 2);
     cr_expect(ly->first_spec_s < ly->kv_arrived_s, "speculation should start before the residual arrives");
-    cr_expect(ly->first_token_s > ly->kv_arrived_s);
+    /* Only token 1 (the prefill's) is committed when the KV is complete; speculated ones wait for verification. */
+    cr_expect_eq(ly->first_token_s, ly->kv_arrived_s);
+    cr_expect(ly->first_token_s + r.o[2].run.itl_s[0] > ly->kv_arrived_s);
+    cr_expect(ly->kth_token_s > ly->kv_arrived_s);
     cr_expect(ly->verifications >= 1);
     run_free(&r);
 }
@@ -116,7 +125,7 @@ Test(lynx, no_speculation_waits_for_the_whole_cache)
     run_one(&r, sets, 1);
     const kv_request_result *ly = req(&r, 2);
     cr_expect_eq(ly->spec_tokens, 0);
-    cr_expect(ly->first_token_s > ly->kv_arrived_s);
+    cr_expect_eq(ly->first_token_s, ly->kv_arrived_s);
     cr_expect_eq(ly->first_spec_s, ly->first_token_s);
     run_free(&r);
 }
