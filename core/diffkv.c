@@ -1,25 +1,21 @@
 /* diffkv.c — DiffKV tier decisions: the exact per-head process and the per-sequence count process. */
 #include "core/diffkv.h"
 
-#include <float.h>
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "core/alloc.h"
 #include "core/rng.h"
 
-/* ---- 1. The exact process ------------------------------------------------------------------- */
+/* ---- The rule -------------------------------------------------------------------------------- */
 
-static int queries_seen(int tokens, int i, int scored_queries)
+kv_tier kv_diffkv_classify(float sum, float queries, int64_t context, float alpha_high, float alpha_low)
 {
-    int n = tokens - i; /* causal: the queries at positions i..tokens-1 see token i */
-    if (n > scored_queries)
-        n = scored_queries;
-    return n < 1 ? 1 : n;
-}
-
-static kv_tier classify(float mean, float t_low, float t_high)
-{
+    float mean = queries > 0 ? sum / queries : 0.0f;
+    /* fp32 as DiffKV's kernels: base = 1/N, thresholds = base * alpha. */
+    float base = 1.0f / (float)(context > 0 ? context : 1);
+    float t_low = base * alpha_low, t_high = base * alpha_high;
     if (mean < t_low)
         return KV_TIER_PRUNED;
     if (mean < t_high)
@@ -27,22 +23,24 @@ static kv_tier classify(float mean, float t_low, float t_high)
     return KV_TIER_HIGH;
 }
 
-void kv_diffkv_prefill_tiers(const float *score_sum, int tokens, int scored_queries, float alpha_high,
-                             float alpha_low, int window, uint8_t *tiers)
+kv_tier kv_diffkv_classify_z(double z, double alpha_high, double alpha_low)
 {
-    if (tokens <= 0)
-        return;
-    /* fp32 as DiffKV's prompt kernel: base = 1/L, thresholds = base * alpha. */
-    float base = 1.0f / (float)tokens;
-    float t_low = base * alpha_low, t_high = base * alpha_high;
-    for (int i = 0; i < tokens; i++) {
-        if (tokens - i <= window) {
-            tiers[i] = KV_TIER_HIGH; /* the recent window */
-            continue;
-        }
-        float mean = score_sum[i] / (float)queries_seen(tokens, i, scored_queries);
-        tiers[i] = (uint8_t)classify(mean, t_low, t_high);
-    }
+    if (z < alpha_low)
+        return KV_TIER_PRUNED;
+    if (z < alpha_high)
+        return KV_TIER_LOW;
+    return KV_TIER_HIGH;
+}
+
+/* ---- 1. The exact process ------------------------------------------------------------------- */
+
+void kv_diffkv_prefill_tiers(const float *score_sum, int tokens, float alpha_high, float alpha_low, int window,
+                             uint8_t *tiers)
+{
+    for (int i = 0; i < tokens; i++)
+        tiers[i] = tokens - i <= window ? KV_TIER_HIGH /* the recent window */
+                                        : (uint8_t)kv_diffkv_classify(score_sum[i], (float)(tokens - i), tokens,
+                                                                      alpha_high, alpha_low);
 }
 
 struct kv_diffkv_head {
@@ -120,7 +118,7 @@ static void head_remove(kv_diffkv_head *h, int i)
     h->n--;
 }
 
-void kv_diffkv_head_prefill(kv_diffkv_head *h, const float *score_sum, int tokens, int scored_queries)
+void kv_diffkv_head_prefill(kv_diffkv_head *h, const float *score_sum, int tokens)
 {
     h->n = 0;
     h->count[0] = h->count[1] = 0;
@@ -128,10 +126,10 @@ void kv_diffkv_head_prefill(kv_diffkv_head *h, const float *score_sum, int token
     if (tokens <= 0)
         return;
     uint8_t *tiers = kv_malloc((size_t)tokens);
-    kv_diffkv_prefill_tiers(score_sum, tokens, scored_queries, h->alpha_high, h->alpha_low, h->window, tiers);
+    kv_diffkv_prefill_tiers(score_sum, tokens, h->alpha_high, h->alpha_low, h->window, tiers);
     for (int i = 0; i < tokens; i++)
         if (tiers[i] != KV_TIER_PRUNED)
-            head_push(h, i, (kv_tier)tiers[i], score_sum[i], (uint32_t)queries_seen(tokens, i, scored_queries));
+            head_push(h, i, (kv_tier)tiers[i], score_sum[i], (uint32_t)(tokens - i));
     kv_free(tiers);
 }
 
@@ -140,38 +138,25 @@ void kv_diffkv_head_step(kv_diffkv_head *h, const float *probs, kv_diffkv_change
     kv_diffkv_change ch = {-1, -1, KV_TIER_PRUNED};
     head_push(h, h->context, KV_TIER_HIGH, 0.0f, 0);
     h->context++;
-    int64_t L = h->context;
+    int64_t L = h->context, leaving = L - 1 - h->window;
     for (int i = 0; i < h->n; i++) {
         h->sum[i] += probs[i];
         h->queries[i]++;
     }
-    /* Candidates: outside the W most recent positions (L-W .. L-1). */
-    int best[2] = {-1, -1};
-    float best_mean[2] = {FLT_MAX, FLT_MAX};
-    for (int i = 0; i < h->n && h->pos[i] < L - h->window; i++) {
-        float mean = h->sum[i] / (float)h->queries[i];
-        int t = h->tier[i];
-        if (mean < best_mean[t]) { /* strict: ties keep the earlier position */
-            best_mean[t] = mean;
-            best[t] = i;
-        }
-    }
-    float base = 1.0f / (float)L;
-    float t_low = base * h->alpha_low, t_high = base * h->alpha_high;
-    int hi = best[KV_TIER_HIGH], lo = best[KV_TIER_LOW];
-    if (hi >= 0 && best_mean[KV_TIER_HIGH] < t_low && best_mean[KV_TIER_HIGH] < best_mean[KV_TIER_LOW]) {
-        ch.pruned = h->pos[hi];
-        ch.pruned_tier = KV_TIER_HIGH;
-        head_remove(h, hi);
-    } else if (hi >= 0 && best_mean[KV_TIER_HIGH] < t_high) {
-        ch.demoted = h->pos[hi];
-        h->tier[hi] = KV_TIER_LOW;
-        h->count[KV_TIER_HIGH]--;
-        h->count[KV_TIER_LOW]++;
-        if (lo >= 0 && best_mean[KV_TIER_LOW] < t_low) {
-            ch.pruned = h->pos[lo];
-            ch.pruned_tier = KV_TIER_LOW;
-            head_remove(h, lo);
+    /* The token leaving the W most recent positions (if it is still stored: every older one is
+       decided already) gets its final tier. */
+    int i = h->n - 1 - h->window;
+    if (leaving >= 0 && i >= 0 && h->pos[i] == leaving) {
+        kv_tier t = kv_diffkv_classify(h->sum[i], (float)h->queries[i], L, h->alpha_high, h->alpha_low);
+        if (t == KV_TIER_PRUNED) {
+            ch.pruned = leaving;
+            ch.pruned_tier = KV_TIER_HIGH;
+            head_remove(h, i);
+        } else if (t == KV_TIER_LOW) {
+            ch.demoted = leaving;
+            h->tier[i] = KV_TIER_LOW;
+            h->count[KV_TIER_HIGH]--;
+            h->count[KV_TIER_LOW]++;
         }
     }
     if (out)
@@ -216,11 +201,20 @@ static double normal_cdf(double x)
     return 0.5 * erfc(-x / sqrt(2.0));
 }
 
-void kv_diffkv_tier_probabilities(const kv_diffkv_score_model *m, const kv_diffkv_head_params *p, double *high,
-                                  double *low, double *pruned)
+static void probabilities(const kv_diffkv_score_model *m, const kv_diffkv_head_params *p, bool prefill,
+                          double *high, double *low, double *pruned)
 {
     double ph, pl, pp;
-    if (m->kind == KV_DIFFKV_SCORES_FIXED) {
+    if (m->kind == KV_DIFFKV_SCORES_MEASURED) {
+        /* The rule on z drawn from the head's measured distribution: P(z < alpha). */
+        const double *q = (prefill ? m->table.z_prefill : m->table.z_exit) + (size_t)p->table_row * KV_DIFFKV_TABLE_POINTS;
+        double below_low = kv_diffkv_table_cdf(q, p->alpha_low), below_high = kv_diffkv_table_cdf(q, p->alpha_high);
+        if (below_high < below_low)
+            below_high = below_low;
+        pp = below_low;
+        pl = below_high - below_low;
+        ph = 1.0 - below_high;
+    } else if (m->kind == KV_DIFFKV_SCORES_FIXED) {
         ph = m->high_fraction;
         pl = m->low_fraction;
         pp = 1.0 - ph - pl;
@@ -248,6 +242,47 @@ void kv_diffkv_tier_probabilities(const kv_diffkv_score_model *m, const kv_diffk
     *pruned = pp;
 }
 
+void kv_diffkv_tier_probabilities(const kv_diffkv_score_model *m, const kv_diffkv_head_params *p, double *high,
+                                  double *low, double *pruned)
+{
+    probabilities(m, p, false, high, low, pruned);
+}
+
+void kv_diffkv_prefill_probabilities(const kv_diffkv_score_model *m, const kv_diffkv_head_params *p, double *high,
+                                     double *low, double *pruned)
+{
+    probabilities(m, p, true, high, low, pruned);
+}
+
+double kv_diffkv_table_cdf(const double *q, double x)
+{
+    const int n = KV_DIFFKV_TABLE_POINTS;
+    if (!(x > q[0]))
+        return 0.0; /* nothing lies below the smallest measured z (z < alpha is strict) */
+    if (x > q[n - 1])
+        return 1.0;
+    /* The last quantile below x: q[k] < x <= q[k + 1]. */
+    int lo = 0, hi = n - 1;
+    while (hi - lo > 1) {
+        int mid = (lo + hi) / 2;
+        if (q[mid] < x)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    double span = q[hi] - q[lo], f = span > 0 ? (x - q[lo]) / span : 1.0;
+    return ((double)lo + f) / (double)(n - 1);
+}
+
+int kv_diffkv_table_row(const kv_diffkv_table *t, int layer, int layers, int kv_head, int kv_heads)
+{
+    int l = layers > 0 ? (int)((int64_t)layer * t->layers / layers) : 0;
+    int h = kv_heads > 0 ? (int)((int64_t)kv_head * t->kv_heads / kv_heads) : 0;
+    l = l < t->layers ? l : t->layers - 1;
+    h = h < t->kv_heads ? h : t->kv_heads - 1;
+    return l * t->kv_heads + h;
+}
+
 void kv_diffkv_head_factors(const kv_diffkv_score_model *m, uint64_t seed, int heads, double *factors)
 {
     kv_rng base, rng;
@@ -266,6 +301,7 @@ struct kv_diffkv_seq {
     uint32_t *key;        /* [heads] hash key of the head in this sequence */
     uint32_t *th_pruned;  /* [heads] draw < th_pruned: pruned (probability x 2^32, saturated) */
     uint32_t *th_low;     /* [heads] draw < th_low: not high (demoted or pruned) */
+    uint32_t *thp_prefill, *thl_prefill; /* [heads] the same for prompt tokens at the end of a prefill */
     uint32_t *window;     /* [heads] W */
     uint64_t total_high, total_low;
 };
@@ -307,6 +343,8 @@ kv_diffkv_seq *kv_diffkv_seq_create(const kv_diffkv_score_model *m, const kv_dif
     s->key = kv_calloc(n, sizeof *s->key);
     s->th_pruned = kv_calloc(n, sizeof *s->th_pruned);
     s->th_low = kv_calloc(n, sizeof *s->th_low);
+    s->thp_prefill = kv_calloc(n, sizeof *s->thp_prefill);
+    s->thl_prefill = kv_calloc(n, sizeof *s->thl_prefill);
     s->window = kv_calloc(n, sizeof *s->window);
     kv_rng rng;
     kv_rng_seed(&rng, seed);
@@ -317,6 +355,11 @@ kv_diffkv_seq *kv_diffkv_seq_create(const kv_diffkv_score_model *m, const kv_dif
         s->th_low[h] = threshold(pp + pl);
         if (s->th_low[h] < s->th_pruned[h])
             s->th_low[h] = s->th_pruned[h];
+        kv_diffkv_prefill_probabilities(m, &params[h], &ph, &pl, &pp);
+        s->thp_prefill[h] = threshold(pp);
+        s->thl_prefill[h] = threshold(pp + pl);
+        if (s->thl_prefill[h] < s->thp_prefill[h])
+            s->thl_prefill[h] = s->thp_prefill[h];
         s->key[h] = (uint32_t)kv_rng_u64(&rng);
         s->window[h] = params[h].window > 0 ? (uint32_t)params[h].window : 0;
     }
@@ -332,6 +375,8 @@ void kv_diffkv_seq_destroy(kv_diffkv_seq *s)
     kv_free(s->key);
     kv_free(s->th_pruned);
     kv_free(s->th_low);
+    kv_free(s->thp_prefill);
+    kv_free(s->thl_prefill);
     kv_free(s->window);
     kv_free(s);
 }
@@ -344,7 +389,7 @@ void kv_diffkv_seq_prefill(kv_diffkv_seq *s, int tokens)
     s->total_high = s->total_low = 0;
     for (int h = 0; h < s->heads; h++) {
         uint32_t w = s->window[h] < (uint32_t)tokens ? s->window[h] : (uint32_t)tokens;
-        uint32_t high = w, low = 0, key = s->key[h], thl = s->th_low[h], thp = s->th_pruned[h];
+        uint32_t high = w, low = 0, key = s->key[h], thl = s->thl_prefill[h], thp = s->thp_prefill[h];
         /* The tokens outside the window, positions 0 .. tokens-w-1, each decided by its own draw. */
         for (uint32_t pos = 0; pos < (uint32_t)tokens - w; pos++) {
             uint32_t u = token_draw(key, pos);

@@ -173,8 +173,7 @@ typedef struct engine {
     kv_backend *be;         /* where the memory managers' free lists and compaction kernels run */
     bool own_be;            /* opened here (timing.backend), closed at the end */
     kv_diffkv_score_model score_model;
-    bool tiers_measured;    /* DiffKV tier fractions come from the reference model */
-    double *head_factors;   /* [layers * kv_heads] DiffKV per-head sparsity factors */
+    kv_diffkv_head_params *head_model; /* [layers * kv_heads] DiffKV per-head factor and table row */
     bool charge_manager;    /* DiffKV: its on-device compaction calls are part of the step */
     uint64_t admit_counter;
     kv_mem_demand *scratch; /* batch entries for manager calls */
@@ -261,18 +260,18 @@ static int plan_request(engine *e, request *r)
         /* Its KV on the decode node; DiffKV's tiers are decided here, at the end of prefill. */
         kv_rng seed_rng;
         kv_rng_fork(&e->base_rng, (r->spec.id + 1) ^ 0xd1ffc0de5eedULL, &seed_rng);
-        rc = kv_cache_init(&r->cache, enc, heads, m->head_dim, &e->score_model, e->head_factors,
+        rc = kv_cache_init(&r->cache, enc, heads, m->head_dim, &e->score_model, e->head_model,
                            kv_rng_u64(&seed_rng), e->err);
         if (rc)
             kv_error_prefix(e->err, "%s: policy %s, request %llu: ", e->s->path, kv_policy_name(e->policy),
                             (unsigned long long)r->spec.id);
     }
-    if (!rc && r->cache.kind == KV_CACHE_DIFFKV && strcmp(e->s->diffkv_from, "reference-model") == 0 &&
-        !e->tiers_measured) {
+    if (!rc && r->cache.kind == KV_CACHE_DIFFKV && e->score_model.kind == KV_DIFFKV_SCORES_MEASURED &&
+        !e->score_model.table.z_exit) {
         char w[512];
-        rc = kv_error_set(e->err, KV_EINPUT, "%s: diffkv.from: reference-model: the reference model measured no "
-                          "DiffKV tiers for policy %s", kv_scenario_where(e->s, "diffkv.from", w, sizeof w),
-                          kv_policy_name(e->policy));
+        rc = kv_error_set(e->err, KV_EINPUT, "%s: diffkv.scores: measured: no significance table was measured for "
+                          "policy %s (set diffkv.scores: lognormal for the lognormal stand-in)",
+                          kv_scenario_where(e->s, "diffkv.scores", w, sizeof w), kv_policy_name(e->policy));
     }
     if (!rc && r->cache.kind == KV_CACHE_DIFFKV) {
         /* Only the kept tiers travel, each at its precision, with their scores and positions. */
@@ -1141,7 +1140,7 @@ static void engine_free(engine *e)
     kv_free(e->pnodes);
     kv_free(e->dnodes);
     kv_free(e->reqs);
-    kv_free(e->head_factors);
+    kv_free(e->head_model);
     kv_free(e->scratch);
     kv_free(e->shorts);
     kv_free(e->short_from);
@@ -1176,24 +1175,33 @@ static int setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_erro
     const kv_model_card *m = &s->model_card;
     char w[512];
     e->score_model = (kv_diffkv_score_model){
-        .kind = strcmp(s->diffkv_scores, "fixed") == 0 ? KV_DIFFKV_SCORES_FIXED : KV_DIFFKV_SCORES_LOGNORMAL,
+        .kind = strcmp(s->diffkv_scores, "fixed") == 0       ? KV_DIFFKV_SCORES_FIXED
+                : strcmp(s->diffkv_scores, "lognormal") == 0 ? KV_DIFFKV_SCORES_LOGNORMAL
+                                                             : KV_DIFFKV_SCORES_MEASURED,
         .sigma = s->diffkv_score_sigma, .head_spread = s->diffkv_head_spread,
         .high_fraction = s->diffkv_high_fraction, .low_fraction = s->diffkv_low_fraction};
+    if (e->score_model.kind == KV_DIFFKV_SCORES_MEASURED && in->diffkv_table)
+        e->score_model.table = *in->diffkv_table;
     snprintf(out->tiers_source, sizeof out->tiers_source, "%s",
              e->score_model.kind == KV_DIFFKV_SCORES_FIXED
                  ? "scenario (diffkv.scores: fixed; diffkv.high_fraction, low_fraction)"
-                 : "scenario (diffkv.scores: lognormal; diffkv.score_sigma, head_spread, the policy's alphas)");
-    if (in->tiers) {
-        /* Fractions measured on the reference model replace the scenario's score model. */
-        e->score_model.kind = KV_DIFFKV_SCORES_FIXED;
-        e->score_model.high_fraction = in->tiers[0];
-        e->score_model.low_fraction = in->tiers[1];
-        e->tiers_measured = true;
-        snprintf(out->tiers_source, sizeof out->tiers_source, "%s",
-                 in->feed_source ? in->feed_source : "reference model");
-    }
-    e->head_factors = kv_calloc((size_t)m->layers * m->kv_heads, sizeof *e->head_factors);
-    kv_diffkv_head_factors(&e->score_model, (uint64_t)s->seed, m->layers * m->kv_heads, e->head_factors);
+             : e->score_model.kind == KV_DIFFKV_SCORES_LOGNORMAL
+                 ? "scenario (diffkv.scores: lognormal; diffkv.score_sigma, head_spread, the policy's alphas)"
+             : in->diffkv_source ? in->diffkv_source
+                                 : "diffkv.scores: measured (no table: not a DiffKV policy)");
+    int n_heads = m->layers * m->kv_heads;
+    double *factors = kv_calloc((size_t)n_heads, sizeof *factors);
+    kv_diffkv_head_factors(&e->score_model, (uint64_t)s->seed, n_heads, factors);
+    e->head_model = kv_calloc((size_t)n_heads, sizeof *e->head_model);
+    for (int l = 0; l < m->layers; l++)
+        for (int h = 0; h < m->kv_heads; h++) {
+            kv_diffkv_head_params *hp = &e->head_model[l * m->kv_heads + h];
+            hp->head_factor = factors[l * m->kv_heads + h];
+            hp->table_row = e->score_model.table.z_exit
+                                ? kv_diffkv_table_row(&e->score_model.table, l, m->layers, h, m->kv_heads)
+                                : 0;
+        }
+    kv_free(factors);
     if (in->backend) {
         e->be = in->backend;
     } else {

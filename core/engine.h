@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/diffkv.h"
 #include "core/error.h"
 #include "core/policy.h"
 #include "core/profile.h"
@@ -35,8 +36,10 @@ typedef struct kv_run_inputs {
     int network_model;             /* kv_net_model: scenario's unless overridden */
     const double *accept_conditional; /* measured per-position acceptance (NULL: the scenario's) */
     int accept_positions;
-    const double *tiers;           /* measured DiffKV {high, low} fractions (NULL: the scenario's) */
-    const char *feed_source;       /* what measured them, for results.json */
+    const kv_diffkv_table *diffkv_table; /* diffkv.scores: measured: z per reference head (borrowed;
+                                      NULL: none, a DiffKV policy then fails) */
+    const char *diffkv_source;     /* what measured the table, for results.json */
+    const char *feed_source;       /* what measured the acceptance, for results.json */
     kv_backend *backend;           /* runs the decode nodes' memory managers; NULL: the engine opens
                                       timing.backend (device 0) for the run */
     const kv_profile *prefill_profile, *decode_profile; /* timing.source: profile (NULL: the roofline) */
@@ -77,7 +80,7 @@ typedef struct kv_run_result {
     char network[32];            /* "simgrid" or "ideal" */
     char timing_source[1024];
     char acceptance_source[256];   /* where Lynx acceptance came from */
-    char tiers_source[256];        /* where DiffKV tier fractions came from */
+    char tiers_source[640];        /* where DiffKV's significance came from */
     double makespan_s;           /* last completion */
     double kv_mem_peak_bytes;    /* max over decode nodes of KV bytes held */
     double kv_mem_capacity_bytes;/* per decode node, after weights */

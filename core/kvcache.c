@@ -17,7 +17,7 @@ static double tensor_per_token(const kv_tensor_enc *t, int head_dim)
 }
 
 int kv_cache_init(kv_cache *c, const kv_encoding *enc, int heads, int head_dim, const kv_diffkv_score_model *sm,
-                  const double *head_factors, uint64_t seed, kv_error *err)
+                  const kv_diffkv_head_params *head_model, uint64_t seed, kv_error *err)
 {
     memset(c, 0, sizeof *c);
     c->heads = heads;
@@ -63,7 +63,8 @@ int kv_cache_init(kv_cache *c, const kv_encoding *enc, int heads, int head_dim, 
         kv_diffkv_head_params *hp = kv_calloc((size_t)heads, sizeof *hp);
         for (int h = 0; h < heads; h++)
             hp[h] = (kv_diffkv_head_params){enc[h].alpha_high, enc[h].alpha_low, enc[h].window,
-                                            head_factors ? head_factors[h] : 1.0};
+                                            head_model ? head_model[h].head_factor : 1.0,
+                                            head_model ? head_model[h].table_row : 0};
         c->dkv = kv_diffkv_seq_create(sm, hp, heads, seed);
         kv_free(hp);
     }

@@ -53,11 +53,13 @@ typedef struct kv_cache {
 } kv_cache;
 
 /* Sets up a request's cache from its encodings enc[heads] (all DiffKV or
-   none). DiffKV needs the score model, per-head factors
-   (kv_diffkv_head_factors) and a seed for the request's token draws. Starts
-   with no tokens. KV_EINPUT on encodings that mix kinds. */
+   none). DiffKV needs the score model, the per-head part of it head_model[heads]
+   (head_factor from kv_diffkv_head_factors, table_row from kv_diffkv_table_row;
+   alphas and window come from enc; NULL: factor 1, row 0) and a seed for the
+   request's token draws. Starts with no tokens. KV_EINPUT on encodings that
+   mix kinds. */
 int kv_cache_init(kv_cache *c, const kv_encoding *enc, int heads, int head_dim, const kv_diffkv_score_model *sm,
-                  const double *head_factors, uint64_t seed, kv_error *err);
+                  const kv_diffkv_head_params *head_model, uint64_t seed, kv_error *err);
 void kv_cache_free(kv_cache *c); /* frees what init allocated; c itself is the caller's */
 
 /* Bytes the prefill node sends for a prompt of `tokens` tokens: DiffKV sends

@@ -134,7 +134,7 @@ void kv_report_json(FILE *out, const kv_scenario *s, const kv_policy_outcome *o,
     jnum(out, "decode_nodes", s->decode.nodes, 1);
     jnum(out, "nic_bandwidth_gbps", s->nic_bandwidth_gbps, 1);
     jstr(out, "lynx_acceptance_from", s->lynx_from, ",");
-    jstr(out, "diffkv_tiers_from", s->diffkv_from, "},\n");
+    jstr(out, "diffkv_scores", s->diffkv_scores, "},\n");
     jkey(out, "policies");
     fputs("[\n", out);
     for (size_t i = 0; i < n; i++) {

@@ -155,12 +155,15 @@ static const kv_key_spec scenario_keys[] = {
     {"lynx.ttkt_k", KV_KEY_INT, S(ttkt_k), "10", 1, 1 << 30, NULL, "K of ttkt_ms (time to the K-th committed token)"},
 
     {"diffkv", KV_KEY_SECTION, 0, NULL, 0, 0, NULL,
-     "where DiffKV's token significance comes from when no real attention runs (docs/diffkv.md)"},
-    {"diffkv.from", KV_KEY_ENUM, S(diffkv_from), "scenario", 0, 0, "scenario|reference-model",
-     "where tier fractions come from"},
-    {"diffkv.scores", KV_KEY_ENUM, S(diffkv_scores), "lognormal", 0, 0, "lognormal|fixed",
-     "lognormal: significance x context length ~ lognormal with mean 1 and the policy's alphas decide; "
-     "fixed: high_fraction / low_fraction"},
+     "where DiffKV's token significance comes from in the engine, which runs no attention (docs/diffkv.md)"},
+    {"diffkv.scores", KV_KEY_ENUM, S(diffkv_scores), "measured", 0, 0, "measured|lognormal|fixed",
+     "measured: significance x context length drawn from its distribution per (layer, KV head) measured on "
+     "the reference model (accuracy.model, cached; needs scripts/fetch-model.sh once); lognormal: drawn "
+     "from a lognormal with mean 1 (score_sigma, head_spread); both: the policy's alphas decide by DiffKV's "
+     "rule; fixed: high_fraction / low_fraction, alphas ignored"},
+    {"diffkv.measure_tokens", KV_KEY_INT, S(diffkv_measure_tokens), "0", 0, 2048, NULL,
+     "measured: prompt tokens the reference model prefills (0: the workload's mean prompt, rounded to 64, "
+     "128..2048)"},
     {"diffkv.score_sigma", KV_KEY_DOUBLE, S(diffkv_score_sigma), "2", 0, 10, NULL,
      "lognormal: sd of ln(significance x L) for a typical head (larger = sparser attention)"},
     {"diffkv.head_spread", KV_KEY_DOUBLE, S(diffkv_head_spread), "0.3", 0, 5, NULL,

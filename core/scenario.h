@@ -68,8 +68,8 @@ typedef struct kv_scenario {
     kv_doublelist lynx_acceptance_per_position;
     int ttkt_k;
 
-    char *diffkv_from;
-    char *diffkv_scores;               /* lognormal | fixed (core/diffkv.h) */
+    char *diffkv_scores;               /* measured | lognormal | fixed (core/diffkv.h) */
+    int diffkv_measure_tokens;         /* measured: tokens prefilled on the reference model (0: auto) */
     double diffkv_score_sigma, diffkv_head_spread;
     double diffkv_high_fraction, diffkv_low_fraction;
 

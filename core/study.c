@@ -7,6 +7,7 @@
 #include "core/engine.h"
 #include "core/measure.h"
 #include "core/metrics.h"
+#include "core/model/diffkv_scores.h"
 #include "core/model/feed.h"
 #include "core/policy.h"
 #include "core/profile.h"
@@ -26,6 +27,7 @@ struct kv_study {
     kv_kernel_costs *costs;   /* [n] per policy */
     kv_feed *feeds;           /* [n] measured on the reference model, when asked */
     kv_profile *prefill_profile, *decode_profile; /* timing.source: profile; else NULL */
+    kv_diffkv_measured *dkv;  /* [n] DiffKV significance tables (z NULL: none needed) */
     int ran;
 };
 
@@ -143,6 +145,7 @@ int kv_study_prepare(const kv_scenario *s, kv_study **out, kv_error *err)
     st->outcomes = kv_calloc(st->n, sizeof *st->outcomes);
     st->costs = kv_calloc(st->n, sizeof *st->costs);
     st->feeds = kv_calloc(st->n, sizeof *st->feeds);
+    st->dkv = kv_calloc(st->n, sizeof *st->dkv);
     int rc = make_workload(st, err);
     if (!rc)
         rc = kv_engine_check_network(s, strcmp(s->net_model, "ideal") == 0 ? KV_NET_IDEAL : KV_NET_SIMGRID, err);
@@ -166,9 +169,16 @@ int kv_study_prepare(const kv_scenario *s, kv_study **out, kv_error *err)
                      "profile %s, prefill: %s; decode: %s; KV kernels: %s", s->timing_profile_file, pd, dd, kernels);
     }
     int want_accept = strcmp(s->lynx_from, "reference-model") == 0;
-    int want_tiers = strcmp(s->diffkv_from, "reference-model") == 0;
-    for (size_t i = 0; !rc && (want_accept || want_tiers) && i < st->n; i++)
+    for (size_t i = 0; !rc && want_accept && i < st->n; i++)
         rc = kv_feed_measure(s, st->policies[i], &st->feeds[i], err);
+    /* DiffKV's significance distribution, measured on the reference model (diffkv.scores: measured). */
+    double mean_prompt = 0;
+    for (size_t r = 0; r < n_req; r++)
+        mean_prompt += (double)kv_workload_get(st->workload, r)->prompt_tokens / (double)n_req;
+    for (size_t i = 0; !rc && i < st->n; i++) {
+        bool needed = false;
+        rc = kv_diffkv_scores_for_policy(s, st->policies[i], mean_prompt, &st->dkv[i], &needed, err);
+    }
     if (rc) {
         kv_study_destroy(st);
         return rc;
@@ -193,6 +203,9 @@ void kv_study_destroy(kv_study *st)
     kv_free(st->feeds);
     kv_profile_destroy(st->prefill_profile);
     kv_profile_destroy(st->decode_profile);
+    for (size_t i = 0; st->dkv && i < st->n; i++)
+        kv_diffkv_measured_free(&st->dkv[i]);
+    kv_free(st->dkv);
     kv_workload_destroy(st->workload);
     kv_timeline_destroy(st->timeline);
     kv_free(st);
@@ -222,9 +235,10 @@ int kv_study_run(kv_study *st, kv_error *err)
             in.accept_conditional = f->accept_conditional;
             in.accept_positions = f->positions;
         }
-        double tiers[2] = {f->high_fraction, f->low_fraction};
-        if (strcmp(s->diffkv_from, "reference-model") == 0 && f->has_tiers)
-            in.tiers = tiers;
+        if (st->dkv[i].z) {
+            in.diffkv_table = &st->dkv[i].table;
+            in.diffkv_source = st->dkv[i].source;
+        }
         kv_policy_outcome *o = &st->outcomes[i];
         o->name = s->policies.items[i];
         o->file = st->files[i];

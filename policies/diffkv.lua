@@ -9,8 +9,9 @@
 --   low    K4V2  (4-bit keys, 2-bit values)   alpha_low / L <= significance < alpha_high / L
 --   pruned       (not stored, not sent)       significance < alpha_low / L
 -- where L is the current context length and a token's significance is the
--- mean attention probability it receives from later queries (in prefill: from
--- the last 64 queries), maximised over the query heads of its GQA group.
+-- mean attention probability it receives from every later query (in prefill:
+-- every later query of the prompt), maximised over the query heads of its GQA
+-- group; a token is decided once, when it leaves the recent window (core/diffkv.h).
 -- The W most recent tokens always stay high.
 --
 -- Special cases: alpha_low = 0 never prunes; alpha_low = alpha_high has no low

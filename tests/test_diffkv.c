@@ -11,31 +11,49 @@
 
 /* ---- Hand-worked prefill ---------------------------------------------------------------------- */
 
-/* T = 10 tokens, the last Q = 4 queries scored, W = 2, alpha_high = 1, alpha_low = 0.2.
-   Thresholds: 1/10 * 1 = 0.1 (high), 1/10 * 0.2 = 0.02 (low), in fp32.
-   Token i is seen by min(10 - i, 4) scored queries, so its mean is sum / 4 for i <= 6, sum / 3 for i = 7;
-   8 and 9 are the window.
-     i  sum        mean        tier
-     0  2.0        0.5         high
-     1  0.2        0.05        low     (0.02 <= 0.05 < 0.1)
-     2  0.04       0.01        pruned  (< 0.02)
-     3  0.4        0.1         high    (exactly the high threshold: not below it)
-     4  4*t_l      t_l         low     (exactly the low threshold: not pruned)
-     5  4*t_l-ulp  < t_l       pruned
-     6  0.36       0.09        low
-     7  0.33       0.11        high    (divided by 3 queries; by 4 it would be 0.0825, low)
-     8  0          -           high    (window)
-     9  0          -           high    (window) */
+/* T = 100 tokens (more than 64: every later query counts, not the last 64), W = 2, alpha_high = 1,
+   alpha_low = 0.2. Thresholds: 1/100 * 1 = 0.01 (high), 1/100 * 0.2 = 0.002 (low), in fp32.
+   Token i is seen by the T - i queries at positions i..99, so its mean is sum / (100 - i).
+     i   sum       queries  mean        tier     (last 64 queries only: sum / min(100 - i, 64))
+     0   2.0       100      0.02        high
+     10  0.8       90       0.00889     low      (0.8 / 64 = 0.0125: high)
+     20  0.15      80       0.001875    pruned   (0.15 / 64 = 0.00234: low)
+     30  0.7       70       0.01        high     (exactly the high threshold: not below it)
+     40  60*t_l    60       t_l         low      (exactly the low threshold: not pruned)
+     50  0.06      50       0.0012      pruned
+     97  0.02      3        0.00667     low      (no longer the window: 100 - 97 = 3 > W)
+     98  0         -        -           high     (window)
+     99  0         -        -           high     (window)
+   Every other token has sum 0: pruned. */
 Test(diffkv, prefill_hand_example)
 {
-    float t_low = (1.0f / 10.0f) * 0.2f;
-    float sums[10] = {2.0f, 0.2f, 0.04f, 0.4f, t_low * 4.0f, nextafterf(t_low, 0.0f) * 4.0f, 0.36f, 0.33f, 0, 0};
-    uint8_t tiers[10];
-    kv_diffkv_prefill_tiers(sums, 10, 4, 1.0f, 0.2f, 2, tiers);
-    const uint8_t want[10] = {KV_TIER_HIGH, KV_TIER_LOW,  KV_TIER_PRUNED, KV_TIER_HIGH, KV_TIER_LOW,
-                              KV_TIER_PRUNED, KV_TIER_LOW, KV_TIER_HIGH, KV_TIER_HIGH, KV_TIER_HIGH};
-    for (int i = 0; i < 10; i++)
+    float t_low = (1.0f / 100.0f) * 0.2f;
+    float sums[100] = {0};
+    sums[0] = 2.0f;
+    sums[10] = 0.8f;
+    sums[20] = 0.15f;
+    sums[30] = 0.7f;
+    sums[40] = t_low * 60.0f;
+    sums[50] = 0.06f;
+    sums[97] = 0.02f;
+    uint8_t tiers[100];
+    kv_diffkv_prefill_tiers(sums, 100, 1.0f, 0.2f, 2, tiers);
+    uint8_t want[100];
+    memset(want, KV_TIER_PRUNED, sizeof want);
+    want[0] = KV_TIER_HIGH;
+    want[10] = KV_TIER_LOW;
+    want[30] = KV_TIER_HIGH;
+    want[40] = KV_TIER_LOW;
+    want[97] = KV_TIER_LOW;
+    want[98] = want[99] = KV_TIER_HIGH;
+    for (int i = 0; i < 100; i++)
         cr_expect_eq(tiers[i], want[i], "token %d: tier %d, want %d", i, tiers[i], want[i]);
+    /* The rule itself, one token at a time. */
+    cr_expect_eq(kv_diffkv_classify(0.8f, 90.0f, 100, 1.0f, 0.2f), KV_TIER_LOW);
+    cr_expect_eq(kv_diffkv_classify(0.8f, 0.0f, 100, 1.0f, 0.2f), KV_TIER_PRUNED); /* no queries: 0 */
+    cr_expect_eq(kv_diffkv_classify_z(1.0, 1.0, 0.2), KV_TIER_HIGH);
+    cr_expect_eq(kv_diffkv_classify_z(0.2, 1.0, 0.2), KV_TIER_LOW);
+    cr_expect_eq(kv_diffkv_classify_z(0.19, 1.0, 0.2), KV_TIER_PRUNED);
 }
 
 /* ---- Hand-worked decode ------------------------------------------------------------------------ */
@@ -52,73 +70,66 @@ static void expect_tokens(const kv_diffkv_head *h, const int64_t *pos, const kv_
     }
 }
 
-/* W = 1, alpha_high = 1, alpha_low = 0.5; prefill of 4 tokens scored by 4 queries.
+/* W = 1, alpha_high = 1, alpha_low = 0.5; prefill of 4 tokens, each seen by every later query.
    Prefill thresholds 0.25 / 0.125: sums 2.0, 0.39, 0.56, 1.0 over 4, 3, 2, 1 queries give means
    0.5 (high), 0.13 (low), 0.28 (high), window (high).
-   Step 1, L = 5, thresholds t_h = 0.2, t_l = 0.1; probabilities 0, 0, 0, 0.5 and 0.5 (new token 4).
-     means: 0: 2.0/5 = 0.4, 1: 0.39/4 = 0.0975 (low), 2: 0.56/3 = 0.1867, 3: 1.5/2 = 0.75; 4 is the window.
-     Lowest high is 2 (0.1867): not below t_l, below t_h -> demoted; lowest low is 1 (0.0975 < t_l) ->
-     pruned, the demoted token takes its slot.                                          [case 2a]
-   Step 2, L = 6, t_h = 0.1667, t_l = 0.0833; probabilities 0, 0, 0, 0.98, 0.02 (stored 0, 2, 3, 4, new 5).
-     means: 0: 0.333, 2: 0.14 (low), 3: 0.5, 4: 0.74. Lowest high 0.333 >= t_h -> nothing. [case 3]
-   Step 3, L = 7, t_h = 0.1429, t_l = 0.0714; probabilities 0, 0, 0, 0.9, 0.0, 0.1 (stored 0, 2, 3, 4, 5, new 6).
-     means: 0: 0.2857, 2: 0.112 (low), 3: 0.375, 4: 0.7933, 5: 0.02/2 = 0.01.
-     Lowest high is 5 (0.01) < t_l and < lowest low (0.112) -> pruned.                    [case 1]
-   Step 4, L = 8, t_h = 0.125, t_l = 0.0625; probabilities 0, 0, 0, 0.9, 0.05, 0.05 (stored 0, 2, 3, 4, 6, new 7).
-     means: 0: 0.25, 2: 0.0933 (low), 3: 0.3, 4: 0.82, 6: 0.15/2 = 0.075.
-     Lowest high is 6 (0.075): not below t_l, below t_h -> demoted; lowest low 0.0933 >= t_l -> kept.
-                                                                                         [case 2b] */
+   Each step the new token enters high and the token leaving the window (position L - 1 - W) is
+   decided, once, by its mean at L; decided tokens never change (the paper's Algorithm 1).
+   Step 1, L = 5, new 4, leaving 3; probabilities 0, 0, 0, 0.9 | 0.1 (new).
+     3: (1.0 + 0.9) / 2 = 0.95 >= t_h = 0.2 -> stays high.                               [keep]
+   Step 2, L = 6, new 5, leaving 4; probabilities 0, 0, 0, 0.8, 0.15 | 0.05.
+     4: (0.1 + 0.15) / 2 = 0.125, t_h = 0.1667, t_l = 0.0833 -> demoted.                  [low]
+   Step 3, L = 7, new 6, leaving 5; probabilities 0, 0, 0, 0.9, 0, 0.05 | 0.05.
+     5: (0.05 + 0.05) / 2 = 0.05 < t_l = 0.0714 -> pruned.                                [pruned]
+   Step 4, L = 8, new 7, leaving 6 (stored 0, 1, 2, 3, 4, 6); probabilities 0, 0, 0, 0.5, 0, 0.4 | 0.1.
+     6: (0.05 + 0.4) / 2 = 0.225 >= t_h = 0.125 -> stays high.                            [keep]
+   Token 2's mean falls to 0.56 / 6 = 0.093 < t_h, but it was decided at the prefill: it stays high
+   (DiffKV's released kernel would demote it; see core/diffkv.h). */
 Test(diffkv, decode_hand_example)
 {
     kv_error err = {0};
     kv_diffkv_head *h = kv_diffkv_head_create(1.0f, 0.5f, 1, &err);
     cr_assert(h, "%s", err.msg);
     float sums[4] = {2.0f, 0.39f, 0.56f, 1.0f};
-    kv_diffkv_head_prefill(h, sums, 4, 4);
+    kv_diffkv_head_prefill(h, sums, 4);
     {
         int64_t pos[4] = {0, 1, 2, 3};
         kv_tier t[4] = {KV_TIER_HIGH, KV_TIER_LOW, KV_TIER_HIGH, KV_TIER_HIGH};
         expect_tokens(h, pos, t, 4);
     }
     kv_diffkv_change ch;
-    float p1[5] = {0, 0, 0, 0.5f, 0.5f};
+    float p1[5] = {0, 0, 0, 0.9f, 0.1f};
     kv_diffkv_head_step(h, p1, &ch);
-    cr_expect_eq(ch.demoted, 2);
-    cr_expect_eq(ch.pruned, 1);
-    cr_expect_eq(ch.pruned_tier, KV_TIER_LOW);
-    {
-        int64_t pos[4] = {0, 2, 3, 4};
-        kv_tier t[4] = {KV_TIER_HIGH, KV_TIER_LOW, KV_TIER_HIGH, KV_TIER_HIGH};
-        expect_tokens(h, pos, t, 4);
-    }
-    float p2[5] = {0, 0, 0, 0.98f, 0.02f};
-    kv_diffkv_head_step(h, p2, &ch);
     cr_expect_eq(ch.demoted, -1);
     cr_expect_eq(ch.pruned, -1);
-    float p3[6] = {0, 0, 0, 0.9f, 0.0f, 0.1f};
+    float p2[6] = {0, 0, 0, 0.8f, 0.15f, 0.05f};
+    kv_diffkv_head_step(h, p2, &ch);
+    cr_expect_eq(ch.demoted, 4);
+    cr_expect_eq(ch.pruned, -1);
+    float p3[7] = {0, 0, 0, 0.9f, 0.0f, 0.05f, 0.05f};
     kv_diffkv_head_step(h, p3, &ch);
     cr_expect_eq(ch.demoted, -1);
     cr_expect_eq(ch.pruned, 5);
     cr_expect_eq(ch.pruned_tier, KV_TIER_HIGH);
-    float p4[6] = {0, 0, 0, 0.9f, 0.05f, 0.05f};
+    float p4[7] = {0, 0, 0, 0.5f, 0.0f, 0.4f, 0.1f};
     kv_diffkv_head_step(h, p4, &ch);
-    cr_expect_eq(ch.demoted, 6);
+    cr_expect_eq(ch.demoted, -1);
     cr_expect_eq(ch.pruned, -1);
     {
-        int64_t pos[6] = {0, 2, 3, 4, 6, 7};
-        kv_tier t[6] = {KV_TIER_HIGH, KV_TIER_LOW, KV_TIER_HIGH, KV_TIER_HIGH, KV_TIER_LOW, KV_TIER_HIGH};
-        expect_tokens(h, pos, t, 6);
+        int64_t pos[7] = {0, 1, 2, 3, 4, 6, 7};
+        kv_tier t[7] = {KV_TIER_HIGH, KV_TIER_LOW, KV_TIER_HIGH, KV_TIER_HIGH, KV_TIER_LOW, KV_TIER_HIGH, KV_TIER_HIGH};
+        expect_tokens(h, pos, t, 7);
     }
     cr_expect_eq(kv_diffkv_head_context(h), 8);
-    cr_expect_eq(kv_diffkv_head_count(h, KV_TIER_HIGH), 4);
+    cr_expect_eq(kv_diffkv_head_count(h, KV_TIER_HIGH), 5);
     cr_expect_eq(kv_diffkv_head_count(h, KV_TIER_LOW), 2);
-    cr_expect_eq(kv_diffkv_head_count(h, KV_TIER_PRUNED), 2);
-    /* Running sums and query counts: token 4 got 0.5 (its own), 0.98, 0.9, 0.9 over 4 queries. */
+    cr_expect_eq(kv_diffkv_head_count(h, KV_TIER_PRUNED), 1);
+    /* Running sums and query counts: token 4 got 0.1 (its own), 0.15, 0, 0 over 4 queries. */
     float sum;
     uint32_t q;
-    kv_diffkv_head_token(h, 3, NULL, NULL, &sum, &q);
+    kv_diffkv_head_token(h, 4, NULL, NULL, &sum, &q);
     cr_expect_eq(q, 4);
-    cr_expect_eq(sum, ((0.5f + 0.98f) + 0.9f) + 0.9f);
+    cr_expect_eq(sum, ((0.1f + 0.15f) + 0.0f) + 0.0f);
     kv_diffkv_head_destroy(h);
 }
 
@@ -144,7 +155,7 @@ Test(diffkv, zero_alphas_keep_everything_high_exact)
     float sums[300];
     for (int i = 0; i < 300; i++)
         sums[i] = (float)(kv_rng_uniform(&rng) * 1e-6); /* tiny: any positive threshold would prune them */
-    kv_diffkv_head_prefill(h, sums, 300, 64);
+    kv_diffkv_head_prefill(h, sums, 300);
     cr_expect_eq(kv_diffkv_head_count(h, KV_TIER_HIGH), 300);
     float *p = calloc(600, sizeof *p);
     for (int s = 0; s < 200; s++) {
@@ -303,9 +314,9 @@ Test(diffkv, exact_process_decides_by_significance_at_window_exit)
     }
     for (int i = 0; i < total; i++)
         w[i] /= mean; /* sample mean exactly 1, so running sums stay near the context length */
-    /* Prefill: the last 64 queries, each over all earlier tokens (nothing is pruned yet). */
+    /* Prefill: every query, each over all earlier tokens (nothing is pruned yet). */
     float *sums = calloc((size_t)T, sizeof *sums);
-    for (int q = T - KV_DIFFKV_PREFILL_QUERIES; q < T; q++) {
+    for (int q = 0; q < T; q++) {
         double z = 0;
         for (int i = 0; i <= q; i++)
             z += w[i];
@@ -315,7 +326,7 @@ Test(diffkv, exact_process_decides_by_significance_at_window_exit)
     kv_error err = {0};
     kv_diffkv_head *h = kv_diffkv_head_create(alpha_high, alpha_low, W, &err);
     cr_assert(h, "%s", err.msg);
-    kv_diffkv_head_prefill(h, sums, T, KV_DIFFKV_PREFILL_QUERIES);
+    kv_diffkv_head_prefill(h, sums, T);
     float *p = malloc((size_t)(total + 1) * sizeof *p);
     for (int s = 0; s < steps; s++) {
         int n = kv_diffkv_head_stored(h);
@@ -343,8 +354,12 @@ Test(diffkv, exact_process_decides_by_significance_at_window_exit)
         kv_diffkv_head_token(h, i, &pos, &t, NULL, NULL);
         tier[pos] = (uint8_t)t;
     }
-    int decided = total - W, agree = 0, by_w[3] = {0}, got[3] = {0};
-    for (int i = 0; i < decided; i++) {
+    /* The decode tokens: decided at window exit by W + 1 queries over about L tokens each, so
+       their z is their weight. (A prompt token's z = T x mean over the T - i queries at positions
+       >= i, which saw i + 1 .. T tokens: above its weight for early tokens, as the paper's 1/N
+       normalisation has it; the measured score model keeps a separate prefill table for that.) */
+    int decided = total - W - T, agree = 0, by_w[3] = {0}, got[3] = {0};
+    for (int i = T; i < total - W; i++) {
         int want = w[i] < alpha_low ? KV_TIER_PRUNED : w[i] < alpha_high ? KV_TIER_LOW : KV_TIER_HIGH;
         by_w[want]++;
         got[tier[i]]++;
@@ -367,6 +382,98 @@ Test(diffkv, exact_process_decides_by_significance_at_window_exit)
     free(p);
     free(sums);
     free(w);
+}
+
+/* ---- The measured score model ------------------------------------------------------------------- */
+
+/* A table of z quantiles: z(u) = 4u^2 for u in [0, 1], so P(z < x) = sqrt(x) / 2 for x in [0, 4]. */
+static double *square_table(void)
+{
+    double *q = malloc(KV_DIFFKV_TABLE_POINTS * sizeof *q);
+    for (int k = 0; k < KV_DIFFKV_TABLE_POINTS; k++) {
+        double u = (double)k / (KV_DIFFKV_TABLE_POINTS - 1);
+        q[k] = 4 * u * u;
+    }
+    return q;
+}
+
+Test(diffkv, measured_table_cdf_and_rule)
+{
+    double *q = square_table();
+    cr_expect_eq(kv_diffkv_table_cdf(q, 0.0), 0.0);
+    cr_expect_eq(kv_diffkv_table_cdf(q, 5.0), 1.0);
+    cr_expect(fabs(kv_diffkv_table_cdf(q, 1.0) - 0.5) < 1e-12, "%g", kv_diffkv_table_cdf(q, 1.0));
+    cr_expect(fabs(kv_diffkv_table_cdf(q, 0.25) - 0.25) < 1e-3, "%g", kv_diffkv_table_cdf(q, 0.25));
+    /* The count process's thresholds are the rule on z = F^-1(u): z < alpha <=> u < F(alpha). */
+    const double ah = 1.0, al = 0.09;
+    kv_diffkv_table t = {1, 1, q, q};
+    kv_diffkv_score_model m = {.kind = KV_DIFFKV_SCORES_MEASURED, .table = t};
+    kv_diffkv_head_params hp = {ah, al, 64, 1.0, 0};
+    double ph, pl, pp;
+    kv_diffkv_tier_probabilities(&m, &hp, &ph, &pl, &pp);
+    int n[3] = {0};
+    const int draws = 100000;
+    for (int i = 0; i < draws; i++) {
+        double u = (i + 0.5) / draws, x = u * (KV_DIFFKV_TABLE_POINTS - 1);
+        int k = (int)x;
+        double z = k + 1 < KV_DIFFKV_TABLE_POINTS ? q[k] + (x - k) * (q[k + 1] - q[k]) : q[k];
+        n[kv_diffkv_classify_z(z, ah, al)]++;
+    }
+    cr_expect(fabs(n[KV_TIER_HIGH] / (double)draws - ph) < 1e-4, "high %g vs %g", n[KV_TIER_HIGH] / (double)draws, ph);
+    cr_expect(fabs(n[KV_TIER_PRUNED] / (double)draws - pp) < 1e-4, "pruned %g vs %g",
+              n[KV_TIER_PRUNED] / (double)draws, pp);
+    cr_expect(fabs(pp - 0.15) < 2e-3 && fabs(ph - 0.5) < 1e-9, "pruned %g high %g", pp, ph);
+    free(q);
+}
+
+/* The measured model: the policy's alphas decide, through the table (not fixed fractions), and a
+   simulated head reads the reference head at its relative depth. */
+Test(diffkv, measured_count_process_follows_the_alphas)
+{
+    double *q = square_table(), *flat = malloc(KV_DIFFKV_TABLE_POINTS * sizeof *flat);
+    for (int k = 0; k < KV_DIFFKV_TABLE_POINTS; k++)
+        flat[k] = 10.0 + k; /* a head whose every token is far above alpha_high: all high */
+    double *two = malloc(2 * KV_DIFFKV_TABLE_POINTS * sizeof *two);
+    memcpy(two, q, KV_DIFFKV_TABLE_POINTS * sizeof *two);
+    memcpy(two + KV_DIFFKV_TABLE_POINTS, flat, KV_DIFFKV_TABLE_POINTS * sizeof *two);
+    kv_diffkv_table t = {2, 1, two, two}; /* 2 reference layers, 1 KV head */
+    cr_expect_eq(kv_diffkv_table_row(&t, 0, 4, 0, 8), 0);
+    cr_expect_eq(kv_diffkv_table_row(&t, 1, 4, 7, 8), 0);
+    cr_expect_eq(kv_diffkv_table_row(&t, 2, 4, 3, 8), 1);
+    cr_expect_eq(kv_diffkv_table_row(&t, 3, 4, 0, 8), 1);
+    kv_diffkv_score_model m = {.kind = KV_DIFFKV_SCORES_MEASURED, .table = t};
+    double frac[2][3];
+    const double alphas[2][2] = {{1.0, 0.09}, {2.25, 0.25}};
+    for (int a = 0; a < 2; a++) {
+        enum { HEADS = 64 };
+        kv_diffkv_head_params hp[HEADS];
+        for (int h = 0; h < HEADS; h++)
+            hp[h] = (kv_diffkv_head_params){alphas[a][0], alphas[a][1], 64, 1.0, 0};
+        kv_diffkv_seq *s = kv_diffkv_seq_create(&m, hp, HEADS, 3);
+        kv_diffkv_seq_prefill(s, 512);
+        for (int i = 0; i < 2048; i++)
+            kv_diffkv_seq_step(s);
+        uint64_t sh, sl, sp;
+        kv_diffkv_seq_totals(s, &sh, &sl, &sp);
+        double n = (2560.0 - 64) * HEADS;
+        frac[a][0] = (sh - 64.0 * HEADS) / n;
+        frac[a][1] = sl / n;
+        frac[a][2] = sp / n;
+        kv_diffkv_seq_destroy(s);
+    }
+    /* F(1) = 0.5, F(0.09) = 0.15; F(2.25) = 0.75, F(0.25) = 0.25. */
+    cr_expect(fabs(frac[0][0] - 0.5) < 0.01 && fabs(frac[0][2] - 0.15) < 0.01, "high %g pruned %g", frac[0][0],
+              frac[0][2]);
+    cr_expect(fabs(frac[1][0] - 0.25) < 0.01 && fabs(frac[1][2] - 0.25) < 0.01, "high %g pruned %g", frac[1][0],
+              frac[1][2]);
+    /* Row 1 (all z >= 10) keeps everything high whatever the alphas. */
+    kv_diffkv_head_params one = {2.25, 0.25, 64, 1.0, 1};
+    double ph, pl, pp;
+    kv_diffkv_tier_probabilities(&m, &one, &ph, &pl, &pp);
+    cr_expect_eq(ph, 1.0);
+    free(q);
+    free(flat);
+    free(two);
 }
 
 /* The count process over many heads lands on the model's probabilities. */
@@ -398,12 +505,18 @@ Test(diffkv, count_process_matches_tier_probabilities)
 #include "core/study.h"
 #include "tests/support.h"
 
-/* Runs a scenario through the C API with overrides. */
+/* Runs a scenario through the C API with overrides, under the lognormal score model (these tests
+   check the engine's mechanics; the measured default is tests/test_diffkv_measured.c's). */
 static kv_study *run_scenario(const char *path, const char **sets, int n_sets, kv_scenario **s)
 {
     kv_error err = {0};
     kv_study *st = NULL;
-    cr_assert_eq(kv_scenario_load(path, sets, n_sets, s, &err), 0, "%s", err.msg);
+    const char *all[16];
+    cr_assert(n_sets < 16);
+    for (int i = 0; i < n_sets; i++)
+        all[i] = sets[i];
+    all[n_sets] = "diffkv.scores=lognormal";
+    cr_assert_eq(kv_scenario_load(path, all, n_sets + 1, s, &err), 0, "%s", err.msg);
     cr_assert_eq(kv_study_prepare(*s, &st, &err), 0, "%s", err.msg);
     cr_assert_eq(kv_study_run(st, &err), 0, "%s", err.msg);
     return st;
@@ -601,7 +714,7 @@ Test(diffkv_engine, scenarios_run_and_are_deterministic)
         for (int i = 0; i < 2; i++) {
             snprintf(args, sizeof args,
                      "run %s --set workload.requests=6 --set workload.output.min=64 --set workload.output.max=128 "
-                     "--out %s/s%d-r%d",
+                     "--set diffkv.scores=lognormal --out %s/s%d-r%d",
                      files[f], dir, f, i);
             cr_assert_eq(kvt_kvsim(args, &out), 0, "%s", out);
             if (i == 0) {

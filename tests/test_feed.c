@@ -1,10 +1,11 @@
-/* test_feed.c — diffkv.from: reference-model: tier fractions measured on SmolLM2-135M drive the engine. */
+/* test_feed.c — DiffKV's default significance, measured on SmolLM2-135M and cached, drives the engine. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/study.h"
+#include "tests/support.h"
 #include "tests/model_fixture.h"
 
 /* Fetches the reference model (once; cached) or says visibly why it cannot be had. */
@@ -20,25 +21,40 @@ static int model_available(void)
     return 1;
 }
 
-Test(feed, diffkv_tiers_from_reference_model, .timeout = 600)
+/* The default diffkv.scores: measured on SmolLM2-135M (in a fresh cache folder), then the second
+   run reads the cache: same table, same results, "cached in" in tiers_source. */
+Test(feed, diffkv_significance_measured_on_reference_model_then_cached, .timeout = 900)
 {
     if (!model_available())
         cr_skip("reference model not available");
-    const char *sets[] = {"diffkv.from=reference-model", "policies=[bf16,diffkv]", "workload.requests=6",
-                          "workload.output.min=64", "workload.output.max=128"};
-    kv_error err = {0};
-    kv_scenario *s = NULL;
-    kv_study *st = NULL;
-    cr_assert_eq(kv_scenario_load("scenarios/diffkv.yaml", sets, 5, &s, &err), 0, "%s", err.msg);
-    cr_assert_eq(kv_study_prepare(s, &st, &err), 0, "%s", err.msg);
-    cr_assert_eq(kv_study_run(st, &err), 0, "%s", err.msg);
-    size_t n = 0;
-    const kv_policy_outcome *o = kv_study_outcomes(st, &n);
-    cr_assert_eq(n, 2);
-    cr_expect(strstr(o[1].run.tiers_source, "reference model smollm2-135m") != NULL, "%s", o[1].run.tiers_source);
-    cr_expect(strstr(o[0].run.tiers_source, "scenario") != NULL, "%s", o[0].run.tiers_source);
-    /* Some tokens are demoted: the measured low tier is not empty. */
-    cr_expect(o[1].run.tier_low_fraction > 0.0, "low tier %g", o[1].run.tier_low_fraction);
-    kv_study_destroy(st);
-    kv_scenario_destroy(s);
+    char *dir = kvt_tempdir();
+    setenv("KVSIM_CACHE_DIR", dir, 1);
+    const char *sets[] = {"policies=[bf16,diffkv]", "workload.requests=6", "workload.output.min=64",
+                          "workload.output.max=128", "diffkv.measure_tokens=256"};
+    double high[2] = {0}, low[2] = {0};
+    for (int run = 0; run < 2; run++) {
+        kv_error err = {0};
+        kv_scenario *s = NULL;
+        kv_study *st = NULL;
+        cr_assert_eq(kv_scenario_load("scenarios/diffkv.yaml", sets, 5, &s, &err), 0, "%s", err.msg);
+        cr_assert_eq(kv_study_prepare(s, &st, &err), 0, "%s", err.msg);
+        cr_assert_eq(kv_study_run(st, &err), 0, "%s", err.msg);
+        size_t n = 0;
+        const kv_policy_outcome *o = kv_study_outcomes(st, &n);
+        cr_assert_eq(n, 2);
+        const char *src = o[1].run.tiers_source;
+        cr_expect(strstr(src, "measured on reference model smollm2-135m") != NULL, "%s", src);
+        cr_expect(strstr(src, run == 0 ? "measured, cache" : "cached in") != NULL, "run %d: %s", run, src);
+        high[run] = o[1].run.tier_high_fraction;
+        low[run] = o[1].run.tier_low_fraction;
+        kv_study_destroy(st);
+        kv_scenario_destroy(s);
+    }
+    cr_expect_eq(high[0], high[1]);
+    cr_expect_eq(low[0], low[1]);
+    /* Real attention gives each tier something at these alphas (1, 0.02). */
+    cr_expect(high[0] > 0 && low[0] > 0, "high %g low %g", high[0], low[0]);
+    unsetenv("KVSIM_CACHE_DIR");
+    kvt_rmtree(dir);
+    free(dir);
 }

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/diffkv.h"
 #include "core/model/gguf.h"
 #include "core/model/kvquant.h"
 #include "core/model/kvstore.h"
@@ -319,6 +320,123 @@ Test(kvstore, diffkv_tiers)
         prev_high = st.tokens_high;
     }
     cr_assert_eq(st.tokens, NKV * (double)(NTOK + 20));
+    kv_kvstore_destroy(s);
+    kv_kvstore_destroy(s0);
+    free(k);
+    free(v);
+    free(q);
+    free(o);
+}
+
+/* DiffKV's one rule: the store's significance is the probability every later query gave the token
+   (not only the last 64: NTOK = 200), max over the GQA group, and its tiers are core/diffkv.c's on
+   those very scores, in prefill and at each decode step. */
+Test(kvstore, diffkv_uses_core_rule_on_all_later_queries)
+{
+    kv_kvstore *s0;
+    kv_error err;
+    cr_assert_eq(kv_kvstore_create(&shape, NULL, KV_KVSTORE_SCORES, &s0, &err), KV_OK);
+    float *k = malloc(sizeof(float) * NTOK * NKV * HD), *v = malloc(sizeof(float) * NTOK * NKV * HD);
+    float *q = malloc(sizeof(float) * NTOK * NH * HD), *o = malloc(sizeof(float) * NTOK * NH * HD);
+    int32_t pos[NTOK];
+    uint64_t seed = 17;
+    for (int t = 0; t < NTOK; t++) {
+        pos[t] = t;
+        for (int i = 0; i < NKV * HD; i++) {
+            k[t * NKV * HD + i] = kvt_rand(&seed) * ((i % HD) < 4 ? 4.0f : 1.0f);
+            v[t * NKV * HD + i] = kvt_rand(&seed);
+        }
+        for (int i = 0; i < NH * HD; i++)
+            q[t * NH * HD + i] = kvt_rand(&seed) * ((i % HD) < 4 ? 2.0f : 1.0f);
+    }
+    kv_kvstore_append(s0, 0, k, v, pos, NTOK);
+    kv_kvstore_attention(s0, 0, q, pos, NTOK, o, NULL);
+    /* Independently: softmax in double per query head, summed over every query t >= i, max over the
+       G = NH / NKV heads of the group. */
+    const int G = NH / NKV;
+    double scale = 1.0 / sqrt((double)HD);
+    for (int g = 0; g < NKV; g++) {
+        double *sum = calloc((size_t)G * NTOK, sizeof *sum), *p = malloc(NTOK * sizeof *p);
+        for (int hh = 0; hh < G; hh++)
+            for (int t = 0; t < NTOK; t++) {
+                const float *qr = q + ((size_t)t * NH + (size_t)(g * G + hh)) * HD;
+                double mx = -INFINITY, z = 0;
+                for (int j = 0; j <= t; j++) {
+                    double d = 0;
+                    for (int c = 0; c < HD; c++)
+                        d += (double)qr[c] * k[((size_t)j * NKV + g) * HD + c];
+                    p[j] = d * scale;
+                    mx = p[j] > mx ? p[j] : mx;
+                }
+                for (int j = 0; j <= t; j++)
+                    z += (p[j] = exp(p[j] - mx));
+                for (int j = 0; j <= t; j++)
+                    sum[(size_t)hh * NTOK + j] += p[j] / z;
+            }
+        const int32_t *sp;
+        const float *ss, *sq;
+        cr_assert_eq(kv_kvstore_scores(s0, 0, g, &sp, &ss, &sq), NTOK);
+        for (int i = 0; i < NTOK; i++) {
+            double best = 0;
+            for (int hh = 0; hh < G; hh++)
+                best = sum[(size_t)hh * NTOK + i] > best ? sum[(size_t)hh * NTOK + i] : best;
+            cr_expect_eq(sp[i], i);
+            cr_expect_eq(sq[i], (float)(NTOK - i), "token %d: %g queries, want %d", i, (double)sq[i], NTOK - i);
+            cr_expect(fabs(ss[i] - best) <= 1e-4 * (best > 1 ? best : 1), "head %d token %d: sum %g, want %g", g, i,
+                      (double)ss[i], best);
+        }
+        free(sum);
+        free(p);
+    }
+    /* Seal with DiffKV: the tiers are kv_diffkv_prefill_tiers' on the store's own sums. Random keys give
+       near-uniform attention, where z = N x mean over t >= i of ~1/(t + 1) runs from ~6 (early tokens)
+       down to ~1 (late ones): alphas 2 and 1.2 cut that range in three. */
+    kv_encoding d = {.key = int_enc(8, 32, 0, 0), .value = int_enc(4, 32, 0, 0), .diffkv = true,
+                     .key_low = int_enc(4, 32, 0, 0), .value_low = int_enc(2, 32, 0, 0),
+                     .alpha_high = 2.0, .alpha_low = 1.2, .window = 16};
+    kv_encoding enc[NKV] = {d, d};
+    kv_kvstore *s;
+    cr_assert_eq(kv_kvstore_clone(s0, enc, 0, &s, &err), KV_OK, "%s", err.msg);
+    kv_kvstore_seal(s);
+    int count[3] = {0};
+    for (int g = 0; g < NKV; g++) {
+        const float *ss;
+        kv_kvstore_scores(s0, 0, g, NULL, &ss, NULL);
+        uint8_t want[NTOK], got[NTOK];
+        kv_diffkv_prefill_tiers(ss, NTOK, 2.0f, 1.2f, 16, want);
+        kv_kvstore_tiers(s, 0, g, got, NTOK);
+        for (int i = 0; i < NTOK; i++) {
+            cr_expect_eq(got[i], want[i], "head %d token %d: store tier %d, core rule %d", g, i, got[i], want[i]);
+            count[want[i]]++;
+        }
+    }
+    cr_expect(count[KV_TIER_HIGH] > 2 * 16 && count[KV_TIER_LOW] > 0 && count[KV_TIER_PRUNED] > 0,
+              "a test that exercises every tier: %d / %d / %d", count[0], count[1], count[2]);
+    /* Decode: after each step the token that left the window has core's tier on its sums at L. */
+    for (int step = 0; step < 30; step++) {
+        float kv[NKV * HD], qq[NH * HD], oo[NH * HD];
+        for (int i = 0; i < NKV * HD; i++)
+            kv[i] = kvt_rand(&seed);
+        for (int i = 0; i < NH * HD; i++)
+            qq[i] = kvt_rand(&seed);
+        int32_t p = NTOK + step, leaving = p - 16;
+        kv_kvstore_append(s, 0, kv, kv, &p, 1);
+        kv_kvstore_attention(s, 0, qq, &p, 1, oo, NULL);
+        for (int g = 0; g < NKV; g++) {
+            const int32_t *sp;
+            const float *ss, *sq;
+            int n = kv_kvstore_scores(s, 0, g, &sp, &ss, &sq);
+            uint8_t tiers[NTOK + 30];
+            kv_kvstore_tiers(s, 0, g, tiers, p + 1);
+            for (int i = 0; i < n; i++)
+                if (sp[i] == leaving) {
+                    kv_tier want = kv_diffkv_classify(ss[i], sq[i], p + 1, 2.0f, 1.2f);
+                    cr_expect_eq(tiers[leaving], want, "step %d head %d: tier %d, core %d", step, g, tiers[leaving],
+                                 want);
+                    cr_expect_eq(sq[i], 17.0f, "the leaving token has its own query and 16 later ones");
+                }
+        }
+    }
     kv_kvstore_destroy(s);
     kv_kvstore_destroy(s0);
     free(k);

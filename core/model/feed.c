@@ -24,7 +24,7 @@ int kv_feed_measure(const kv_scenario *s, kv_policy *p, kv_feed *out, kv_error *
     if (!rc)
         rc = kv_model_load(path, &m, err);
     if (rc)
-        return kv_error_prefix(err, "%s: lynx.from/diffkv.from: reference-model: ", s->path);
+        return kv_error_prefix(err, "%s: lynx.from: reference-model: ", s->path);
     const kv_model_config *c = kv_model_get_config(m);
     kv_policy_model card = {"reference", c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim};
     kv_policy_request req = {0, FEED_CONTEXT, 16, 0.0};
@@ -60,18 +60,6 @@ int kv_feed_measure(const kv_scenario *s, kv_policy *p, kv_feed *out, kv_error *
                 out->accept_conditional[j] = before > 0 ? (double)row->accepted[j] / (double)before : 0.0;
                 before = row->accepted[j];
             }
-        }
-        double tokens = 0, high = 0, low = 0, window = 0;
-        for (int l = 0; l < c->n_layers; l++) {
-            tokens += row->layers[l].tokens;
-            high += row->layers[l].tokens_high;
-            low += row->layers[l].tokens_low;
-            window += row->layers[l].tokens_window;
-        }
-        if (enc[0].diffkv && tokens - window > 0) {
-            out->has_tiers = true;
-            out->high_fraction = high / (tokens - window);
-            out->low_fraction = low / (tokens - window);
         }
     }
     if (!rc && out->speculations > 0)

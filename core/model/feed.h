@@ -1,11 +1,10 @@
-/* feed.h — what the reference model measures for the simulator: Lynx acceptance and DiffKV tiers.
+/* feed.h — what the reference model measures for the simulator: Lynx acceptance.
  *
- * When a scenario says `lynx.from: reference-model` or `diffkv.from:
- * reference-model`, each policy is evaluated once on SmolLM2-135M (a short
- * teacher-forced text and Lynx speculation at 8 prompt lengths, through
- * core/model/eval.c) and the engine uses what was measured: the conditional
- * acceptance of each speculative position and the fraction of tokens each
- * DiffKV tier kept outside the recent window.
+ * When a scenario says `lynx.from: reference-model`, each policy is evaluated
+ * once on SmolLM2-135M (a short teacher-forced text and Lynx speculation at 8
+ * prompt lengths, through core/model/eval.c) and the engine uses what was
+ * measured: the conditional acceptance of each speculative position. (DiffKV's
+ * significance distribution is measured by core/model/diffkv_scores.h.)
  */
 #ifndef KV_FEED_H
 #define KV_FEED_H
@@ -22,8 +21,6 @@ typedef struct kv_feed {
     int positions;                                 /* speculative positions measured (0: none) */
     double accept_conditional[KV_FEED_MAX_POSITIONS]; /* P(position j accepted | j-1 accepted) */
     long speculations;                             /* speculation samples behind the rates */
-    bool has_tiers;                                /* the policy's encoding is DiffKV */
-    double high_fraction, low_fraction;            /* of the tokens outside the recent window */
     char source[256];                              /* "reference model FILE, N tokens of TEXT" */
 } kv_feed;
 

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/diffkv.h"
 #include "core/model/kvquant.h"
 
 #define kv_assert(cond)                                                                                          \
@@ -35,9 +36,6 @@
     } while (0)
 
 enum { TIER_EXACT = 0, TIER_WINDOW = 1, TIER_HIGH = 2, TIER_LOW = 3 };
-
-/* DiffKV significance is gathered from this many last prompt queries. */
-#define PREFILL_SCORE_QUERIES 64
 
 typedef struct lane {
     int n, cap;       /* tokens stored, capacity */
@@ -440,27 +438,18 @@ int kv_kvstore_length(const kv_kvstore *s) { return s->length; }
 
 /* ---- Tiers and windows ------------------------------------------------------------------------ */
 
-/* DiffKV: the tier of token i from its mean significance at context length
-   `context`: TIER_HIGH, TIER_LOW, or -1 (pruned). */
-static int diffkv_tier(const kv_encoding *e, const lane *L, int i, int context)
-{
-    double mean = L->sig_n[i] > 0 ? (double)L->sig[i] / L->sig_n[i] : 0.0;
-    if (mean >= e->alpha_high / context)
-        return TIER_HIGH;
-    if (mean >= e->alpha_low / context)
-        return TIER_LOW;
-    return -1;
-}
-
-/* Gives token i (holding its high-tier reconstruction) its decided tier;
+/* Gives token i (holding its high-tier reconstruction) its final tier by
+   DiffKV's rule (core/diffkv.h: its mean significance against alpha / context);
    returns false if it was pruned (removed from the lane). */
-static bool apply_tier(const kv_encoding *e, lane *L, int i, int tier, int hd)
+static bool apply_tier(const kv_encoding *e, lane *L, int i, int64_t context, int hd)
 {
+    kv_tier t = kv_diffkv_classify(L->sig[i], L->sig_n[i], context, (float)e->alpha_high, (float)e->alpha_low);
     L->fixed[i] = 1;
-    if (tier < 0) {
+    if (t == KV_TIER_PRUNED) {
         lane_remove(L, i, hd);
         return false;
     }
+    int tier = t == KV_TIER_HIGH ? TIER_HIGH : TIER_LOW;
     L->tier[i] = (uint8_t)tier;
     lane_touch(L, i);
     if (tier == TIER_LOW) { /* demotion re-quantizes what the cache holds */
@@ -501,11 +490,9 @@ static void seal_lane(kv_kvstore *s, const kv_encoding *e, lane *L)
             L->fixed[i] = 0;
         }
         int decide = n - e->window, i = 0;
-        for (int seen = 0; seen < decide; seen++) {
-            int tier = diffkv_tier(e, L, i, context);
-            if (apply_tier(e, L, i, tier, hd))
+        for (int seen = 0; seen < decide; seen++)
+            if (apply_tier(e, L, i, context, hd))
                 i++;
-        }
         return;
     }
     int B = block_tokens(e), Q = n - e->full_precision_window;
@@ -614,13 +601,11 @@ void kv_kvstore_append(kv_kvstore *s, int layer, const float *k, const float *v,
                 continue;
             if (e->diffkv) {
                 /* New tokens enter the high tier; the one leaving the recent
-                   window is decided for good (at most one per step). */
+                   window is decided after this step's attention has added its
+                   probabilities (decide_leaving). */
                 encode_row(&e->key, L->k + at, hd, NULL, key_sink(L, i, hd));
                 encode_row(&e->value, L->v + at, hd, NULL, value_sink(L, i, hd));
                 L->tier[i] = TIER_HIGH;
-                int leaving = L->n - 1 - e->window;
-                if (leaving >= 0 && !L->fixed[leaving])
-                    apply_tier(e, L, leaving, diffkv_tier(e, L, leaving, pos[t] + 1), hd);
             } else if (e->full_precision_window > 0 || block_tokens(e) > 1) {
                 for (int c = 0; c < hd; c++) {
                     L->k[at + c] = kv_bf16_round(L->k[at + c]);
@@ -676,9 +661,9 @@ static int visible(const lane *L, int32_t p)
    query rows, the rows of the G query heads that share the KV head are
    gathered into one matrix, so each block is two sgemm calls:
    S = Q K^T (scaled), row softmax over the visible keys, O = S V.
-   DiffKV lanes (or KV_KVSTORE_SCORES) gather the probabilities the last
-   PREFILL_SCORE_QUERIES queries give each token: summed over queries per
-   head, then the maximum over the heads of the group. */
+   DiffKV lanes (or KV_KVSTORE_SCORES) gather the probabilities every query
+   gives each token (DiffKV's significance, core/diffkv.h): summed over
+   queries per head, then the maximum over the heads of the group. */
 static void attention_exact(kv_kvstore *s, int layer, const float *q, const int32_t *pos, int T, float *out)
 {
     enum { QB = 128 };
@@ -690,7 +675,6 @@ static void attention_exact(kv_kvstore *s, int layer, const float *q, const int3
         size_t li = (size_t)layer * KVH + (size_t)g;
         lane *L = &s->lanes[li];
         bool scores = (s->flags & KV_KVSTORE_SCORES) || (s->enc && s->enc[li].diffkv);
-        int first_scored = T - PREFILL_SCORE_QUERIES < 0 ? 0 : T - PREFILL_SCORE_QUERIES;
         int nk_all = visible(L, pos[T - 1]);
         size_t nka = (size_t)(nk_all ? nk_all : 1);
         float *S = kv_malloc(GR * nka * sizeof *S);
@@ -715,7 +699,7 @@ static void attention_exact(kv_kvstore *s, int layer, const float *q, const int3
                     int m = visible(L, pos[r0 + r]);
                     softmax(row, m);
                     memset(row + m, 0, (size_t)(nk - m) * sizeof *row);
-                    if (scores && r0 + r >= first_scored)
+                    if (scores)
                         for (int j = 0; j < m; j++)
                             acc[(size_t)hh * nka + j] += row[j];
                 }
@@ -731,7 +715,7 @@ static void attention_exact(kv_kvstore *s, int layer, const float *q, const int3
                 for (int hh = 0; hh < G; hh++)
                     best = acc[(size_t)hh * nka + j] > best ? acc[(size_t)hh * nka + j] : best;
                 L->sig[j] += best;
-                for (int r = first_scored; r < T; r++)
+                for (int r = 0; r < T; r++)
                     L->sig_n[j] += pos[r] >= L->pos[j] ? 1.0f : 0.0f;
             }
         kv_free(S);
@@ -1054,7 +1038,7 @@ static int attention_backend(kv_kvstore *s, int layer, const float *q, const int
 /* Attention over the stored (encoded) KV after the seal: the backend's kernel
    when one is set, else the loop over the reconstructed values. With
    KV_KVSTORE_MEASURE, the same queries also run over the bf16 reference. */
-static int attention_stored(kv_kvstore *s, int layer, const float *q, const int32_t *pos, int T, float *out,
+static int attention_stored_run(kv_kvstore *s, int layer, const float *q, const int32_t *pos, int T, float *out,
                             kv_error *err)
 {
     int H = s->shape.n_heads, KVH = s->shape.n_kv_heads, hd = s->shape.head_dim, G = H / KVH;
@@ -1118,6 +1102,37 @@ static int attention_stored(kv_kvstore *s, int layer, const float *q, const int3
     return KV_OK;
 }
 
+/* DiffKV decode: the tokens that have left the recent window since the last
+   decision get their final tier, with the probabilities this step's queries
+   just added and the context `context` (core/diffkv.h). Tokens are decided
+   in position order, so the undecided ones are the lane's last. */
+static void decide_leaving(const kv_encoding *e, lane *L, int64_t context, int hd)
+{
+    int i = L->n;
+    while (i > 0 && !L->fixed[i - 1])
+        i--;
+    while (i < L->n - e->window)
+        if (apply_tier(e, L, i, context, hd))
+            i++;
+}
+
+static int attention_stored(kv_kvstore *s, int layer, const float *q, const int32_t *pos, int T, float *out,
+                            kv_error *err)
+{
+    int rc = attention_stored_run(s, layer, q, pos, T, out, err);
+    if (rc || !s->enc)
+        return rc;
+    int32_t last = pos[0];
+    for (int t = 1; t < T; t++)
+        last = pos[t] > last ? pos[t] : last;
+    for (int g = 0; g < s->shape.n_kv_heads; g++) {
+        size_t li = (size_t)layer * s->shape.n_kv_heads + (size_t)g;
+        if (s->enc[li].diffkv)
+            decide_leaving(&s->enc[li], &s->lanes[li], (int64_t)last + 1, s->shape.head_dim);
+    }
+    return KV_OK;
+}
+
 void kv_kvstore_set_backend(kv_kvstore *s, kv_backend *be)
 {
     for (int i = 0; i < 8; i++) {
@@ -1142,6 +1157,30 @@ int kv_kvstore_attention(kv_kvstore *s, int layer, const float *q, const int32_t
 }
 
 /* ---- Statistics ------------------------------------------------------------------------------------------ */
+
+int kv_kvstore_scores(const kv_kvstore *s, int layer, int kv_head, const int32_t **pos, const float **sum,
+                      const float **queries)
+{
+    const lane *L = &s->lanes[(size_t)layer * s->shape.n_kv_heads + (size_t)kv_head];
+    if (pos)
+        *pos = L->pos;
+    if (sum)
+        *sum = L->sig;
+    if (queries)
+        *queries = L->sig_n;
+    return L->n;
+}
+
+int kv_kvstore_tiers(const kv_kvstore *s, int layer, int kv_head, uint8_t *tiers, int n)
+{
+    const lane *L = &s->lanes[(size_t)layer * s->shape.n_kv_heads + (size_t)kv_head];
+    for (int p = 0; p < n; p++)
+        tiers[p] = KV_TIER_PRUNED;
+    for (int i = 0; i < L->n; i++)
+        if (L->pos[i] >= 0 && L->pos[i] < n)
+            tiers[L->pos[i]] = L->tier[i] == TIER_LOW ? KV_TIER_LOW : KV_TIER_HIGH;
+    return L->n;
+}
 
 void kv_kvstore_get_layer_stats(const kv_kvstore *s, int layer, kv_kvstore_layer_stats *st)
 {

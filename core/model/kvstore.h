@@ -5,8 +5,8 @@
  *      is exact — the prefill node computes at full precision;
  *   2. kv_kvstore_seal: the prompt's KV is encoded per the policy's
  *      kv_encoding of each (layer, KV head) — this is what crosses the
- *      network. DiffKV assigns tiers here from the significance the last 64
- *      prompt queries gave each token; KIVI keeps the most recent tokens bf16;
+ *      network. DiffKV assigns tiers here by core/diffkv.h's rule from the
+ *      significance every later prompt query gave each token; KIVI keeps the most recent tokens bf16;
  *      Lynx keeps both planes but shows only the anchor until
  *      kv_kvstore_set_residual(true);
  *   3. decode: each new token's K and V are encoded on write (the decode
@@ -111,5 +111,17 @@ typedef struct kv_kvstore_layer_stats {
 } kv_kvstore_layer_stats;
 
 void kv_kvstore_get_layer_stats(const kv_kvstore *s, int layer, kv_kvstore_layer_stats *out);
+
+/* DiffKV significance of the stored tokens of (layer, KV head), in position
+   order: positions, the summed probability each received (max over the GQA
+   group) and the number of queries summed. Pointers into the store, valid
+   until it changes; gathered by DiffKV lanes and by KV_KVSTORE_SCORES stores.
+   Returns the number of stored tokens. */
+int kv_kvstore_scores(const kv_kvstore *s, int layer, int kv_head, const int32_t **pos, const float **sum,
+                      const float **queries);
+/* The kv_tier (core/diffkv.h) of positions 0 .. n-1 of (layer, KV head):
+   KV_TIER_PRUNED where nothing is stored, KV_TIER_LOW for DiffKV's low tier,
+   KV_TIER_HIGH otherwise (any other stored token). Returns the tokens stored. */
+int kv_kvstore_tiers(const kv_kvstore *s, int layer, int kv_head, uint8_t *tiers, int n);
 
 #endif
