@@ -7,23 +7,20 @@
 #include "core/study.h"
 #include "tests/model_fixture.h"
 
-/* Fetches the reference model (once; cached) or says visibly why it cannot be had. */
-static int model_available(void)
+/* Fetches the reference model (once; cached); skips visibly, or fails where the
+   model is required, when it cannot be had. */
+static void need_model(void)
 {
     char reason[512];
     char *path = kvt_real_model(reason, sizeof reason);
-    if (!path) {
-        fprintf(stderr, "skipped: reference-model feed: %s\n", reason);
-        return 0;
-    }
+    if (!path)
+        KVT_MODEL_MISSING(reason);
     free(path);
-    return 1;
 }
 
 Test(feed, diffkv_tiers_from_reference_model, .timeout = 600)
 {
-    if (!model_available())
-        cr_skip("reference model not available");
+    need_model();
     const char *sets[] = {"diffkv.from=reference-model", "policies=[bf16,diffkv]", "workload.requests=6",
                           "workload.output.min=64", "workload.output.max=128"};
     kv_error err = {0};
