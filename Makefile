@@ -1,6 +1,8 @@
 # kvsim — the two set-up commands of README.md live here.
 #   make run   installs what is missing, builds, runs the quickstart scenario
-#   make test  the same set-up, then every test
+#   make test  the same set-up, then every test (a missing reference model fails it:
+#              KVSIM_REQUIRE_MODEL=0 lets it skip instead, visibly)
+#   make fuzz  every libFuzzer harness of tests/fuzz for FUZZ_SECONDS each (needs clang)
 # Everything real is in CMake; this file only strings the steps together.
 
 BUILD      ?= build
@@ -8,8 +10,11 @@ BUILD_ASAN ?= build-asan
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 SCENARIO   ?= scenarios/quickstart.yaml
 CMAKE_ARGS ?=
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?= scenario gguf trace_azure trace_mooncake trace_burstgpt
+KVSIM_REQUIRE_MODEL ?= 1
 
-.PHONY: all setup build run test test-asan bench clean
+.PHONY: all setup build run test test-asan fuzz bench clean
 
 all: build
 
@@ -26,13 +31,19 @@ run: build
 	./$(BUILD)/kvsim run $(SCENARIO) --out out/quickstart
 
 test: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD) && KVSIM_REQUIRE_MODEL=$(KVSIM_REQUIRE_MODEL) ctest --output-on-failure -j $(JOBS)
+
+# The harnesses are built with clang by the normal build, in $(BUILD)/fuzz; what
+# they find is kept in $(BUILD)/fuzz/tests/fuzz/corpus, crashes in .../artifacts.
+fuzz: build
+	@test -d $(BUILD)/fuzz/tests/fuzz || { echo "make fuzz: no harnesses in $(BUILD)/fuzz (clang with libFuzzer was not found when CMake ran; see its message)"; exit 1; }
+	sh tests/fuzz/run.sh long $(BUILD)/fuzz/tests/fuzz "$(FUZZ_TARGETS)" $(FUZZ_SECONDS)
 
 # AddressSanitizer + UndefinedBehaviorSanitizer build of everything, then every test.
 test-asan: setup
 	cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Debug -DKV_WERROR=ON -DKV_SANITIZE=ON $(CMAKE_ARGS)
 	cmake --build $(BUILD_ASAN) -j $(JOBS)
-	cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD_ASAN) && KVSIM_REQUIRE_MODEL=$(KVSIM_REQUIRE_MODEL) ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
 
 clean:
 	rm -rf $(BUILD) $(BUILD_ASAN)

@@ -20,7 +20,8 @@ typedef struct kv_error {
    `return kv_error_set(err, KV_EINPUT, "...")`. */
 int kv_error_set(kv_error *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-int kv_error_setv(kv_error *err, int code, const char *fmt, va_list ap);
+int kv_error_setv(kv_error *err, int code, const char *fmt, va_list ap)
+    __attribute__((format(printf, 3, 0)));
 
 /* Prefixes the existing message with more context ("while loading X: ..."). */
 int kv_error_prefix(kv_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

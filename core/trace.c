@@ -366,10 +366,21 @@ static int parse_azure_time(trace_reader *r, const csv_field *f, azure_time *out
     if (ok && i < n && s[i] == 'Z') {
         i++;
     } else if (ok && i < n && (s[i] == '+' || s[i] == '-')) {
-        long long oh, om;
+        /* The zone offset is read whole before it is used: a malformed one is
+           an error of its own, never a number made of unread digits. */
+        size_t zone = i;
+        long long oh = 0, om = 0;
         int sign = s[i++] == '-' ? -1 : 1;
-        ok = take_digits(s, n, &i, 2, &oh) && take_char(s, n, &i, ":") && take_digits(s, n, &i, 2, &om) &&
-             oh <= 23 && om <= 59;
+        if (!(take_digits(s, n, &i, 2, &oh) && take_char(s, n, &i, ":") && take_digits(s, n, &i, 2, &om) &&
+              i == n)) {
+            char zone_shown[64];
+            quote_field(zone_shown, sizeof zone_shown, s + zone, n - zone);
+            return trace_fail(r, (int)(s + zone - r->line) + 1, "TIMESTAMP",
+                              "zone offset %s in %s is not +HH:MM or -HH:MM", zone_shown, shown);
+        }
+        if (oh > 23 || om > 59)
+            return trace_fail(r, (int)(s + zone - r->line) + 1, "TIMESTAMP", "zone offset %.6s in %s is out of range "
+                              "(-23:59 to +23:59)", s + zone, shown);
         offset_s = sign * (oh * 3600 + om * 60);
     }
     if (!ok || i != n)

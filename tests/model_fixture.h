@@ -481,4 +481,24 @@ static inline char *kvt_real_model(char *reason, size_t reason_len)
     return strdup(last); /* the script's last line is the path */
 }
 
+/* True when a missing reference model must fail the test instead of skipping it:
+   CI=true (CI sets it) or KVSIM_REQUIRE_MODEL=1 (make test sets it). */
+static inline int kvt_model_required(void)
+{
+    const char *ci = getenv("CI"), *req = getenv("KVSIM_REQUIRE_MODEL");
+    return (ci && (strcmp(ci, "true") == 0 || strcmp(ci, "1") == 0)) || (req && strcmp(req, "1") == 0);
+}
+
+/* The real model could not be had (reason from kvt_real_model): fails the test
+   if the model is required, else skips it visibly (ctest shows "Skipped", see
+   tests/criterion-run.sh). For use inside a Criterion test (needs criterion.h). */
+#define KVT_MODEL_MISSING(reason)                                                                             \
+    do {                                                                                                      \
+        if (kvt_model_required())                                                                             \
+            cr_assert_fail("reference model required (CI=true or KVSIM_REQUIRE_MODEL=1) but not available: %s", \
+                           (reason));                                                                         \
+        fprintf(stderr, "skipped: reference model not available (%s)\n", (reason));                          \
+        cr_skip_test("reference model not available (%s)", (reason));                                         \
+    } while (0)
+
 #endif

@@ -8,25 +8,22 @@
 #include "tests/support.h"
 #include "tests/model_fixture.h"
 
-/* Fetches the reference model (once; cached) or says visibly why it cannot be had. */
-static int model_available(void)
+/* Fetches the reference model (once; cached); skips visibly, or fails where the
+   model is required, when it cannot be had. */
+static void need_model(void)
 {
     char reason[512];
     char *path = kvt_real_model(reason, sizeof reason);
-    if (!path) {
-        fprintf(stderr, "skipped: reference-model feed: %s\n", reason);
-        return 0;
-    }
+    if (!path)
+        KVT_MODEL_MISSING(reason);
     free(path);
-    return 1;
 }
 
 /* The default diffkv.scores: measured on SmolLM2-135M (in a fresh cache folder), then the second
    run reads the cache: same table, same results, "cached in" in tiers_source. */
 Test(feed, diffkv_significance_measured_on_reference_model_then_cached, .timeout = 900)
 {
-    if (!model_available())
-        cr_skip("reference model not available");
+    need_model();
     char *dir = kvt_tempdir();
     setenv("KVSIM_CACHE_DIR", dir, 1);
     const char *sets[] = {"policies=[bf16,diffkv]", "workload.requests=6", "workload.output.min=64",

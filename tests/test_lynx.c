@@ -135,10 +135,8 @@ Test(lynx, acceptance_from_reference_model, .timeout = 600)
 {
     char reason[512];
     char *model = kvt_real_model(reason, sizeof reason);
-    if (!model) {
-        fprintf(stderr, "skipped: lynx acceptance from the reference model: %s\n", reason);
-        cr_skip("reference model not available");
-    }
+    if (!model)
+        KVT_MODEL_MISSING(reason);
     free(model);
     run r;
     const char *sets[] = {"lynx.from=reference-model", "policies=[int4,int8,lynx]"};

@@ -277,10 +277,8 @@ Test(eval, real_model_short_run, .timeout = 300)
 {
     char reason[4096];
     char *path = kvt_real_model(reason, sizeof reason);
-    if (!path) {
-        fprintf(stderr, "skipped: real model not available (%s)\n", reason);
-        cr_skip_test("real model not available (%s)", reason);
-    }
+    if (!path)
+        KVT_MODEL_MISSING(reason);
     char *dir = kvt_tempdir();
     char body[4096];
     snprintf(body, sizeof body,

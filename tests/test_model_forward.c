@@ -219,10 +219,8 @@ Test(forward, real_model_greedy_output, .timeout = 120)
 {
     char reason[4096];
     char *path = kvt_real_model(reason, sizeof reason);
-    if (!path) {
-        fprintf(stderr, "skipped: real model not available (%s)\n", reason);
-        cr_skip_test("real model not available (%s)", reason);
-    }
+    if (!path)
+        KVT_MODEL_MISSING(reason);
     kv_model *m;
     kv_error err;
     cr_assert_eq(kv_model_load(path, &m, &err), KV_OK, "%s", err.msg);

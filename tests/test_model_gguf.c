@@ -401,10 +401,8 @@ Test(gguf, real_model_table)
 {
     char reason[4096];
     char *path = kvt_real_model(reason, sizeof reason);
-    if (!path) {
-        fprintf(stderr, "skipped: real model not available (%s)\n", reason);
-        cr_skip_test("real model not available (%s)", reason);
-    }
+    if (!path)
+        KVT_MODEL_MISSING(reason);
     kv_gguf *g;
     kv_error err;
     cr_assert_eq(kv_gguf_open(path, &g, &err), KV_OK, "%s", err.msg);
