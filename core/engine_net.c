@@ -1,4 +1,5 @@
 /* engine_net.c — the scenario's `network:` section as a kv_net_config, and a check that it builds. */
+#include <stdio.h>
 #include <string.h>
 
 #include "core/engine.h"
@@ -33,14 +34,26 @@ int kv_engine_net_config(const kv_scenario *s, int model, kv_net_config *cfg, ch
     cfg->dragonfly_nodes = s->dragonfly_nodes;
     cfg->host_slot = s->host_slots.count ? s->host_slots.items : NULL;
     cfg->host_names = s->host_names.count ? (const char *const *)s->host_names.items : NULL;
+    cfg->prefill_hosts = s->prefill.nodes;
+    cfg->watchdog_s = s->net_watchdog_s;
     const kv_ynode *opts = s->simgrid_options;
     if (opts && opts->kind == KV_YMAP) {
-        for (size_t i = 0; i < opts->count && cfg->n_options < KV_NET_MAX_OPTIONS; i++) {
-            if (opts->items[i]->kind != KV_YSCALAR)
-                continue;
-            cfg->option_key[cfg->n_options] = opts->keys[i];
-            cfg->option_value[cfg->n_options] = opts->items[i]->value;
-            cfg->n_options++;
+        char w[512];
+        if (opts->count > KV_NET_MAX_OPTIONS)
+            return kv_error_set(err, KV_EINPUT, "%s: network.simgrid: at most %d options, got %zu",
+                                kv_ytree_where(opts, w, sizeof w), KV_NET_MAX_OPTIONS, opts->count);
+        for (size_t i = 0; i < opts->count; i++) {
+            const kv_ynode *v = opts->items[i];
+            if (v->kind != KV_YSCALAR)
+                return kv_error_set(err, KV_EINPUT, "%s: network.simgrid.%s: expected a value, got a %s",
+                                    kv_ytree_where(v, w, sizeof w), opts->keys[i],
+                                    v->kind == KV_YMAP ? "mapping" : "list");
+            int n = cfg->n_options++;
+            cfg->option_key[n] = opts->keys[i];
+            cfg->option_value[n] = v->value;
+            cfg->option_file[n] = v->file;
+            cfg->option_line[n] = v->line;
+            cfg->option_col[n] = v->col;
         }
     }
     if (cfg->platform_file) {
@@ -57,6 +70,34 @@ static void ignore_done(void *user, kv_flow_id id, uint64_t tag, double t)
     (void)user, (void)id, (void)tag, (void)t;
 }
 
+/* "path: network.KEY: ..." from the network names the scenario file only; when KEY is
+   written in the scenario, this puts its line and column after the path. */
+static void locate_network_key(const kv_scenario *s, kv_error *err)
+{
+    size_t n = strlen(s->path);
+    if (strncmp(err->msg, s->path, n) != 0 || strncmp(err->msg + n, ": network.", 10) != 0)
+        return;
+    const char *key = err->msg + n + 2;
+    char dotted[128];
+    size_t k = strcspn(key, ":[ ");
+    if (k >= sizeof dotted)
+        return;
+    memcpy(dotted, key, k);
+    dotted[k] = 0;
+    /* The net config's fat_tree_spines and dragonfly_nodes are fat_tree.spines and
+       dragonfly.nodes in the scenario. */
+    const char *prefixes[] = {"network.fat_tree_", "network.dragonfly_"};
+    for (size_t i = 0; i < 2; i++)
+        if (strncmp(dotted, prefixes[i], strlen(prefixes[i])) == 0)
+            dotted[strlen(prefixes[i]) - 1] = '.';
+    const kv_ynode *node = kv_ytree_path(s->tree, dotted);
+    if (!node || strncmp(node->file, "--set", 5) == 0)
+        return;
+    char w[512], rest[sizeof err->msg];
+    snprintf(rest, sizeof rest, "%s", err->msg + n);
+    kv_error_set(err, err->code, "%s%s", kv_ytree_where(node, w, sizeof w), rest);
+}
+
 int kv_engine_check_network(const kv_scenario *s, int model, kv_error *err)
 {
     if (s->colocated)
@@ -68,5 +109,7 @@ int kv_engine_check_network(const kv_scenario *s, int model, kv_error *err)
     if (!rc)
         rc = kv_net_create(&cfg, ignore_done, NULL, &net, err);
     kv_net_destroy(net);
+    if (rc == KV_EINPUT)
+        locate_network_key(s, err);
     return rc;
 }

@@ -83,7 +83,9 @@ static const kv_key_spec scenario_keys[] = {
     {"network.platform_file", KV_KEY_STRING, S(platform_file), "\"\"", 0, 0, NULL,
      "topology: platform — a SimGrid platform XML"},
     {"network.simgrid", KV_KEY_FREEMAP, S(simgrid_options), NULL, 0, 0, NULL,
-     "SimGrid options passed through, e.g. {network/model: CM02}"},
+     "SimGrid options, checked then passed through, e.g. {network/model: CM02} (docs/network.md)"},
+    {"network.watchdog_s", KV_KEY_POSITIVE, S(net_watchdog_s), "60", 0, 86400, NULL,
+     "simgrid: seconds SimGrid may go without answering one request before kvsim stops the run"},
 
     {"workload", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "the requests"},
     {"workload.requests", KV_KEY_INT, S(requests), "100", 0, 100000000, NULL,

@@ -45,6 +45,7 @@ typedef struct kv_scenario {
     kv_strlist host_names;
     bool split_duplex;
     const kv_ynode *simgrid_options;
+    double net_watchdog_s; /* seconds a SimGrid child may go without answering before kvsim kills it */
 
     int requests;
     char *arrival;

@@ -223,6 +223,7 @@ int kv_cmd_bench_net(int argc, char **argv)
         c->dragonfly_groups = 4;
         c->dragonfly_chassis = (c->hosts + 63) / 64;
     }
+    c->prefill_hosts = c->hosts / 2; /* flows go from the first half to the second (a platform is checked) */
     if (o.model) {
         c->option_key[0] = "network/model";
         c->option_value[0] = o.model;

@@ -78,7 +78,16 @@ typedef struct kv_net_config {
     const int *host_slot;         /* [hosts] topology position of host i (NULL: i); caller owns */
     const char *const *host_names; /* platform: [hosts] SimGrid host of host i (NULL: hosts sorted
                                       by name); caller owns */
+    int prefill_hosts;            /* platform: hosts [0, prefill_hosts) send to [prefill_hosts, hosts);
+                                     each such pair must have a route (0: no route check) */
+    double watchdog_s;            /* simgrid: a child silent this long on one request is killed (s; 0: 60) */
+    const char *option_file[KV_NET_MAX_OPTIONS]; /* where option i was written: the scenario file or
+                                                    "--set KEY" (NULL: unknown); for error messages */
+    int option_line[KV_NET_MAX_OPTIONS];         /* 1-based line of option i in option_file (0: unknown) */
+    int option_col[KV_NET_MAX_OPTIONS];          /* 1-based column of option i */
 } kv_net_config;
+
+#define KV_NET_WATCHDOG_DEFAULT_S 60.0
 
 /* One KV transfer. */
 typedef struct kv_flow_spec {

@@ -143,18 +143,31 @@ Test(net_input, simgrid_options)
     cfg.n_options = 1;
     cfg.option_key[0] = "network/model";
     cfg.option_value[0] = "FOO";
-    expect_bad(&cfg, "network/model|unknown model 'FOO'");
+    expect_bad(&cfg, "network.simgrid.network/model|unknown value 'FOO'");
     cfg.option_key[0] = "network/bogus";
     cfg.option_value[0] = "1";
-    expect_bad(&cfg, "network.options|Bad config key: network/bogus");
+    expect_bad(&cfg, "test.yaml: network.simgrid.network/bogus|not a SimGrid option kvsim passes through");
     cfg.option_key[0] = "network/TCP-gamma";
     cfg.option_value[0] = "0";
-    expect_bad(&cfg, "network/TCP-gamma|positive");
+    expect_bad(&cfg, "network.simgrid.network/TCP-gamma|must be > 0");
     cfg.option_key[0] = "maxmin/precision";
     cfg.option_value[0] = "fast";
-    expect_bad(&cfg, "network.options");
+    expect_bad(&cfg, "network.simgrid.maxmin/precision|expected a finite number, got 'fast'");
+    /* Where the option is written, when the caller knows. */
+    cfg.option_file[0] = "s.yaml";
+    cfg.option_line[0] = 12;
+    cfg.option_col[0] = 7;
+    expect_bad(&cfg, "s.yaml:12:7: network.simgrid.maxmin/precision");
+    cfg.option_file[0] = "--set network.simgrid";
+    expect_bad(&cfg, "test.yaml: network.simgrid.maxmin/precision (from --set network.simgrid)");
+    cfg.option_file[0] = NULL;
+    cfg.option_key[0] = "surf/precision";
+    cfg.option_value[0] = "0"; /* SimGrid spins forever on it */
+    expect_bad(&cfg, "network.simgrid.surf/precision|must be > 0");
     cfg.option_key[0] = "network/model";
-    cfg.option_value[0] = "Constant";
+    cfg.option_value[0] = "Constant"; /* SimGrid aborts building kvsim's links */
+    expect_bad(&cfg, "network.simgrid.network/model|unknown value 'Constant'");
+    cfg.option_value[0] = "IB";
     cfg.priority = KV_PRIO_STRICT;
     expect_bad(&cfg, "network.priority|CM02, LV08 or SMPI");
     cfg.option_key[0] = "network/optim";
@@ -201,7 +214,7 @@ Test(net_input, bench_command_exit_codes)
     cr_assert(strstr(out, "nic_bandwidth_gbps"), "got: %s", out);
     free(out);
     cr_assert_eq(kvt_kvsim("bench net --flows 2 --hosts 8 --hosts-per-leaf 3 --model LV07", &out), 2);
-    cr_assert(strstr(out, "unknown model 'LV07'"), "got: %s", out);
+    cr_assert(strstr(out, "unknown value 'LV07'"), "got: %s", out);
     free(out);
     cr_assert_eq(kvt_kvsim("bench net --frobnicate 1", &out), 2);
     free(out);

@@ -34,6 +34,7 @@
 #include <simgrid/simix.hpp>
 #include <xbt/config.hpp>
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -137,9 +138,10 @@ public:
             link_index_[platform_.links[i]] = (int)i;
     }
 
-    /* Connects the priority hook and checks that SimGrid can give what cfg asks. */
+    /* Connects the watchdog and the priority hook and checks that SimGrid can give what cfg asks. */
     int prepare(std::string* msg)
     {
+        sg4::Engine::on_time_advance_cb([this](double) { count_step(); });
         if (cfg_->priority == KV_PRIO_NONE)
             return KV_OK;
         model_ = dynamic_cast<Model*>(sg4::Engine::get_instance()->get_netzone_root()->get_network_model());
@@ -171,6 +173,28 @@ private:
     double now_ = 0;                          /* kvsim's time of this network */
     int error_code_ = KV_OK;                  /* first error of an unanswered request */
     std::string error_;
+    uint64_t steps_ = 0;                      /* solver steps since the driver last woke */
+
+    /* The child's watchdog: SimGrid steps (each solve that moves the clock, maybe by 0)
+       while the driver waits. Legit runs take a few per flow between two wake-ups; a
+       SimGrid that never reaches the event it computed (surf/precision 0 did) spins
+       here forever. Then the child answers "stuck" and exits. */
+    void count_step()
+    {
+        if (++steps_ <= KV_SG_STEP_CAP + KV_SG_STEP_CAP_PER_FLOW * (uint64_t)active_.size())
+            return;
+        char msg[300];
+        std::snprintf(msg, sizeof msg,
+                      "SimGrid took %llu solver steps without reaching the next event, at simulated time %.9g s "
+                      "with %zu flows in flight",
+                      (unsigned long long)steps_, sg4::Engine::get_clock(), active_.size());
+        kv_sg_reply h{};
+        h.code = KV_EFAIL;
+        h.flags = KV_SG_STUCK;
+        h.t_now_s = now_;
+        reply(h, nullptr, 0, msg);
+        _exit(0);
+    }
 
     void fail(int code, const std::string& msg)
     {
@@ -248,8 +272,12 @@ bool Driver::wait_until(double t)
     if (comms_.empty()) {
         if (d > 0)
             sg4::this_actor::sleep_for(d);
-    } else if (sg4::Comm::wait_any_for(comms_, d) >= 0) {
-        return false;
+        steps_ = 0;
+    } else {
+        ssize_t i = sg4::Comm::wait_any_for(comms_, d);
+        steps_ = 0;
+        if (i >= 0)
+            return false;
     }
     now_ = t;
     return true;
@@ -410,6 +438,7 @@ void Driver::advance(double t_limit)
         } else {
             double timeout = std::isfinite(t_limit) ? exact_delta(sg4::Engine::get_clock(), t_limit) : -1.0;
             ssize_t i = sg4::Comm::wait_any_for(comms_, timeout);
+            steps_ = 0;
             if (i >= 0)
                 done.push_back(active_[(size_t)i]);
             collect_done(&done);
@@ -482,6 +511,91 @@ void send_error(int fd, int code, const std::string& msg)
     write_all(fd, msg.data(), msg.size());
 }
 
+/* SimGrid's routing can crash on a missing route (its Dijkstra zones dereference it;
+   Floyd throws, Full returns an empty route). While routes are checked, a crash sends
+   the answer prepared for the pair being checked. A signal handler has no other way to
+   its data: this is the child's only global state, set before each route_to. */
+struct RouteGuard {
+    int fd;          /* the socket to kvsim */
+    kv_sg_reply head; /* the answer: KV_EINPUT, msg_len */
+    char msg[800];   /* its message */
+};
+RouteGuard route_guard;
+
+extern "C" void route_crashed(int)
+{
+    ssize_t r = write(route_guard.fd, &route_guard.head, sizeof route_guard.head);
+    if (r == (ssize_t)sizeof route_guard.head)
+        r = write(route_guard.fd, route_guard.msg, route_guard.head.msg_len);
+    (void)r;
+    _exit(0);
+}
+
+/* "host 'A' (prefill node i) to host 'B' (decode node j)" */
+std::string pair_name(const kv_net_config* cfg, const std::vector<sg4::Host*>& hosts, int i, int j)
+{
+    return "host '" + hosts[(size_t)i]->get_name() + "' (prefill node " + std::to_string(i) + ") to host '" +
+           hosts[(size_t)j]->get_name() + "' (decode node " + std::to_string(j - cfg->prefill_hosts) + ")";
+}
+
+/* Prepares the answer route_crashed sends if SimGrid crashes routing this pair. */
+void guard_pair(const kv_net_config* cfg, const std::vector<sg4::Host*>& hosts, int i, int j)
+{
+    int n = std::snprintf(route_guard.msg, sizeof route_guard.msg,
+                          "network.platform_file: %s: SimGrid cannot route %s: its routing crashed on this platform",
+                          cfg->platform_file, pair_name(cfg, hosts, i, j).c_str());
+    route_guard.head.msg_len = (uint32_t)std::min<size_t>((size_t)std::max(n, 0), sizeof route_guard.msg - 1);
+}
+
+/* A platform file must route every prefill host to every decode host (SimGrid aborts on
+   the first transfer otherwise); with network/crosstraffic the way back is looked up too. */
+int check_routes(const kv_net_config* cfg, const std::vector<sg4::Host*>& hosts, int fd, std::string* msg)
+{
+    if (cfg->topology != KV_TOPO_PLATFORM || cfg->prefill_hosts <= 0)
+        return KV_OK;
+    bool cross = simgrid::config::get_value<bool>("network/crosstraffic");
+    route_guard.fd = fd;
+    route_guard.head = kv_sg_reply{};
+    route_guard.head.code = KV_EINPUT;
+    struct sigaction sa {};
+    sa.sa_handler = route_crashed;
+    const int sigs[] = {SIGSEGV, SIGABRT, SIGBUS, SIGFPE};
+    struct sigaction old[4];
+    for (int k = 0; k < 4; k++)
+        sigaction(sigs[k], &sa, &old[k]);
+    int rc = KV_OK;
+    for (int i = 0; rc == KV_OK && i < cfg->prefill_hosts; i++) {
+        for (int j = cfg->prefill_hosts; rc == KV_OK && j < cfg->hosts; j++) {
+            guard_pair(cfg, hosts, i, j);
+            for (int back = 0; back <= (cross ? 1 : 0); back++) {
+                std::vector<sg4::Link*> route;
+                double latency = 0;
+                bool none = false;
+                try {
+                    if (back)
+                        hosts[(size_t)j]->route_to(hosts[(size_t)i], route, &latency);
+                    else
+                        hosts[(size_t)i]->route_to(hosts[(size_t)j], route, &latency);
+                    /* SimGrid's own test before it aborts a transfer (the way back may be empty). */
+                    none = !back && route.empty() && !(latency > 0);
+                } catch (const std::exception&) {
+                    none = true;
+                }
+                if (none) {
+                    *msg = std::string("network.platform_file: ") + cfg->platform_file +
+                           (back ? ": no return route (network/crosstraffic needs one) for " : ": no route from ") +
+                           pair_name(cfg, hosts, i, j);
+                    rc = KV_EINPUT;
+                    break;
+                }
+            }
+        }
+    }
+    for (int k = 0; k < 4; k++)
+        sigaction(sigs[k], &old[k], nullptr);
+    return rc;
+}
+
 } // namespace
 
 extern "C" void kv_sg_child_main(const kv_net_config* cfg, int fd)
@@ -494,6 +608,8 @@ extern "C" void kv_sg_child_main(const kv_net_config* cfg, int fd)
         kvsg::Platform platform;
         std::string msg;
         int rc = kvsg::build_platform(cfg, engine, &platform, &msg);
+        if (rc == KV_OK)
+            rc = check_routes(cfg, platform.hosts, fd, &msg);
         if (rc != KV_OK) {
             send_error(fd, rc, msg);
             _exit(0);

@@ -23,6 +23,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +32,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/alloc.h"
@@ -62,11 +64,14 @@ typedef struct sg_net {
     int links_fresh;
     int broken;            /* the child failed; `failure` says why */
     kv_error failure;
+    int watchdog_ms;       /* longest wait for the child to move one byte (ms) */
+    int timed_out;         /* the last socket wait ran past watchdog_ms */
+    char *suspects;        /* the scenario's SimGrid options with where they are written (NULL: none) */
+    int n_suspects;
+    char *source;          /* the scenario file, for messages */
 } sg_net;
 
 /* ---- input checks, before anything is forked ---- */
-
-static const char *const sg_models[] = {"CM02", "LV08", "SMPI", "IB", "Constant"};
 
 static const char *option_value(const kv_net_config *cfg, const char *key)
 {
@@ -188,34 +193,146 @@ static long topology_slots(const kv_net_config *cfg, const char *src, kv_error *
     return bad(err, src, "unknown topology ", "topology", n), -1;
 }
 
+/* The SimGrid options a scenario may set (network.simgrid), with what each accepts.
+   SimGrid itself takes any number for its numeric options, and some values make it
+   abort, spin forever or give absurd times (docs/network.md lists what was measured). */
+typedef enum sg_opt_kind {
+    SG_OPT_NUMBER, /* a finite number in [lo, hi] (> lo when lo_open) */
+    SG_OPT_WHOLE,  /* a whole number in [lo, hi] */
+    SG_OPT_BOOL,   /* 0/1, yes/no, on/off, true/false */
+    SG_OPT_WORD,   /* one of `words` */
+    SG_OPT_FREE,   /* passed as written */
+} sg_opt_kind;
+
+typedef struct sg_option {
+    const char *key;   /* SimGrid's configuration item */
+    sg_opt_kind kind;
+    double lo, hi;     /* SG_OPT_NUMBER, SG_OPT_WHOLE: accepted range, in the option's unit */
+    int lo_open;       /* 1: lo itself is refused */
+    const char *words; /* SG_OPT_WORD: accepted values, ", "-separated */
+    const char *unit;  /* shown in range errors */
+} sg_option;
+
+static const sg_option sg_options[] = {
+    {"network/model", SG_OPT_WORD, 0, 0, 0, "CM02, LV08, SMPI, IB", NULL},
+    {"network/optim", SG_OPT_WORD, 0, 0, 0, "Lazy, Full", NULL},
+    {"network/solver", SG_OPT_WORD, 0, 0, 0, "maxmin, fairbottleneck, bmf", NULL},
+    {"network/crosstraffic", SG_OPT_BOOL, 0, 0, 0, NULL, NULL},
+    {"network/maxmin-selective-update", SG_OPT_BOOL, 0, 0, 0, NULL, NULL},
+    {"network/TCP-gamma", SG_OPT_NUMBER, 0, 1e12, 1, NULL, "bytes"},
+    {"network/latency-factor", SG_OPT_NUMBER, 1e-3, 1e3, 0, NULL, "(a correction factor)"},
+    {"network/bandwidth-factor", SG_OPT_NUMBER, 1e-3, 1e3, 0, NULL, "(a correction factor)"},
+    {"network/weight-S", SG_OPT_NUMBER, 0, 1e9, 0, NULL, "bytes"},
+    {"network/loopback-bw", SG_OPT_NUMBER, 1, 1e15, 0, NULL, "bytes/s"},
+    {"network/loopback-lat", SG_OPT_NUMBER, 0, 1, 0, NULL, "s"},
+    {"maxmin/precision", SG_OPT_NUMBER, 0, 1e-2, 1, NULL, "bytes/s"},
+    {"surf/precision", SG_OPT_NUMBER, 0, 1e-3, 1, NULL, "s"},
+    {"bmf/precision", SG_OPT_NUMBER, 0, 1e-2, 1, NULL, ""},
+    {"bmf/max-iterations", SG_OPT_WHOLE, 1, 1e7, 0, NULL, ""},
+    {"log", SG_OPT_FREE, 0, 0, 0, NULL, NULL},
+};
+#define SG_N_OPTIONS (sizeof sg_options / sizeof sg_options[0])
+
+/* "file:line:col: network.simgrid.KEY" for option i, into buf. */
+static const char *option_where(const kv_net_config *cfg, int i, char *buf, size_t size)
+{
+    const char *src = cfg->source ? cfg->source : "network";
+    const char *file = cfg->option_file[i];
+    if (!file)
+        snprintf(buf, size, "%s: network.simgrid.%s", src, cfg->option_key[i]);
+    else if (strncmp(file, "--set", 5) == 0)
+        snprintf(buf, size, "%s: network.simgrid.%s (from %s)", src, cfg->option_key[i], file);
+    else
+        snprintf(buf, size, "%s:%d:%d: network.simgrid.%s", file, cfg->option_line[i], cfg->option_col[i],
+                 cfg->option_key[i]);
+    return buf;
+}
+
+static int is_word(const char *words, const char *v)
+{
+    size_t n = strlen(v);
+    for (const char *w = words; n > 0 && *w;) {
+        size_t k = strcspn(w, ",");
+        if (k == n && strncmp(w, v, n) == 0)
+            return 1;
+        w += k;
+        while (*w == ',' || *w == ' ')
+            w++;
+    }
+    return 0;
+}
+
+static int check_option(const kv_net_config *cfg, int i, kv_error *err)
+{
+    char w[700];
+    const char *key = cfg->option_key[i], *v = cfg->option_value[i];
+    const sg_option *o = NULL;
+    for (size_t k = 0; k < SG_N_OPTIONS && !o; k++)
+        if (strcmp(sg_options[k].key, key) == 0)
+            o = &sg_options[k];
+    if (!o) {
+        char known[600] = "";
+        for (size_t k = 0; k < SG_N_OPTIONS; k++)
+            snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", k ? ", " : "", sg_options[k].key);
+        return kv_error_set(err, KV_EINPUT, "%s: not a SimGrid option kvsim passes through (it takes: %s)",
+                            option_where(cfg, i, w, sizeof w), known);
+    }
+    switch (o->kind) {
+    case SG_OPT_FREE:
+        return KV_OK;
+    case SG_OPT_WORD:
+        if (is_word(o->words, v))
+            return KV_OK;
+        return kv_error_set(err, KV_EINPUT, "%s: unknown value '%s' (%s)", option_where(cfg, i, w, sizeof w), v,
+                            o->words);
+    case SG_OPT_BOOL: {
+        static const char *const yes_no = "0, 1, no, yes, off, on, false, true";
+        if (is_word(yes_no, v))
+            return KV_OK;
+        return kv_error_set(err, KV_EINPUT, "%s: expected a boolean (%s), got '%s'",
+                            option_where(cfg, i, w, sizeof w), yes_no, v);
+    }
+    case SG_OPT_NUMBER:
+    case SG_OPT_WHOLE: {
+        char *end;
+        errno = 0;
+        double x = strtod(v, &end);
+        int ok = end != v && *end == 0 && errno != ERANGE && isfinite(x) && !strpbrk(v, "xXnN");
+        if (ok && o->kind == SG_OPT_WHOLE)
+            ok = x == floor(x);
+        if (!ok)
+            return kv_error_set(err, KV_EINPUT, "%s: expected a finite %snumber, got '%s'",
+                                option_where(cfg, i, w, sizeof w), o->kind == SG_OPT_WHOLE ? "whole " : "", v);
+        if (x < o->lo || (o->lo_open && x == o->lo) || x > o->hi)
+            return kv_error_set(err, KV_EINPUT, "%s: must be %s %g and <= %g %s, got %s",
+                                option_where(cfg, i, w, sizeof w), o->lo_open ? ">" : ">=", o->lo, o->hi, o->unit,
+                                v);
+        return KV_OK;
+    }
+    }
+    return KV_OK;
+}
+
 static int check_options(const kv_net_config *cfg, const char *src, kv_error *err)
 {
     if (cfg->n_options < 0 || cfg->n_options > KV_NET_MAX_OPTIONS)
-        return kv_error_set(err, KV_EINPUT, "%s: network.options: at most %d options", src, KV_NET_MAX_OPTIONS);
-    for (int i = 0; i < cfg->n_options; i++)
+        return kv_error_set(err, KV_EINPUT, "%s: network.simgrid: at most %d options", src, KV_NET_MAX_OPTIONS);
+    for (int i = 0; i < cfg->n_options; i++) {
         if (!cfg->option_key[i] || !cfg->option_key[i][0] || !cfg->option_value[i])
-            return kv_error_set(err, KV_EINPUT, "%s: network.options: option %d has no name or value", src, i);
+            return kv_error_set(err, KV_EINPUT, "%s: network.simgrid: option %d has no name or value", src, i);
+        int rc = check_option(cfg, i, err);
+        if (rc != KV_OK)
+            return rc;
+    }
+    if (!(cfg->watchdog_s >= 0) || cfg->watchdog_s > 86400)
+        return kv_error_set(err, KV_EINPUT, "%s: network.watchdog_s: must be > 0 and <= 86400 s (0: %g), got %g", src,
+                            KV_NET_WATCHDOG_DEFAULT_S, cfg->watchdog_s);
+    if (cfg->prefill_hosts < 0 || cfg->prefill_hosts >= cfg->hosts)
+        return kv_error_set(err, KV_EINPUT, "%s: network: %d sending hosts of %d leave none to receive", src,
+                            cfg->prefill_hosts, cfg->hosts);
     const char *model = option_value(cfg, "network/model");
-    if (model) {
-        size_t i = 0;
-        while (i < sizeof sg_models / sizeof sg_models[0] && strcmp(model, sg_models[i]) != 0)
-            i++;
-        if (i == sizeof sg_models / sizeof sg_models[0])
-            return kv_error_set(err, KV_EINPUT,
-                                "%s: network.options: network/model: unknown model '%s' (CM02, LV08, SMPI, IB, "
-                                "Constant)", src, model);
-    }
-    const char *gamma = option_value(cfg, "network/TCP-gamma");
-    if (gamma) {
-        char *end;
-        double g = strtod(gamma, &end);
-        if (end == gamma || *end || !(g > 0) || !isfinite(g))
-            return kv_error_set(err, KV_EINPUT,
-                                "%s: network.options: network/TCP-gamma: must be a positive number of bytes, got '%s'",
-                                src, gamma);
-    }
     if (cfg->priority != KV_PRIO_NONE) {
-        if (model && (strcmp(model, "IB") == 0 || strcmp(model, "Constant") == 0))
+        if (model && strcmp(model, "IB") == 0)
             return kv_error_set(err, KV_EINPUT,
                                 "%s: network.priority: priority classes need network/model CM02, LV08 or SMPI, "
                                 "not %s", src, model);
@@ -299,32 +416,68 @@ static int check_config(const kv_net_config *cfg, kv_error *err)
 
 /* ---- talking to the child ---- */
 
-static int write_full(int fd, const void *buf, size_t n)
+static double mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* Waits until fd is ready for `events`, at most watchdog_ms since `since` (the last
+   byte moved); 0 when ready, -1 on a timeout (net->timed_out set). */
+static int wait_ready(sg_net *net, short events, double since)
+{
+    for (;;) {
+        double left = net->watchdog_ms - (mono_ms() - since);
+        if (left <= 0) {
+            net->timed_out = 1;
+            return -1;
+        }
+        struct pollfd p = {.fd = net->fd, .events = events};
+        int r = poll(&p, 1, (int)ceil(left));
+        if (r > 0)
+            return 0;
+        if (r < 0 && errno != EINTR)
+            return -1;
+    }
+}
+
+/* Full writes and reads on the child's socket; -1 when the child closed it, failed, or
+   moved no byte for watchdog_ms (the watchdog: SimGrid stuck, or the child stopped). */
+static int write_full(sg_net *net, const void *buf, size_t n)
 {
     const char *p = buf;
+    double since = mono_ms();
     while (n > 0) {
-        ssize_t r = send(fd, p, n, MSG_NOSIGNAL);
-        if (r < 0 && errno == EINTR)
+        if (wait_ready(net, POLLOUT, since) != 0)
+            return -1;
+        ssize_t r = send(net->fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK))
             continue;
         if (r <= 0)
             return -1;
         p += r;
         n -= (size_t)r;
+        since = mono_ms();
     }
     return 0;
 }
 
-static int read_full(int fd, void *buf, size_t n)
+static int read_full(sg_net *net, void *buf, size_t n)
 {
     char *p = buf;
+    double since = mono_ms();
     while (n > 0) {
-        ssize_t r = read(fd, p, n);
-        if (r < 0 && errno == EINTR)
+        if (wait_ready(net, POLLIN, since) != 0)
+            return -1;
+        ssize_t r = recv(net->fd, p, n, MSG_DONTWAIT);
+        if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK))
             continue;
         if (r <= 0)
             return -1;
         p += r;
         n -= (size_t)r;
+        since = mono_ms();
     }
     return 0;
 }
@@ -363,22 +516,76 @@ static void last_words(FILE *log, char *out, size_t cap)
     snprintf(out, cap, "%s", msg);
 }
 
+/* Kills and reaps the child; *status gets its wait status (0 if none). */
+static void reap(sg_net *net, int *status)
+{
+    *status = 0;
+    if (net->pid <= 0)
+        return;
+    kill(net->pid, SIGKILL);
+    while (waitpid(net->pid, status, 0) < 0 && errno == EINTR)
+        continue;
+    net->pid = 0;
+}
+
+/* Records that SimGrid stopped making progress (the parent's timeout, or the child's
+   own step cap, `detail`). With SimGrid options in the scenario they are the likely
+   cause: bad input (KV_EINPUT) naming them; without, the run failed (KV_EFAIL). */
+static int stuck(sg_net *net, const char *when, const char *detail, kv_error *err)
+{
+    int status;
+    reap(net, &status);
+    char what[400];
+    snprintf(what, sizeof what, "SimGrid made no progress %s (%s)", when, detail);
+    if (net->n_suspects == 1)
+        kv_error_set(&net->failure, KV_EINPUT, "%s: %s; this SimGrid option is the likely cause", net->suspects,
+                     what);
+    else if (net->n_suspects > 1)
+        kv_error_set(&net->failure, KV_EINPUT, "%s: network.simgrid: %s; the likely cause is one of the "
+                     "scenario's SimGrid options: %s", net->source, what, net->suspects);
+    else
+        kv_error_set(&net->failure, KV_EFAIL, "net simgrid: %s; a SimGrid bug or an overloaded machine (raise "
+                     "network.watchdog_s if the machine is just slow)", what);
+    net->broken = 1;
+    if (err)
+        *err = net->failure;
+    return net->failure.code;
+}
+
+/* After the socket failed: a stuck reply the child sent before it exited, if any. */
+static int stuck_reply(sg_net *net, char *msg, size_t cap)
+{
+    kv_sg_reply head;
+    net->watchdog_ms = 200; /* the child has written and exited, or will never write */
+    if (read_full(net, &head, sizeof head) != 0 || !(head.flags & KV_SG_STUCK) || head.count != 0)
+        return 0;
+    size_t keep = head.msg_len < cap - 1 ? head.msg_len : cap - 1;
+    if (read_full(net, msg, keep) != 0)
+        keep = 0;
+    msg[keep] = 0;
+    return 1;
+}
+
 /* Reaps the child after it failed and records why; returns the error code. */
 static int child_failed(sg_net *net, int code, const char *when, kv_error *err)
 {
+    char watch[160];
+    if (net->timed_out) {
+        snprintf(watch, sizeof watch, "no answer for %g s, network.watchdog_s", net->watchdog_ms / 1e3);
+        return stuck(net, when, watch, err);
+    }
+    char stuck_msg[300];
+    if (net->fd >= 0 && stuck_reply(net, stuck_msg, sizeof stuck_msg))
+        return stuck(net, when, stuck_msg, err);
     char words[700];
     last_words(net->errlog, words, sizeof words);
     char how[64] = "closed its connection";
-    if (net->pid > 0) {
-        kill(net->pid, SIGKILL);
-        int status = 0;
-        while (waitpid(net->pid, &status, 0) < 0 && errno == EINTR)
-            continue;
-        if (WIFSIGNALED(status) && WTERMSIG(status) != SIGKILL)
-            snprintf(how, sizeof how, "died of signal %d%s", WTERMSIG(status),
-                     WTERMSIG(status) == SIGABRT ? " (abort)" : "");
-        net->pid = 0;
-    }
+    int status;
+    int had_child = net->pid > 0;
+    reap(net, &status);
+    if (had_child && WIFSIGNALED(status) && WTERMSIG(status) != SIGKILL)
+        snprintf(how, sizeof how, "died of signal %d%s", WTERMSIG(status),
+                 WTERMSIG(status) == SIGABRT ? " (abort)" : "");
     kv_error_set(&net->failure, code, "net simgrid: SimGrid %s %s%s%s", how, when, words[0] ? ": " : "", words);
     net->broken = 1;
     if (err)
@@ -392,7 +599,7 @@ static int flush_out(sg_net *net, kv_error *err)
         return KV_OK;
     size_t n = net->n_out;
     net->n_out = 0;
-    if (write_full(net->fd, net->out, n * sizeof *net->out) != 0)
+    if (write_full(net, net->out, n * sizeof *net->out) != 0)
         return child_failed(net, KV_EFAIL, "while starting flows", err);
     return KV_OK;
 }
@@ -408,7 +615,7 @@ static int request(sg_net *net, const kv_sg_request *rq, kv_sg_reply *head, kv_e
     int rc = flush_out(net, err);
     if (rc != KV_OK)
         return rc;
-    if (write_full(net->fd, rq, sizeof *rq) != 0 || read_full(net->fd, head, sizeof *head) != 0)
+    if (write_full(net, rq, sizeof *rq) != 0 || read_full(net, head, sizeof *head) != 0)
         return child_failed(net, KV_EFAIL, "during the run", err);
     return KV_OK;
 }
@@ -420,18 +627,20 @@ static int finish_reply(sg_net *net, const kv_sg_reply *head, kv_error *err)
         return KV_OK;
     char msg[1000];
     size_t keep = head->msg_len < sizeof msg - 1 ? head->msg_len : sizeof msg - 1;
-    if (read_full(net->fd, msg, keep) != 0)
+    if (read_full(net, msg, keep) != 0)
         return child_failed(net, KV_EFAIL, "during the run", err);
     msg[keep] = 0;
     for (size_t left = head->msg_len - keep; left > 0;) {
         char skip[256];
         size_t n = left < sizeof skip ? left : sizeof skip;
-        if (read_full(net->fd, skip, n) != 0)
+        if (read_full(net, skip, n) != 0)
             return child_failed(net, KV_EFAIL, "during the run", err);
         left -= n;
     }
     if (head->code == KV_OK)
         return KV_OK;
+    if (head->flags & KV_SG_STUCK)
+        return stuck(net, "during the run", msg, err);
     kv_error_set(&net->failure, head->code, "%s", msg);
     net->broken = 1;
     *err = net->failure;
@@ -561,7 +770,7 @@ static int advance_once(sg_net *net, double t_s, kv_sg_reply *head, kv_error *er
     if (rc != KV_OK)
         return rc;
     kv_grow((void **)&net->batch, sizeof *net->batch, &net->cap_batch, head->count + 1);
-    if (head->count && read_full(net->fd, net->batch, head->count * sizeof *net->batch) != 0)
+    if (head->count && read_full(net, net->batch, head->count * sizeof *net->batch) != 0)
         return child_failed(net, KV_EFAIL, "during the run", err);
     rc = finish_reply(net, head, err);
     if (rc != KV_OK)
@@ -647,7 +856,7 @@ static int sg_link_stats(void *ctx, size_t link, kv_link_stats *out)
             return KV_EFAIL;
         }
         if (head.count != net->n_links ||
-            read_full(net->fd, net->links, net->n_links * sizeof *net->links) != 0) {
+            read_full(net, net->links, net->n_links * sizeof *net->links) != 0) {
             child_failed(net, KV_EFAIL, "during the run", &err);
             return KV_EFAIL;
         }
@@ -679,6 +888,8 @@ static void sg_destroy(void *ctx)
     kv_free(net->later);
     kv_free(net->batch);
     kv_free(net->links);
+    kv_free(net->suspects);
+    kv_free(net->source);
     kv_free(net);
 }
 
@@ -727,6 +938,20 @@ int kv_net_simgrid_create(const kv_net_config *cfg, kv_net_done_fn done, void *u
     net->hosts = cfg->hosts;
     net->next_id = 1;
     net->fd = -1;
+    net->watchdog_ms = (int)ceil(1e3 * (cfg->watchdog_s > 0 ? cfg->watchdog_s : KV_NET_WATCHDOG_DEFAULT_S));
+    char suspects[2048] = "";
+    for (int i = 0; i < cfg->n_options; i++) {
+        if (strcmp(cfg->option_key[i], "log") == 0)
+            continue;
+        char w[700];
+        size_t used = strlen(suspects);
+        snprintf(suspects + used, sizeof suspects - used, "%s%s", net->n_suspects ? ", " : "",
+                 option_where(cfg, i, w, sizeof w));
+        net->n_suspects++;
+    }
+    if (net->n_suspects)
+        net->suspects = kv_strdup(suspects);
+    net->source = kv_strdup(cfg->source ? cfg->source : "network");
     /* SimGrid's own messages go to a temporary file, read back when it fails;
        a scenario that sets the `log` option sees them on stderr instead. */
     if (!option_value(cfg, "log"))
@@ -763,7 +988,7 @@ int kv_net_simgrid_create(const kv_net_config *cfg, kv_net_done_fn done, void *u
     net->pid = pid;
     net->fd = sv[0];
     kv_sg_reply ready;
-    if (read_full(net->fd, &ready, sizeof ready) != 0) {
+    if (read_full(net, &ready, sizeof ready) != 0) {
         char when[600];
         if (cfg->topology == KV_TOPO_PLATFORM)
             snprintf(when, sizeof when, "while loading %s for %s", cfg->platform_file, src);
@@ -777,7 +1002,7 @@ int kv_net_simgrid_create(const kv_net_config *cfg, kv_net_done_fn done, void *u
     if (ready.code != KV_OK) {
         char msg[900];
         size_t keep = ready.msg_len < sizeof msg - 1 ? ready.msg_len : sizeof msg - 1;
-        if (read_full(net->fd, msg, keep) != 0)
+        if (read_full(net, msg, keep) != 0)
             keep = 0;
         msg[keep] = 0;
         rc = kv_error_set(err, ready.code, "%s: %s%s", src, strncmp(msg, "network.", 8) == 0 ? "" : "network: ",

@@ -21,6 +21,14 @@ enum kv_sg_op {
     KV_SG_STATS = 4,   /* answered with kv_link_stats items, one per link */
 };
 
+/* kv_sg_reply.flags */
+#define KV_SG_STUCK 1u
+
+/* The child gives up when SimGrid takes this many solver steps, plus this many per
+   flow in flight, without waking the driver (no event it waits for ever comes). */
+#define KV_SG_STEP_CAP 1000000
+#define KV_SG_STEP_CAP_PER_FLOW 64
+
 typedef struct kv_sg_request {
     int32_t op;               /* enum kv_sg_op */
     int32_t src, dst;         /* START: host indices */
@@ -35,7 +43,7 @@ typedef struct kv_sg_reply {
     int32_t code;             /* KV_OK, KV_EFAIL or KV_EINPUT */
     uint32_t count;           /* items that follow (completions, links) */
     uint32_t msg_len;         /* bytes of error message after the items */
-    uint32_t pad;
+    uint32_t flags;           /* KV_SG_STUCK: the child's watchdog stopped SimGrid (then it exits) */
     double t_now_s;           /* the network's time after the request */
 } kv_sg_reply;
 
