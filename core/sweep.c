@@ -514,6 +514,10 @@ static int file_exists(const char *path)
 int kv_sweep_prepare(const kv_sweep *sw, kv_error *err)
 {
     int rc = kv_mkdirs(sw->out_dir, err);
+    /* Temporaries of dead processes in the sweep folder (points.json.tmp.<pid>, sweep.csv.tmp.<pid>,
+       POINT.tmp.<pid>; callers look at the points' own first, kv_sweep_point_state). */
+    if (!rc)
+        rc = kv_stale_reap(sw->out_dir, NULL, NULL, err);
     for (size_t i = 0; !rc && i < sw->n_points; i++)
         rc = kv_mkdirs(sw->points[i].dir, err);
     if (rc)
@@ -588,13 +592,20 @@ static char *read_small(const char *path)
     return buf;
 }
 
-int kv_sweep_point_state(const kv_sweep *sw, size_t i, int *stale)
+int kv_sweep_point_state(const kv_sweep *sw, size_t i, int *stale, int *interrupted)
 {
     *stale = 0;
+    *interrupted = 0;
     const kv_sweep_point *p = &sw->points[i];
+    /* A run killed before it published left POINT.tmp.<pid> beside the point (afile.h): remove it,
+       and do not count the point as finished whatever its folder holds. A live one means a run of
+       this point is going on elsewhere; it is pending too. */
+    kv_stale_counts tc;
+    if (kv_stale_reap(sw->out_dir, p->name, &tc, NULL) != 0 || tc.removed + tc.restored + tc.live > 0)
+        *interrupted = 1;
     char *results = join3(p->dir, "/", "results.json");
     int state = KV_POINT_PENDING;
-    if (file_exists(results)) {
+    if (file_exists(results) && !*interrupted) {
         char *cmd_path = join3(p->dir, "/", "command.txt");
         char *old = read_small(cmd_path);
         kv_free(cmd_path);
@@ -731,8 +742,8 @@ static int scan_points(const char *dir, point_row **rows, size_t *n, kv_error *e
     size_t cap = 0, count = 0;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.')
-            continue;
+        if (e->d_name[0] == '.' || kv_is_temporary_name(e->d_name))
+            continue; /* a run's staging folder is not a point */
         char *sub = join3(dir, "/", e->d_name);
         char *r = join3(sub, "/", "results.json");
         char *c = join3(sub, "/", "command.txt");
