@@ -265,11 +265,27 @@ static char *join_path(const char *a, const char *b)
     return s;
 }
 
+static int by_string(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
 int kv_stale_reap(const char *folder, const char *base, kv_stale_counts *counts, kv_error *err)
 {
+    return kv_stale_reap_names(folder, &base, 1, counts, err);
+}
+
+int kv_stale_reap_names(const char *folder, const char *const *bases, size_t n_bases, kv_stale_counts *counts,
+                        kv_error *err)
+{
+    /* The names sorted, so each entry is one binary search. */
+    const char **sorted = kv_calloc(n_bases ? n_bases : 1, sizeof *sorted);
+    memcpy(sorted, bases, n_bases * sizeof *sorted);
+    qsort(sorted, n_bases, sizeof *sorted, by_string);
     kv_stale_counts c = {0, 0, 0};
     DIR *d = opendir(folder);
     if (!d) {
+        kv_free(sorted);
         if (counts)
             *counts = c;
         if (errno == ENOENT || errno == ENOTDIR)
@@ -286,7 +302,11 @@ int kv_stale_reap(const char *folder, const char *base, kv_stale_counts *counts,
         pid_t pid;
         if (!parse_temp(e->d_name, &bl, &kind, &pid))
             continue;
-        if (base && (strlen(base) != bl || strncmp(e->d_name, base, bl) != 0))
+        char *b = kv_strndup(e->d_name, bl);
+        const char *key = b;
+        int wanted = bsearch(&key, sorted, n_bases, sizeof *sorted, by_string) != NULL;
+        kv_free(b);
+        if (!wanted)
             continue;
         if (n == cap)
             kv_grow((void **)&names, sizeof *names, &cap, n + 1);
@@ -322,6 +342,7 @@ int kv_stale_reap(const char *folder, const char *base, kv_stale_counts *counts,
     for (size_t i = 0; i < n; i++)
         kv_free(names[i]);
     kv_free(names);
+    kv_free(sorted);
     if (counts)
         *counts = c;
     return rc;

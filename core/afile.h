@@ -84,11 +84,15 @@ typedef struct kv_stale_counts {
     size_t live;     /* temporaries of processes still running (left alone) */
 } kv_stale_counts;
 
-/* Looks in folder for NAME.tmp.<pid> and NAME.old.<pid> (NAME = base, or any name when base is
-   NULL) and deals with those whose pid is dead (I2): removes them, except that NAME.old.<pid>
-   becomes NAME again when NAME is missing. counts may be NULL. A missing folder is fine.
-   Returns KV_OK or KV_EFAIL (a temporary could not be removed, or the folder not read). */
+/* Looks in folder for NAME.tmp.<pid> and NAME.old.<pid> with NAME = base and deals with those
+   whose pid is dead (I2): removes them, except that NAME.old.<pid> becomes NAME again when NAME
+   is missing. counts may be NULL. A missing folder is fine. Returns KV_OK or KV_EFAIL (a
+   temporary could not be removed, or the folder not read). */
 int kv_stale_reap(const char *folder, const char *base, kv_stale_counts *counts, kv_error *err);
+/* The same for every NAME in bases[n_bases], in one pass over the folder. Only names a caller
+   knows it writes are touched: a user's "notes.tmp.12" is not kvsim's. */
+int kv_stale_reap_names(const char *folder, const char *const *bases, size_t n_bases, kv_stale_counts *counts,
+                        kv_error *err);
 /* Whether name has the form NAME.tmp.<pid> or NAME.old.<pid> (I2). */
 int kv_is_temporary_name(const char *name);
 

@@ -514,10 +514,18 @@ static int file_exists(const char *path)
 int kv_sweep_prepare(const kv_sweep *sw, kv_error *err)
 {
     int rc = kv_mkdirs(sw->out_dir, err);
-    /* Temporaries of dead processes in the sweep folder (points.json.tmp.<pid>, sweep.csv.tmp.<pid>,
-       POINT.tmp.<pid>; callers look at the points' own first, kv_sweep_point_state). */
-    if (!rc)
-        rc = kv_stale_reap(sw->out_dir, NULL, NULL, err);
+    /* Temporaries of dead processes in the sweep folder: of the files kvsim sweep writes there, and
+       of the points (kvsim sweep looks at those first, in kv_sweep_point_state). */
+    if (!rc) {
+        static const char *const files[] = {"points.json", "sweep.csv", "sweep.slurm", "jobs.txt", "figures"};
+        size_t nf = sizeof files / sizeof files[0];
+        const char **names = kv_calloc(sw->n_points + nf, sizeof *names);
+        memcpy(names, files, sizeof files);
+        for (size_t i = 0; i < sw->n_points; i++)
+            names[nf + i] = sw->points[i].name;
+        rc = kv_stale_reap_names(sw->out_dir, names, sw->n_points + nf, NULL, err);
+        kv_free(names);
+    }
     for (size_t i = 0; !rc && i < sw->n_points; i++)
         rc = kv_mkdirs(sw->points[i].dir, err);
     if (rc)
@@ -868,6 +876,8 @@ int kv_sweep_collect(const char *dir, kv_sweep_totals *totals, kv_error *err)
     totals->points = n;
     kv_afile a = {0};
     char *path = join3(dir, "/", "sweep.csv");
+    if (!rc)
+        rc = kv_stale_reap(dir, "sweep.csv", NULL, err); /* a killed collect's sweep.csv.tmp.<pid> */
     if (!rc)
         rc = kv_afile_open(&a, path, err);
     if (!rc) {

@@ -421,8 +421,8 @@ Test(outputs_check, unwritable_out_exits_2_before_simulating)
     char *eval_sc = kvt_source("scenarios/accuracy.yaml");
     snprintf(args, sizeof args, "eval %s --quiet --out %s", eval_sc, under);
     int rc = kvt_kvsim(args, &text);
-    cr_expect_eq(rc, 2, "eval: %s", text);
-    cr_expect(strstr(text, under) != NULL && strstr(text, "nothing was run"), "eval names the folder:\n%s", text);
+    cr_expect_eq(rc, 2, "eval: exit %d: %.300s", rc, text);
+    cr_expect(strstr(text, under) != NULL && strstr(text, "nothing was run"), "eval names the folder:\n%.300s", text);
     free(text);
     free(eval_sc);
 
