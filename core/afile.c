@@ -280,8 +280,10 @@ int kv_stale_reap_names(const char *folder, const char *const *bases, size_t n_b
 {
     /* The names sorted, so each entry is one binary search. */
     const char **sorted = kv_calloc(n_bases ? n_bases : 1, sizeof *sorted);
-    memcpy(sorted, bases, n_bases * sizeof *sorted);
-    qsort(sorted, n_bases, sizeof *sorted, by_string);
+    if (n_bases) {
+        memcpy(sorted, bases, n_bases * sizeof *sorted);
+        qsort(sorted, n_bases, sizeof *sorted, by_string);
+    }
     kv_stale_counts c = {0, 0, 0};
     DIR *d = opendir(folder);
     if (!d) {
@@ -426,6 +428,12 @@ int kv_outdir_begin(kv_outdir *od, const char *dir, const char *const *owned, si
     char *slash = strrchr(od->abs, '/');
     char *parent = slash == od->abs ? kv_strdup("/") : kv_strndup(od->abs, (size_t)(slash - od->abs));
     const char *base = slash + 1;
+    /* First the leftovers of dead runs on DIR, which may bring a previous DIR back (I1). */
+    kv_error reap_err = {0};
+    if (kv_stale_reap(parent, base, NULL, &reap_err) != 0) {
+        kv_free(parent);
+        return outdir_fail(od, err, "%s", reap_err.msg);
+    }
     struct stat st, pst;
     int exists = stat(od->abs, &st) == 0;
     int bad = 0;
@@ -443,9 +451,6 @@ int kv_outdir_begin(kv_outdir *od, const char *dir, const char *const *owned, si
     }
     if (!bad && exists && access(od->abs, W_OK | X_OK) != 0)
         bad = outdir_fail(od, err, "cannot write into it: %s", strerror(errno));
-    kv_error reap_err = {0};
-    if (!bad && kv_stale_reap(parent, base, NULL, &reap_err) != 0)
-        bad = outdir_fail(od, err, "%s", reap_err.msg);
     kv_free(parent);
     if (bad)
         return bad;
@@ -635,9 +640,9 @@ int kv_outdir_commit(kv_outdir *od, kv_error *err)
         if (rename(od->tmp, od->abs) != 0)
             rc = kv_error_set(err, KV_EFAIL, "%s: cannot rename the staging folder into place: %s", od->dir,
                               strerror(errno));
-    } else if (renameat2(AT_FDCWD, od->tmp, AT_FDCWD, od->abs, RENAME_EXCHANGE) == 0) {
+    } else if (!od->exchange_off && renameat2(AT_FDCWD, od->tmp, AT_FDCWD, od->abs, RENAME_EXCHANGE) == 0) {
         old = kv_strdup(od->tmp); /* the previous folder now lives under the staging name */
-    } else if (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP || errno == EOPNOTSUPP) {
+    } else if (od->exchange_off || errno == EINVAL || errno == ENOSYS || errno == ENOTSUP || errno == EOPNOTSUPP) {
         old = temp_name(od->abs, "old");
         if (rename(od->abs, old) != 0) {
             rc = kv_error_set(err, KV_EFAIL, "%s: cannot move the previous folder aside: %s", od->dir,

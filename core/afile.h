@@ -118,6 +118,8 @@ typedef struct kv_outdir {
     size_t n_owned;            /* entries in owned */
     kv_cleanup_slot *slot;     /* the signal registry to keep current, or NULL; borrowed */
     int staged;                /* 1 while the staging folder exists and is ours */
+    int exchange_off;          /* 1: publish with the two-rename fallback of step 3c even where the file
+                                  system can exchange (tests set it, to exercise that path) */
 } kv_outdir;
 
 /* Step 1 of the design note. owned and slot must outlive od. On failure nothing is left behind

@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/afile.h"
 #include "tests/support.h"
 
 /* A scenario that simulates for seconds (REQUESTS is --set per test), with every output on. */
@@ -495,6 +496,166 @@ Test(outputs_sweep, resume_reruns_points_with_stale_temporaries)
     free(stale);
     free(out);
     free(sweep);
+    kvt_rmtree(dir);
+    free(dir);
+}
+
+/* ---- The library calls themselves ------------------------------------------------------------- */
+
+/* Publishing over an existing folder, by exchange and by the two-rename fallback: the owned names
+   are replaced as a set, the rest is kept (the same inode: hard links), nothing temporary stays. */
+static void publish_over(int exchange_off)
+{
+    char *dir = kvt_tempdir();
+    char *out = path_in(dir, "out");
+    mkdir(out, 0755);
+    char *note = kvt_write(out, "note.txt", "mine\n");
+    free(kvt_write(out, "results.json", "{\"old\": 1}\n"));
+    free(kvt_write(out, "trace.json", "old trace\n"));
+    char *sub = path_in(out, "sub");
+    mkdir(sub, 0755);
+    free(kvt_write(sub, "deep.txt", "deep\n"));
+    struct stat before;
+    cr_assert_eq(stat(note, &before), 0);
+
+    static const char *const owned[] = {"results.json", "requests.csv", "trace.json", "figures"};
+    kv_outdir od;
+    kv_cleanup_slot slot;
+    memset(&slot, 0, sizeof slot);
+    kv_error err = {0};
+    cr_assert_eq(kv_outdir_begin(&od, out, owned, 4, &slot, &err), KV_OK, "%s", err.msg);
+    cr_expect(slot.armed && strcmp(slot.path, kv_outdir_staging(&od)) == 0, "the registry names the staging folder");
+    free(kvt_write(kv_outdir_staging(&od), "results.json", "{\"new\": 1}\n"));
+    od.exchange_off = exchange_off;
+    cr_assert_eq(kv_outdir_commit(&od, &err), KV_OK, "%s", err.msg);
+    cr_expect(!slot.armed, "disarmed after publishing");
+
+    char *left = listing(dir);
+    cr_expect_str_eq(left, "out", "exchange_off=%d: %s", exchange_off, left);
+    free(left);
+    left = listing(out);
+    cr_expect_str_eq(left, "note.txt results.json sub", "trace.json (owned, not written) is gone: %s", left);
+    free(left);
+    char *results = path_in(out, "results.json");
+    char *body = kvt_read(results, NULL);
+    cr_expect_str_eq(body, "{\"new\": 1}\n");
+    free(body);
+    struct stat after;
+    cr_expect(stat(note, &after) == 0 && after.st_ino == before.st_ino, "note.txt is the same file (linked)");
+    char *deep = path_in(sub, "deep.txt");
+    body = kvt_read(deep, NULL);
+    cr_expect(body && strcmp(body, "deep\n") == 0, "sub-folders are kept");
+    free(body);
+    free(deep);
+    free(results);
+    free(sub);
+    free(note);
+    free(out);
+    kvt_rmtree(dir);
+    free(dir);
+}
+
+Test(outputs_lib, publish_by_exchange)
+{
+    publish_over(0);
+}
+
+Test(outputs_lib, publish_by_two_renames)
+{
+    publish_over(1);
+}
+
+/* kv_rmtree removes a tree without following symbolic links out of it; the abort path leaves DIR as it was. */
+Test(outputs_lib, rmtree_stays_inside_and_abort_keeps_dir)
+{
+    char *dir = kvt_tempdir();
+    char *outside = path_in(dir, "outside");
+    mkdir(outside, 0755);
+    char *precious = kvt_write(outside, "precious", "keep\n");
+    char *tree = path_in(dir, "tree");
+    mkdir(tree, 0755);
+    char *link = path_in(tree, "link");
+    cr_assert_eq(symlink(outside, link), 0);
+    char path[4096];
+    snprintf(path, sizeof path, "%s", tree);
+    for (int i = 0; i < 5; i++) {
+        strcat(path, "/d");
+        mkdir(path, 0755);
+        free(kvt_write(path, "f", "x"));
+    }
+    cr_expect_eq(kv_rmtree(tree), 0);
+    cr_expect(access(tree, F_OK) != 0, "the tree is gone");
+    cr_expect(access(precious, F_OK) == 0, "what a symbolic link pointed to is not");
+
+    char *out = path_in(dir, "out");
+    mkdir(out, 0755);
+    free(kvt_write(out, "results.json", "{}\n"));
+    kv_outdir od;
+    kv_error err = {0};
+    static const char *const owned[] = {"results.json"};
+    cr_assert_eq(kv_outdir_begin(&od, out, owned, 1, NULL, &err), KV_OK, "%s", err.msg);
+    free(kvt_write(kv_outdir_staging(&od), "results.json", "{\"new\": 1}\n"));
+    kv_outdir_abort(&od);
+    char *left = listing(dir);
+    cr_expect_str_eq(left, "out outside", "%s", left);
+    free(left);
+    left = listing(out);
+    cr_expect_str_eq(left, "results.json", "%s", left);
+    free(left);
+
+    free(out);
+    free(link);
+    free(tree);
+    free(precious);
+    free(outside);
+    kvt_rmtree(dir);
+    free(dir);
+}
+
+/* Figures are part of the folder: drawn in the staging folder (the messages name DIR), published with
+   the rest; a plotting failure publishes the results without its half-drawn figures and exits 1. */
+Test(outputs_plot, figures_staged_and_failed_plots_not_published)
+{
+    char *dir = kvt_tempdir();
+    char *scenario = kvt_write(dir, "long.yaml", long_text);
+    /* A stand-in for Python with matplotlib: writes one figure where scripts/plot would. */
+    char *py = kvt_write(dir, "fakepy", "#!/bin/sh\n"
+                                        "[ \"$1\" = -c ] && exit 0\n"
+                                        "mkdir -p \"$2/figures\" && echo png > \"$2/figures/a.png\" || exit 3\n"
+                                        "echo \"wrote $2/figures/a{.png}\"\n"
+                                        "[ -e \"$2/fail-plots\" ] && exit 1\n"
+                                        "exit 0\n");
+    chmod(py, 0755);
+    char *out = path_in(dir, "out");
+    char args[4096], *text = NULL;
+    snprintf(args, sizeof args, "run %s --set workload.requests=5 --quiet --plot --out %s", scenario, out);
+    setenv("KVSIM_PYTHON", py, 1);
+    int rc = kvt_kvsim(args, &text);
+    cr_expect_eq(rc, 0, "%s", text);
+    char want[4200];
+    snprintf(want, sizeof want, "wrote %s/figures/a{.png}", out);
+    cr_expect(strstr(text, want) != NULL, "the message names the final folder, not the staging one:\n%s", text);
+    free(text);
+    char *fig = path_in(out, "figures/a.png");
+    cr_expect(access(fig, F_OK) == 0, "the figure was published with the results");
+
+    /* The plotting fails this time (the marker file is carried into the staging folder). */
+    free(kvt_write(out, "fail-plots", ""));
+    unlink(fig);
+    rc = kvt_kvsim(args, &text);
+    cr_expect_eq(rc, 1, "a failed plot makes the run exit 1:\n%s", text);
+    free(text);
+    char *left = listing(out);
+    cr_expect_str_eq(left, "fail-plots requests.csv results.json trace.json", "no half-drawn figures: %s", left);
+    free(left);
+    left = listing(dir);
+    cr_expect_str_eq(left, "fakepy long.yaml out", "no temporaries: %s", left);
+    free(left);
+    unsetenv("KVSIM_PYTHON");
+    free(fig);
+    free(out);
+    free(py);
+    free(scenario);
     kvt_rmtree(dir);
     free(dir);
 }
