@@ -327,7 +327,7 @@ Test(outputs_publish, failed_publish_leaves_folder_as_it_was)
     char *parent = path_in(dir, "p2");
     mkdir(parent, 0755);
     char *out2 = path_in(parent, "out");
-    pid_t pid = spawn_run(scenario, 3000, out2);
+    pid_t pid = spawn_run(scenario, 8000, out2); /* seconds of simulation: time to swap DIR */
     int status = 0, exited = 0;
     int seen = wait_for_entry(parent, "out.tmp.", pid, &status, &exited);
     free(kvt_write(parent, "out", "not a folder\n"));
