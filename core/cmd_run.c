@@ -1,9 +1,11 @@
 /* cmd_run.c — `kvsim run`, `kvsim validate` and `kvsim help`: load a scenario, run every policy, report. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "core/afile.h"
 #include "core/alloc.h"
 #include "core/commands.h"
 #include "core/engine.h"
@@ -22,6 +24,36 @@ typedef struct run_args {
     int quiet;
     int plot; /* --plot: scripts/plot on the output folder afterwards */
 } run_args;
+
+/* The signal registry: the staging folder (or previous folder) a SIGINT/SIGTERM/SIGHUP must remove
+   (afile.h, invariant I3). It is the one piece of mutable state outside main, because a signal
+   handler can reach nothing else; only kv_outdir_* (through the pointer kv_cmd_cleanup_slot hands
+   out) and the handler touch it. */
+static kv_cleanup_slot cleanup_slot;
+
+static void on_fatal_signal(int sig)
+{
+    kv_cleanup_slot_run(&cleanup_slot); /* system calls only: async-signal-safe */
+    _exit(128 + sig);                   /* 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP */
+}
+
+kv_cleanup_slot *kv_cmd_cleanup_slot(void)
+{
+    const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_fatal_signal;
+    sigemptyset(&sa.sa_mask);
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+        sigaddset(&sa.sa_mask, sigs[i]); /* no second signal interrupts the cleanup */
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+        struct sigaction old;
+        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN)
+            continue; /* nohup, or a background job: an ignored signal stays ignored */
+        sigaction(sigs[i], &sa, NULL);
+    }
+    return &cleanup_slot;
+}
 
 static void run_usage(FILE *out, const char *cmd)
 {
@@ -118,21 +150,43 @@ static int run_or_validate(int argc, char **argv, int validate_only)
         printf("\n");
     }
     if (!rc && !validate_only) {
-        rc = kv_study_run(study, &err);
+        const char *dir = a.out_dir ? a.out_dir : s->out_dir;
+        int to_folder = dir && dir[0];
+        kv_outdir od;
+        memset(&od, 0, sizeof od);
+        /* The folder is checked (created, test-written) before simulating: exit 2 now, not after the run. */
+        if (to_folder)
+            rc = kv_outdir_begin(&od, dir, kv_report_owned_names, kv_report_owned_count, kv_cmd_cleanup_slot(),
+                                 &err);
+        if (!rc)
+            rc = kv_study_run(study, &err);
         if (!rc && !a.quiet)
             kv_study_print(study, stdout);
-        const char *dir = a.out_dir ? a.out_dir : s->out_dir;
-        if (!rc && dir && dir[0]) {
-            rc = kv_study_write(study, dir, &err);
-            if (!rc && !a.quiet)
-                printf("wrote %s/\n", dir);
+        if (!rc && to_folder)
+            rc = kv_study_write(study, kv_outdir_staging(&od), &err);
+        if (!rc && to_folder && a.plot) {
+            /* Figures go into the staging folder too, after what is kept from DIR (an accuracy.json). */
+            rc = kv_outdir_carry(&od, &err);
+            if (!rc)
+                plot_rc = kv_plot_folder(kv_outdir_staging(&od), dir, stdout, od.slot); /* it says why */
+            if (plot_rc) {
+                /* Publish the results without half-drawn figures; the exit status says plotting failed. */
+                char figures[4200];
+                snprintf(figures, sizeof figures, "%s/figures", kv_outdir_staging(&od));
+                kv_rmtree(figures);
+            }
         }
-        if (!rc && a.plot) {
-            if (dir && dir[0])
-                plot_rc = kv_plot_folder(dir, stdout); /* it says why when it fails */
-            else
-                printf("plots skipped: no output folder (use --out DIR or outputs.dir)\n");
+        if (to_folder) {
+            if (!rc) {
+                rc = kv_outdir_commit(&od, &err);
+                if (!rc && !a.quiet)
+                    printf("wrote %s/\n", dir);
+            } else {
+                kv_outdir_abort(&od); /* DIR stays as it was */
+            }
         }
+        if (!rc && a.plot && !to_folder)
+            printf("plots skipped: no output folder (use --out DIR or outputs.dir)\n");
     }
     if (rc)
         fprintf(stderr, "kvsim %s: %s\n", argv[0], err.msg);

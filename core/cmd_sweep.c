@@ -146,7 +146,7 @@ static int collect(const char *dir, int plot)
     printf("collected %s: %zu points: %zu with results, %zu failed, %zu missing; wrote %s/sweep.csv (%zu rows)\n",
            dir, t.points, t.ok, t.failed, t.missing, dir, t.rows);
     int rc = t.failed ? 1 : 0;
-    if (plot && kv_plot_folder(dir, stdout))
+    if (plot && kv_plot_folder(dir, NULL, stdout, NULL))
         rc = 1;
     return rc;
 }
@@ -396,11 +396,12 @@ int kv_cmd_sweep(int argc, char **argv)
     }
     /* Which points are finished, before prepare rewrites each command.txt. */
     int *pending = kv_calloc(n ? n : 1, sizeof *pending);
-    size_t stale = 0, skipped = 0;
+    size_t stale = 0, skipped = 0, interrupted = 0;
     for (size_t i = 0; i < n && !a.emit; i++) {
-        int is_stale = 0;
-        int state = kv_sweep_point_state(sw, i, &is_stale);
+        int is_stale = 0, was_interrupted = 0;
+        int state = kv_sweep_point_state(sw, i, &is_stale, &was_interrupted);
         stale += (size_t)is_stale;
+        interrupted += (size_t)was_interrupted;
         if (state == KV_POINT_FINISHED && !a.force) {
             skipped++;
         } else {
@@ -444,6 +445,9 @@ int kv_cmd_sweep(int argc, char **argv)
            skipped, a.jobs, a.jobs == 1 ? "" : "s", kv_sweep_out_dir(sw));
     if (stale)
         printf("  %zu point%s had results from a different command; rerunning them\n", stale, stale == 1 ? "" : "s");
+    if (interrupted)
+        printf("  %zu point%s had a run killed before it finished (its temporaries are removed); rerunning %s\n",
+               interrupted, interrupted == 1 ? "" : "s", interrupted == 1 ? "it" : "them");
     fflush(stdout);
     int run_rc = run_points(&st, pending, a.jobs);
     kv_free(pending);
@@ -455,7 +459,7 @@ int kv_cmd_sweep(int argc, char **argv)
         printf("sweep %s: %zu ran, %zu skipped, %zu failed in %.1f s; wrote %s/sweep.csv (%zu rows)\n",
                kv_sweep_name(sw), st.ran, st.skipped, st.failed, wall_s() - st.start_s, kv_sweep_out_dir(sw),
                t.rows);
-        if (a.plot && kv_plot_folder(kv_sweep_out_dir(sw), stdout))
+        if (a.plot && kv_plot_folder(kv_sweep_out_dir(sw), NULL, stdout, NULL))
             rc = 1;
     }
     kv_sweep_destroy(sw);

@@ -18,6 +18,11 @@ int kv_cmd_help(int argc, char **argv);     /* core/cmd_run.c */
 int kv_cmd_eval(int argc, char **argv);     /* core/model/cmd_eval.c */
 int kv_cmd_sweep(int argc, char **argv);    /* core/cmd_sweep.c */
 
+struct kv_cleanup_slot; /* core/afile.h */
+/* The one signal registry (core/cmd_run.c): installs the SIGINT/SIGTERM/SIGHUP handler that removes
+   the folder the slot names and exits 128 + the signal, and returns the slot for kv_outdir_begin. */
+struct kv_cleanup_slot *kv_cmd_cleanup_slot(void);
+
 /* `kvsim bench <what>`: each lives with the module it measures. */
 int kv_cmd_bench_sim(int argc, char **argv);     /* core/bench_sim.c */
 int kv_cmd_bench_kernels(int argc, char **argv); /* backends/bench_kernels.c */

@@ -1,10 +1,10 @@
 /* report.c — comparison table, JSON and CSV outputs (deterministic formatting). */
 #include "core/report.h"
 
+#include <errno.h>
 #include <math.h>
 #include <string.h>
 
-#include "core/afile.h"
 #include "core/alloc.h"
 #include "core/json.h"
 
@@ -270,46 +270,45 @@ void kv_report_csv(FILE *out, const kv_policy_outcome *o, size_t n)
     }
 }
 
+const char *const kv_report_owned_names[] = {"results.json", "requests.csv", "trace.json", "figures"};
+const size_t kv_report_owned_count = sizeof kv_report_owned_names / sizeof kv_report_owned_names[0];
+
 typedef enum { OUT_JSON, OUT_CSV, OUT_TRACE } out_kind;
 
+/* Writes one file into dir. The folder is a staging folder that is published whole or removed
+   (afile.h), so the file needs no temporary of its own. */
 static int write_one(const char *dir, const char *name, out_kind kind, const kv_scenario *s,
-                     const kv_policy_outcome *o, size_t n, const kv_timeline *tl, kv_afile *a, kv_error *err)
+                     const kv_policy_outcome *o, size_t n, const kv_timeline *tl, kv_error *err)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    int rc = kv_afile_open(a, path, err);
-    if (rc)
-        return rc;
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return kv_error_set(err, KV_EFAIL, "%s: cannot create: %s", path, strerror(errno));
     if (kind == OUT_JSON)
-        kv_report_json(a->f, s, o, n);
+        kv_report_json(f, s, o, n);
     else if (kind == OUT_CSV)
-        kv_report_csv(a->f, o, n);
+        kv_report_csv(f, o, n);
     else
-        kv_timeline_write(tl, a->f);
-    return KV_OK;
+        kv_timeline_write(tl, f);
+    int bad = ferror(f) || fflush(f) != 0;
+    int e = errno;
+    if (fclose(f) != 0 && !bad) {
+        bad = 1;
+        e = errno;
+    }
+    return bad ? kv_error_set(err, KV_EFAIL, "%s: write failed: %s", path, strerror(e)) : KV_OK;
 }
 
 int kv_report_write(const char *dir, const kv_scenario *s, const kv_policy_outcome *o, size_t n,
                     const kv_timeline *tl, kv_error *err)
 {
-    int rc = kv_mkdirs(dir, err);
-    if (rc)
-        return rc;
-    /* Write every file to its temporary first; rename them only when all succeeded. */
-    kv_afile files[3];
-    memset(files, 0, sizeof files);
-    size_t nf = 0;
+    int rc = KV_OK;
     if (s->out_json)
-        rc = write_one(dir, "results.json", OUT_JSON, s, o, n, tl, &files[nf++], err);
+        rc = write_one(dir, "results.json", OUT_JSON, s, o, n, tl, err);
     if (!rc && s->out_csv)
-        rc = write_one(dir, "requests.csv", OUT_CSV, s, o, n, tl, &files[nf++], err);
+        rc = write_one(dir, "requests.csv", OUT_CSV, s, o, n, tl, err);
     if (!rc && s->out_trace && tl)
-        rc = write_one(dir, "trace.json", OUT_TRACE, s, o, n, tl, &files[nf++], err);
-    for (size_t i = 0; i < nf; i++) {
-        if (!rc)
-            rc = kv_afile_commit(&files[i], err);
-        else
-            kv_afile_abort(&files[i]);
-    }
+        rc = write_one(dir, "trace.json", OUT_TRACE, s, o, n, tl, err);
     return rc;
 }

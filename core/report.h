@@ -23,8 +23,14 @@ void kv_report_memory_table(FILE *out, const kv_scenario *s, const kv_policy_out
 void kv_report_json(FILE *out, const kv_scenario *s, const kv_policy_outcome *o, size_t n);
 void kv_report_csv(FILE *out, const kv_policy_outcome *o, size_t n);
 
-/* Writes results.json, requests.csv and trace.json (as the scenario asks) into dir,
-   each atomically. On failure no file is left half written. */
+/* The names kvsim run owns in its output folder, replaced as a set (afile.h, step 3a):
+   results.json, requests.csv, trace.json, figures. */
+extern const char *const kv_report_owned_names[];
+extern const size_t kv_report_owned_count;
+
+/* Writes results.json, requests.csv and trace.json (as the scenario asks) into dir: the staging
+   folder of a kv_outdir (afile.h), which publishes them together or not at all. KV_EFAIL naming
+   the file when a write fails (the caller then aborts the staging folder). */
 int kv_report_write(const char *dir, const kv_scenario *s, const kv_policy_outcome *o, size_t n,
                     const kv_timeline *tl, kv_error *err);
 

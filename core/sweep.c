@@ -514,6 +514,18 @@ static int file_exists(const char *path)
 int kv_sweep_prepare(const kv_sweep *sw, kv_error *err)
 {
     int rc = kv_mkdirs(sw->out_dir, err);
+    /* Temporaries of dead processes in the sweep folder: of the files kvsim sweep writes there, and
+       of the points (kvsim sweep looks at those first, in kv_sweep_point_state). */
+    if (!rc) {
+        static const char *const files[] = {"points.json", "sweep.csv", "sweep.slurm", "jobs.txt", "figures"};
+        size_t nf = sizeof files / sizeof files[0];
+        const char **names = kv_calloc(sw->n_points + nf, sizeof *names);
+        memcpy(names, files, sizeof files);
+        for (size_t i = 0; i < sw->n_points; i++)
+            names[nf + i] = sw->points[i].name;
+        rc = kv_stale_reap_names(sw->out_dir, names, sw->n_points + nf, NULL, err);
+        kv_free(names);
+    }
     for (size_t i = 0; !rc && i < sw->n_points; i++)
         rc = kv_mkdirs(sw->points[i].dir, err);
     if (rc)
@@ -588,13 +600,20 @@ static char *read_small(const char *path)
     return buf;
 }
 
-int kv_sweep_point_state(const kv_sweep *sw, size_t i, int *stale)
+int kv_sweep_point_state(const kv_sweep *sw, size_t i, int *stale, int *interrupted)
 {
     *stale = 0;
+    *interrupted = 0;
     const kv_sweep_point *p = &sw->points[i];
+    /* A run killed before it published left POINT.tmp.<pid> beside the point (afile.h): remove it,
+       and do not count the point as finished whatever its folder holds. A live one means a run of
+       this point is going on elsewhere; it is pending too. */
+    kv_stale_counts tc;
+    if (kv_stale_reap(sw->out_dir, p->name, &tc, NULL) != 0 || tc.removed + tc.restored + tc.live > 0)
+        *interrupted = 1;
     char *results = join3(p->dir, "/", "results.json");
     int state = KV_POINT_PENDING;
-    if (file_exists(results)) {
+    if (file_exists(results) && !*interrupted) {
         char *cmd_path = join3(p->dir, "/", "command.txt");
         char *old = read_small(cmd_path);
         kv_free(cmd_path);
@@ -731,8 +750,8 @@ static int scan_points(const char *dir, point_row **rows, size_t *n, kv_error *e
     size_t cap = 0, count = 0;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.')
-            continue;
+        if (e->d_name[0] == '.' || kv_is_temporary_name(e->d_name))
+            continue; /* a run's staging folder is not a point */
         char *sub = join3(dir, "/", e->d_name);
         char *r = join3(sub, "/", "results.json");
         char *c = join3(sub, "/", "command.txt");
@@ -857,6 +876,8 @@ int kv_sweep_collect(const char *dir, kv_sweep_totals *totals, kv_error *err)
     totals->points = n;
     kv_afile a = {0};
     char *path = join3(dir, "/", "sweep.csv");
+    if (!rc)
+        rc = kv_stale_reap(dir, "sweep.csv", NULL, err); /* a killed collect's sweep.csv.tmp.<pid> */
     if (!rc)
         rc = kv_afile_open(&a, path, err);
     if (!rc) {

@@ -13,8 +13,10 @@
  * Each point is exactly the command
  *   kvsim run BASE --set K=V... --set outputs.json=true --out OUT/POINT --quiet
  * run locally by `kvsim sweep` or written into a Slurm array / GNU parallel job
- * list. A point is finished when OUT/POINT/results.json exists (it is renamed
- * into place whole). OUT/points.json lists the points; OUT/sweep.csv combines
+ * list. A point is finished when OUT/POINT/results.json exists and no
+ * temporary OUT/POINT.tmp.<pid> is beside it: `kvsim run` publishes the point's
+ * folder whole with one rename (afile.h), so a killed run leaves the previous
+ * folder as it was plus a temporary that resuming removes. OUT/points.json lists the points; OUT/sweep.csv combines
  * their results, one row per (point, policy).
  */
 #ifndef KV_SWEEP_H
@@ -69,8 +71,11 @@ enum kv_sweep_state {
 };
 /* Whether a point is finished. A point whose results.json exists but whose
    command.txt names a different command is stale: its results.json is removed
-   (so a crash cannot leave it looking finished) and *stale is set. */
-int kv_sweep_point_state(const kv_sweep *sw, size_t i, int *stale);
+   (so a crash cannot leave it looking finished) and *stale is set. A point with
+   temporaries beside it (OUT/POINT.tmp.<pid>: a run killed before publishing,
+   or one still going) is never finished: the dead ones are removed and
+   *interrupted is set. */
+int kv_sweep_point_state(const kv_sweep *sw, size_t i, int *stale, int *interrupted);
 
 /* Writes a job script: "slurm" (a job array, one task per point) or
    "parallel" (one command per line for GNU parallel) into OUT/sweep.slurm or

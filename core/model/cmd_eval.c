@@ -2,8 +2,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
+#include "core/afile.h"
 #include "core/alloc.h"
 #include "core/commands.h"
 #include "core/model/eval.h"
@@ -86,7 +86,13 @@ int kv_cmd_eval(int argc, char **argv)
     kv_eval_result *res = NULL;
     kv_backend *be = NULL;
     char model_path[4096];
+    static const char *const owned[] = {"accuracy.json"}; /* what eval replaces in DIR (afile.h, 3a) */
+    kv_outdir od;
+    memset(&od, 0, sizeof od);
     int rc = kv_eval_scenario_load(scenario, argv[0], &sc, &err);
+    /* The folder is checked (created, test-written) before the model loads: exit 2 now, not at the end. */
+    if (!rc && out_dir)
+        rc = kv_outdir_begin(&od, out_dir, owned, 1, kv_cmd_cleanup_slot(), &err);
     if (!rc)
         rc = model_arg ? kv_eval_model_path(model_arg, model_path, sizeof model_path, &err)
                        : kv_eval_model_path(sc->model, model_path, sizeof model_path, &err);
@@ -128,14 +134,16 @@ int kv_cmd_eval(int argc, char **argv)
         kv_eval_print(stdout, res);
         fflush(stdout);
         if (out_dir) {
-            char path[4096];
-            mkdir(out_dir, 0777); /* an existing folder is fine; a failure shows at the write */
-            snprintf(path, sizeof path, "%s/accuracy.json", out_dir);
+            char path[4200];
+            snprintf(path, sizeof path, "%s/accuracy.json", kv_outdir_staging(&od));
             rc = kv_eval_write_json(res, path, &err);
+            if (!rc)
+                rc = kv_outdir_commit(&od, &err); /* DIR whole: what else it held is kept */
             if (!rc && !quiet)
-                fprintf(stderr, "kvsim eval: wrote %s\n", path);
+                fprintf(stderr, "kvsim eval: wrote %s/accuracy.json\n", out_dir);
         }
     }
+    kv_outdir_abort(&od); /* after a commit, or when something failed: DIR stays as it was */
     if (rc)
         fprintf(stderr, "kvsim eval: %s\n", err.msg);
     kv_eval_result_destroy(res);
