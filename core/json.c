@@ -26,20 +26,23 @@
 void kv_json_string(FILE *out, const char *s)
 {
     fputc('"', out);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    const unsigned char *run = (const unsigned char *)s; /* characters written as they are, not yet written */
+    const unsigned char *p = run;
+    for (; *p; p++) {
+        if (*p >= 0x20 && *p != '"' && *p != '\\')
+            continue;
+        fwrite(run, 1, (size_t)(p - run), out);
+        run = p + 1;
         switch (*p) {
         case '"': fputs("\\\"", out); break;
         case '\\': fputs("\\\\", out); break;
         case '\n': fputs("\\n", out); break;
         case '\r': fputs("\\r", out); break;
         case '\t': fputs("\\t", out); break;
-        default:
-            if (*p < 0x20)
-                fprintf(out, "\\u%04x", *p);
-            else
-                fputc(*p, out);
+        default: fprintf(out, "\\u%04x", *p);
         }
     }
+    fwrite(run, 1, (size_t)(p - run), out);
     fputc('"', out);
 }
 
@@ -132,6 +135,16 @@ size_t kv_json_format_number(char *buf, double v)
         memcpy(p, digits, (size_t)k);
         p += k;
     }
+    *p = '\0';
+    return (size_t)(p - buf);
+}
+
+size_t kv_json_format_int(char *buf, long long v)
+{
+    char *p = buf;
+    if (v < 0)
+        *p++ = '-';
+    p += put_digits(p, v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v);
     *p = '\0';
     return (size_t)(p - buf);
 }

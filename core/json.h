@@ -14,5 +14,7 @@ void kv_json_number(FILE *out, double v);       /* shortest exact form; null for
    Integers below 1e15 as %.0f ("-0" for negative zero), others as the shortest %.Pg
    (6 <= P <= 17) that strtod reads back to v; "null" for NaN and infinities. */
 size_t kv_json_format_number(char *buf, double v);
+/* v as %lld into buf (at least 21 bytes), NUL-terminated; returns its length. */
+size_t kv_json_format_int(char *buf, long long v);
 
 #endif

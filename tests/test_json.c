@@ -257,3 +257,69 @@ Test(json_number, much_faster_than_the_search)
     cr_log_info("search %.0f ns, fast %.0f ns per number (sink %zu)", t_search / N * 1e9, t_fast / N * 1e9, sink);
     cr_expect(t_fast * 5 < t_search, "fast %.3g s vs search %.3g s: less than 5x faster", t_fast, t_search);
 }
+
+/* kv_json_string as it was: one fputc per character. */
+static void string_oracle(FILE *out, const char *s)
+{
+    fputc('"', out);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        switch (*p) {
+        case '"': fputs("\\\"", out); break;
+        case '\\': fputs("\\\\", out); break;
+        case '\n': fputs("\\n", out); break;
+        case '\r': fputs("\\r", out); break;
+        case '\t': fputs("\\t", out); break;
+        default:
+            if (*p < 0x20)
+                fprintf(out, "\\u%04x", *p);
+            else
+                fputc(*p, out);
+        }
+    }
+    fputc('"', out);
+}
+
+Test(json_string, escapes_exactly_as_before)
+{
+    uint64_t s = 8;
+    const char *fixed[] = {"", "plain", "\"", "\\", "a\"b\\c\nd\re\tf\x01g\x1f", "\xc3\xa9 caf\xc3\xa9", "end\\"};
+    for (int i = 0; i < 20000; i++) {
+        char text[64];
+        if (i < (int)(sizeof fixed / sizeof fixed[0])) {
+            snprintf(text, sizeof text, "%s", fixed[i]);
+        } else {
+            int len = (int)(splitmix(&s) % 40);
+            for (int j = 0; j < len; j++) {
+                uint64_t r = splitmix(&s);
+                unsigned c = r % 4 == 0   ? 1 + (unsigned)((r >> 8) % 0x21)           /* control characters, space */
+                             : r % 4 == 1 ? (unsigned char)"\"\\\n\t"[(r >> 8) % 4] /* escaped ones */
+                                          : 1 + (unsigned)((r >> 8) % 255);         /* any byte but NUL */
+                text[j] = (char)c;
+            }
+            text[len] = '\0';
+        }
+        char *a = NULL, *b = NULL;
+        size_t la = 0, lb = 0;
+        FILE *fa = open_memstream(&a, &la), *fb = open_memstream(&b, &lb);
+        kv_json_string(fa, text);
+        string_oracle(fb, text);
+        fclose(fa);
+        fclose(fb);
+        cr_assert(la == lb && memcmp(a, b, la) == 0, "string %d: got %s, want %s", i, a, b);
+        free(a);
+        free(b);
+    }
+}
+
+Test(json_int, formats_as_lld)
+{
+    const long long v[] = {0, 1, -1, 9, 10, -10, 123456789, -987654321, 2147483647LL, -2147483648LL,
+                           9223372036854775807LL, -9223372036854775807LL - 1};
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        char got[32], want[32];
+        size_t n = kv_json_format_int(got, v[i]);
+        snprintf(want, sizeof want, "%lld", v[i]);
+        cr_expect_str_eq(got, want);
+        cr_expect_eq(n, strlen(want));
+    }
+}
