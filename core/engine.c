@@ -59,6 +59,7 @@
 #include "backends/backend.h"
 #include "core/alloc.h"
 #include "core/diffkv.h"
+#include "core/encset.h"
 #include "core/eventq.h"
 #include "core/kvbytes.h"
 #include "core/kvcache.h"
@@ -154,6 +155,9 @@ typedef struct engine {
     const kv_scenario *s;
     kv_policy *policy;
     kv_policy_model model;
+    kv_encset *encs;        /* the policy's encodings per (layer, KV head), reused while fixed (plan_request) */
+    kv_cache cache_proto;   /* a request's fresh cache for those encodings when fixed and not DiffKV */
+    uint64_t cache_proto_gen; /* kv_encset_generation cache_proto was made for; 0: none */
     kv_timing prefill_timing, decode_timing;
     kv_eventq q;
     double now_s;           /* the simulated clock: last event or flow completion handled */
@@ -241,27 +245,29 @@ static int plan_request(engine *e, request *r)
     double anchor = 0, residual = 0, kept = 0;
     int tokens = r->spec.prompt_tokens;
     int heads = m->layers * m->kv_heads;
-    kv_encoding *enc = kv_calloc((size_t)heads, sizeof *enc);
-    int rc = KV_OK;
-    for (int layer = 0; layer < m->layers && !rc; layer++) {
-        for (int head = 0; head < m->kv_heads && !rc; head++) {
-            kv_encoding *en = &enc[layer * m->kv_heads + head];
-            rc = kv_policy_encoding(e->policy, &e->model, &pr, layer, head, en, e->err);
-            if (rc || en->diffkv)
-                continue;
-            kv_head_bytes hb;
-            kv_encoding_bytes(en, tokens, m->head_dim, NULL, &hb); /* DiffKV's bytes come from its cache below */
-            anchor += hb.anchor;
-            residual += hb.residual;
-            kept += hb.kept_tokens;
-        }
-    }
+    /* The encodings of every (layer, KV head): asked once per run when no answer reads the request. */
+    if (!e->encs)
+        e->encs = kv_encset_create(m->layers, m->kv_heads);
+    const kv_encoding *enc = NULL;
+    int rc = kv_encset_fill(e->encs, e->policy, &e->model, &pr, &enc, e->err);
+    if (!rc) /* DiffKV's bytes come from its cache below */
+        kv_encset_bytes(e->encs, tokens, m->head_dim, &anchor, &residual, &kept);
     if (!rc) {
         /* Its KV on the decode node; DiffKV's tiers are decided here, at the end of prefill. */
-        kv_rng seed_rng;
-        kv_rng_fork(&e->base_rng, (r->spec.id + 1) ^ 0xd1ffc0de5eedULL, &seed_rng);
-        rc = kv_cache_init(&r->cache, enc, heads, m->head_dim, &e->score_model, e->head_model,
-                           kv_rng_u64(&seed_rng), e->err);
+        uint64_t gen = kv_encset_generation(e->encs);
+        if (e->cache_proto_gen != 0 && e->cache_proto_gen == gen) {
+            kv_cache_init_like(&r->cache, &e->cache_proto); /* same encodings as the last request */
+        } else {
+            kv_rng seed_rng;
+            kv_rng_fork(&e->base_rng, (r->spec.id + 1) ^ 0xd1ffc0de5eedULL, &seed_rng);
+            rc = kv_cache_init(&r->cache, enc, heads, m->head_dim, &e->score_model, e->head_model,
+                               kv_rng_u64(&seed_rng), e->err);
+            if (!rc && kv_encset_fixed(e->encs) && r->cache.kind != KV_CACHE_DIFFKV) {
+                kv_cache_free(&e->cache_proto);
+                kv_cache_init_like(&e->cache_proto, &r->cache);
+                e->cache_proto_gen = gen;
+            }
+        }
         if (rc)
             kv_error_prefix(e->err, "%s: policy %s, request %llu: ", e->s->path, kv_policy_name(e->policy),
                             (unsigned long long)r->spec.id);
@@ -278,7 +284,6 @@ static int plan_request(engine *e, request *r)
         kv_cache_wire_bytes(&r->cache, enc, m->head_dim, tokens, &anchor, &kept);
         residual = 0;
     }
-    kv_free(enc);
     if (rc)
         return rc;
     r->slot = -1;
@@ -839,11 +844,13 @@ static void on_step_done(engine *e, int d, double now)
         n_spec += e->reqs[dn->running[i]].action == ACT_SPEC;
         n_verify += e->reqs[dn->running[i]].action == ACT_VERIFY;
     }
-    if (n_spec || n_verify)
-        snprintf(name, sizeof name, "step B=%zu spec=%d verify=%d", dn->n_running, n_spec, n_verify);
-    else
-        snprintf(name, sizeof name, "step B=%zu", dn->n_running);
-    span(e, dn->track, name, "decode", dn->step_start_s, now, -1);
+    if (e->tl) { /* names cost a printf per step: only for the timeline */
+        if (n_spec || n_verify)
+            snprintf(name, sizeof name, "step B=%zu spec=%d verify=%d", dn->n_running, n_spec, n_verify);
+        else
+            snprintf(name, sizeof name, "step B=%zu", dn->n_running);
+        span(e, dn->track, name, "decode", dn->step_start_s, now, -1);
+    }
     size_t kept = 0, k = 0, n_closing = 0;
     int *closing = kv_calloc(dn->n_running + 1, sizeof *closing);
     for (size_t i = 0; i < dn->n_running; i++) {
@@ -1070,9 +1077,11 @@ static void start_prefill(engine *e, int p, double now)
     double dt = kv_step_seconds(&e->prefill_timing, &w);
     double end = now + dt;
     pn->busy = true;
-    char name[48];
-    snprintf(name, sizeof name, "prefill B=%zu T=%ld", pn->n_batch, tokens);
-    span(e, pn->track, name, "prefill", now, end, pn->n_batch == 1 ? (int64_t)e->reqs[pn->batch[0]].spec.id : -1);
+    if (e->tl) {
+        char name[48];
+        snprintf(name, sizeof name, "prefill B=%zu T=%ld", pn->n_batch, tokens);
+        span(e, pn->track, name, "prefill", now, end, pn->n_batch == 1 ? (int64_t)e->reqs[pn->batch[0]].spec.id : -1);
+    }
     /* Encodes run one after another once the batch's KV exists (layer-wise: as layers finish). */
     double t_encode = end;
     int layers = e->s->model_card.layers;
@@ -1093,9 +1102,11 @@ static void start_prefill(engine *e, int p, double now)
             double start = t_encode;
             t_encode += r->encode_s;
             r->res->encode_end_s = t_encode;
-            char ename[48];
-            snprintf(ename, sizeof ename, "encode r%llu", (unsigned long long)r->spec.id);
-            span(e, pn->track, ename, "encode", start, t_encode, (int64_t)r->spec.id);
+            if (e->tl) {
+                char ename[48];
+                snprintf(ename, sizeof ename, "encode r%llu", (unsigned long long)r->spec.id);
+                span(e, pn->track, ename, "encode", start, t_encode, (int64_t)r->spec.id);
+            }
             kv_eventq_push(&e->q, t_encode, EV_ENCODE_DONE, pn->batch[i], 0);
         }
     }
@@ -1141,6 +1152,8 @@ static void engine_free(engine *e)
     kv_free(e->dnodes);
     kv_free(e->reqs);
     kv_free(e->head_model);
+    kv_encset_destroy(e->encs);
+    kv_cache_free(&e->cache_proto);
     kv_free(e->scratch);
     kv_free(e->shorts);
     kv_free(e->short_from);

@@ -71,6 +71,13 @@ int kv_cache_init(kv_cache *c, const kv_encoding *enc, int heads, int head_dim, 
     return KV_OK;
 }
 
+void kv_cache_init_like(kv_cache *c, const kv_cache *proto)
+{
+    *c = *proto;
+    c->dkv = NULL;
+    c->room = kv_calloc((size_t)c->tables * 2, sizeof *c->room);
+}
+
 void kv_cache_free(kv_cache *c)
 {
     if (!c)

@@ -61,6 +61,10 @@ typedef struct kv_cache {
 int kv_cache_init(kv_cache *c, const kv_encoding *enc, int heads, int head_dim, const kv_diffkv_score_model *sm,
                   const kv_diffkv_head_params *head_model, uint64_t seed, kv_error *err);
 void kv_cache_free(kv_cache *c); /* frees what init allocated; c itself is the caller's */
+/* Sets c up as kv_cache_init would from the encodings that made proto (a cache
+   fresh from kv_cache_init, not DiffKV: DiffKV's tier process is per request):
+   same kind and sizes, its own page rooms, no tokens. proto is unchanged. */
+void kv_cache_init_like(kv_cache *c, const kv_cache *proto);
 
 /* Bytes the prefill node sends for a prompt of `tokens` tokens: DiffKV sends
    the kept tiers at their precision plus each kept token's score and

@@ -2,6 +2,7 @@
 #include "core/metrics.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,6 +12,59 @@ static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
+}
+
+/* Sorts v[n] ascending into exactly what qsort with cmp_double gives: -0 and NaN
+   (whose order qsort leaves to its algorithm) go through qsort; otherwise equal
+   keys are equal bit patterns, so the ascending order is unique and an LSD radix
+   sort over the 64-bit order-preserving keys (8 passes of 8 bits, passes where
+   every key has the same byte skipped) finds it in O(n). */
+static void sort_doubles(double *v, size_t n)
+{
+    if (n < 256) {
+        qsort(v, n, sizeof *v, cmp_double);
+        return;
+    }
+    uint64_t *key = kv_malloc(n * sizeof *key);
+    size_t (*count)[256] = kv_calloc(8, sizeof *count);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t b;
+        memcpy(&b, &v[i], sizeof b);
+        if (isnan(v[i]) || b == 0x8000000000000000ULL) {
+            kv_free(count);
+            kv_free(key);
+            qsort(v, n, sizeof *v, cmp_double);
+            return;
+        }
+        b = (b >> 63) ? ~b : b | 0x8000000000000000ULL;
+        key[i] = b;
+        for (int d = 0; d < 8; d++)
+            count[d][(b >> (8 * d)) & 0xff]++;
+    }
+    uint64_t *tmp = kv_malloc(n * sizeof *tmp);
+    for (int d = 0; d < 8; d++) {
+        if (count[d][(key[0] >> (8 * d)) & 0xff] == n)
+            continue; /* every key has this byte */
+        size_t pos = 0;
+        for (int b = 0; b < 256; b++) {
+            size_t c = count[d][b];
+            count[d][b] = pos;
+            pos += c;
+        }
+        for (size_t i = 0; i < n; i++)
+            tmp[count[d][(key[i] >> (8 * d)) & 0xff]++] = key[i];
+        uint64_t *t = key;
+        key = tmp;
+        tmp = t;
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint64_t b = key[i];
+        b = (b >> 63) ? b & ~0x8000000000000000ULL : ~b;
+        memcpy(&v[i], &b, sizeof b);
+    }
+    kv_free(tmp);
+    kv_free(key);
+    kv_free(count);
 }
 
 static double percentile(const double *sorted, size_t n, double p)
@@ -32,7 +86,7 @@ void kv_stat_compute(const double *values, size_t n, kv_stat *out)
     }
     double *v = kv_malloc(n * sizeof *v);
     memcpy(v, values, n * sizeof *v);
-    qsort(v, n, sizeof *v, cmp_double);
+    sort_doubles(v, n);
     double sum = 0;
     for (size_t i = 0; i < n; i++)
         sum += v[i];

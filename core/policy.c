@@ -84,6 +84,7 @@ struct kv_policy {
     int cache_layers, cache_heads; /* shape of the encode cache */
     unsigned char *enc_valid;   /* (layer, head) → 1 when enc[] holds the answer */
     kv_encoding *enc;           /* (layer, head) */
+    uint64_t cache_epoch;       /* times the caches were emptied (kv_policy_cache_epoch) */
     bool transfer_valid, spec_valid;
     kv_transfer_plan transfer;
     int spec;
@@ -1004,6 +1005,7 @@ bool kv_policy_has_hook(const kv_policy *p, const char *hook)
 
 static void clear_caches(kv_policy *p)
 {
+    p->cache_epoch++;
     if (p->enc_valid)
         memset(p->enc_valid, 0, (size_t)p->cache_layers * (size_t)p->cache_heads);
     p->transfer_valid = false;
@@ -1046,6 +1048,7 @@ void kv_policy_set_model(kv_policy *p, const kv_policy_model *m)
     p->model.name = kv_strdup(m->name ? m->name : "");
     p->model_known = true;
     p->model_dirty = true;
+    p->cache_epoch++;
     kv_free(p->enc_valid);
     kv_free(p->enc);
     p->enc_valid = NULL;
@@ -1061,6 +1064,20 @@ void kv_policy_set_model(kv_policy *p, const kv_policy_model *m)
     }
     p->transfer_valid = false;
     p->spec_valid = false;
+}
+
+uint64_t kv_policy_cache_epoch(const kv_policy *p)
+{
+    return p ? p->cache_epoch : 0;
+}
+
+bool kv_policy_encoding_fixed(const kv_policy *p, const kv_policy_model *m, int layer, int kv_head)
+{
+    if (!p || !m || layer < 0 || layer >= m->layers || kv_head < 0 || kv_head >= m->kv_heads || !same_model(p, m))
+        return false;
+    if (p->hook_ref[H_ENCODE] == LUA_NOREF)
+        return true; /* the default answer */
+    return p->enc && p->enc_valid[(size_t)layer * (size_t)p->cache_heads + (size_t)kv_head];
 }
 
 /* --- the hooks ---------------------------------------------------------------- */

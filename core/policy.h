@@ -161,6 +161,13 @@ bool kv_policy_has_hook(const kv_policy *p, const char *hook);
    can opt out with `cache = false`; this switch turns caching off (benchmarks,
    tests) or back on. Turning it off also empties the cache. */
 void kv_policy_set_cache(kv_policy *p, bool on);
+/* True when kv_policy_encoding(p, m, r, layer, kv_head) answers without running
+   the hook, so the same for every request r: the hook is absent, or its answer
+   for (layer, kv_head) under model m is cached. It stays so while
+   kv_policy_cache_epoch(p) is unchanged. */
+bool kv_policy_encoding_fixed(const kv_policy *p, const kv_policy_model *m, int layer, int kv_head);
+/* Changes whenever the caches are emptied (kv_policy_set_cache, a new model). */
+uint64_t kv_policy_cache_epoch(const kv_policy *p);
 
 typedef struct kv_policy_stats {
     uint64_t lua_calls;       /* hook calls that ran Lua */

@@ -220,16 +220,77 @@ void kv_report_json(FILE *out, const kv_scenario *s, const kv_policy_outcome *o,
     fputs("]\n}\n", out);
 }
 
-static void csv_num(FILE *out, double v)
+/* A requests.csv row is built in memory and written with one fwrite (stdio per field was most of a run). */
+enum { ROW_NAME_MAX = 512 }; /* longer policy names are written on their own */
+typedef struct csv_row {
+    char buf[ROW_NAME_MAX + 40 * KV_JSON_NUMBER_SIZE]; /* the name, 32 fields, newline */
+    size_t n;                                          /* bytes used */
+} csv_row;
+
+static void row_uint(csv_row *w, unsigned long long u, bool negative)
 {
-    fputc(',', out);
-    if (isfinite(v))
-        kv_json_number(out, v);
+    char tmp[24];
+    int n = 0;
+    do {
+        tmp[n++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    w->buf[w->n++] = ',';
+    if (negative)
+        w->buf[w->n++] = '-';
+    while (n)
+        w->buf[w->n++] = tmp[--n];
 }
 
-static void csv_ms(FILE *out, double from, double to)
+static void row_int(csv_row *w, int v) /* ",%d" */
 {
-    csv_num(out, from >= 0 && to >= 0 ? (to - from) * 1e3 : NAN);
+    row_uint(w, v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v, v < 0);
+}
+
+/* ,number — or just the comma when v is not finite (an empty cell). */
+static void csv_num(csv_row *w, double v)
+{
+    w->buf[w->n++] = ',';
+    if (isfinite(v))
+        w->n += kv_json_format_number(w->buf + w->n, v);
+}
+
+static void csv_ms(csv_row *w, double from, double to)
+{
+    csv_num(w, from >= 0 && to >= 0 ? (to - from) * 1e3 : NAN);
+}
+
+static void csv_fields(csv_row *w, const kv_request_result *q)
+{
+    row_uint(w, (unsigned long long)q->id, false);
+    csv_num(w, q->arrival_s);
+    row_int(w, q->prompt_tokens);
+    row_int(w, q->output_tokens);
+    row_int(w, q->prefill_node);
+    row_int(w, q->decode_node);
+    const double times[] = {q->prefill_start_s, q->prefill_end_s, q->encode_end_s, q->anchor_arrived_s,
+                            q->kv_arrived_s, q->admitted_s, q->first_spec_s, q->first_token_s,
+                            q->kth_token_s, q->done_s};
+    for (size_t t = 0; t < sizeof times / sizeof times[0]; t++)
+        csv_num(w, times[t] >= 0 ? times[t] : NAN);
+    csv_ms(w, q->arrival_s, q->first_token_s);
+    csv_ms(w, q->arrival_s, q->first_spec_s);
+    csv_ms(w, q->arrival_s, q->kth_token_s);
+    csv_num(w, q->output_tokens > 1 && q->done_s >= 0
+                   ? (q->done_s - q->first_token_s) * 1e3 / (q->output_tokens - 1)
+                   : NAN);
+    csv_ms(w, q->arrival_s, q->done_s);
+    csv_num(w, q->anchor_bytes);
+    csv_num(w, q->residual_bytes);
+    csv_num(w, q->kept_tokens_fraction);
+    row_int(w, q->spec_tokens);
+    row_int(w, q->accepted_tokens);
+    row_int(w, q->verifications);
+    csv_num(w, q->tier_high_fraction);
+    csv_num(w, q->tier_low_fraction);
+    csv_num(w, q->tier_pruned_fraction);
+    row_int(w, q->preemptions);
+    w->buf[w->n++] = '\n';
 }
 
 void kv_report_csv(FILE *out, const kv_policy_outcome *o, size_t n)
@@ -240,32 +301,19 @@ void kv_report_csv(FILE *out, const kv_policy_outcome *o, size_t n)
           "spec_tokens,accepted_tokens,verifications,tier_high_fraction,tier_low_fraction,tier_pruned_fraction,"
           "preemptions\n",
           out);
+    csv_row w;
     for (size_t p = 0; p < n; p++) {
+        size_t name_len = strlen(o[p].name);
         for (size_t i = 0; i < o[p].run.n_requests; i++) {
-            const kv_request_result *q = &o[p].run.requests[i];
-            fprintf(out, "%s,%llu", o[p].name, (unsigned long long)q->id);
-            csv_num(out, q->arrival_s);
-            fprintf(out, ",%d,%d,%d,%d", q->prompt_tokens, q->output_tokens, q->prefill_node, q->decode_node);
-            const double times[] = {q->prefill_start_s, q->prefill_end_s, q->encode_end_s, q->anchor_arrived_s,
-                                    q->kv_arrived_s, q->admitted_s, q->first_spec_s, q->first_token_s,
-                                    q->kth_token_s, q->done_s};
-            for (size_t t = 0; t < sizeof times / sizeof times[0]; t++)
-                csv_num(out, times[t] >= 0 ? times[t] : NAN);
-            csv_ms(out, q->arrival_s, q->first_token_s);
-            csv_ms(out, q->arrival_s, q->first_spec_s);
-            csv_ms(out, q->arrival_s, q->kth_token_s);
-            csv_num(out, q->output_tokens > 1 && q->done_s >= 0
-                             ? (q->done_s - q->first_token_s) * 1e3 / (q->output_tokens - 1)
-                             : NAN);
-            csv_ms(out, q->arrival_s, q->done_s);
-            csv_num(out, q->anchor_bytes);
-            csv_num(out, q->residual_bytes);
-            csv_num(out, q->kept_tokens_fraction);
-            fprintf(out, ",%d,%d,%d", q->spec_tokens, q->accepted_tokens, q->verifications);
-            csv_num(out, q->tier_high_fraction);
-            csv_num(out, q->tier_low_fraction);
-            csv_num(out, q->tier_pruned_fraction);
-            fprintf(out, ",%d\n", q->preemptions);
+            w.n = 0;
+            if (name_len <= ROW_NAME_MAX) {
+                memcpy(w.buf, o[p].name, name_len);
+                w.n = name_len;
+            } else {
+                fputs(o[p].name, out);
+            }
+            csv_fields(&w, &o[p].run.requests[i]);
+            fwrite(w.buf, 1, w.n, out);
         }
     }
 }

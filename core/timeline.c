@@ -187,6 +187,14 @@ static void thread_meta(FILE *out, int *first, int pid, size_t tid, const char *
     *first = 0;
 }
 
+/* Copies the NUL-terminated s to p (no NUL); returns its length. */
+static size_t put(char *p, const char *s)
+{
+    size_t n = strlen(s);
+    memcpy(p, s, n);
+    return n;
+}
+
 void kv_timeline_write(const kv_timeline *tl, FILE *out)
 {
     size_t n = tl->n_spans;
@@ -241,14 +249,29 @@ void kv_timeline_write(const kv_timeline *tl, FILE *out)
     for (size_t i = 0; i < n; i++) {
         const span *s = &tl->spans[p[i].span];
         size_t tid = p[i].lane == 0 ? p[i].track + 1 : lane_tid[p[i].track] + p[i].lane - 1;
-        fprintf(out, "%s{\"ph\":\"X\",\"pid\":%d,\"tid\":%zu,\"ts\":%lld,\"dur\":%lld,\"name\":", first ? "" : ",\n",
-                tl->tracks[s->track].process + 1, tid, p[i].ts_us, p[i].end_us - p[i].ts_us);
+        /* As fprintf "%s{\"ph\":\"X\",\"pid\":%d,\"tid\":%zu,\"ts\":%lld,\"dur\":%lld,\"name\":" would. */
+        char head[160];
+        size_t h = 0;
+        h += put(head + h, first ? "{\"ph\":\"X\",\"pid\":" : ",\n{\"ph\":\"X\",\"pid\":");
+        h += kv_json_format_int(head + h, tl->tracks[s->track].process + 1);
+        h += put(head + h, ",\"tid\":");
+        h += kv_json_format_int(head + h, (long long)tid);
+        h += put(head + h, ",\"ts\":");
+        h += kv_json_format_int(head + h, p[i].ts_us);
+        h += put(head + h, ",\"dur\":");
+        h += kv_json_format_int(head + h, p[i].end_us - p[i].ts_us);
+        h += put(head + h, ",\"name\":");
+        fwrite(head, 1, h, out);
         kv_json_string(out, s->name);
         fputs(",\"cat\":", out);
         kv_json_string(out, s->category);
-        if (s->request >= 0)
-            fprintf(out, ",\"args\":{\"request\":%lld}", (long long)s->request);
-        fputs("}", out);
+        if (s->request >= 0) {
+            h = put(head, ",\"args\":{\"request\":");
+            h += kv_json_format_int(head + h, (long long)s->request);
+            h += put(head + h, "}");
+            fwrite(head, 1, h, out);
+        }
+        fputc('}', out);
         first = 0;
     }
     for (size_t i = 0; i < tl->n_counters; i++) {

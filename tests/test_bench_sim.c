@@ -1,0 +1,45 @@
+/* test_bench_sim.c — `kvsim bench sim`: rates per wall- and CPU-second, and --write timing real outputs. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/support.h"
+
+Test(bench_sim, write_times_complete_outputs, .timeout = 300)
+{
+    char *dir = kvt_tempdir();
+    char args[1024];
+    snprintf(args, sizeof args, "bench sim --requests 300 --write %s/out", dir);
+    char *out = NULL;
+    int rc = kvt_kvsim(args, &out);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_expect(strstr(out, "per CPU-second"), "%s", out);
+    cr_expect(strstr(out, "outputs written"), "%s", out);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/out/requests.csv", dir);
+    char *csv = kvt_read(path, NULL);
+    cr_assert(csv, "no requests.csv");
+    size_t lines = 0;
+    for (const char *p = csv; *p; p++)
+        lines += *p == '\n';
+    cr_expect_eq(lines, 301, "header + 300 rows, got %zu lines", lines);
+    snprintf(path, sizeof path, "%s/out/results.json", dir);
+    char *json = kvt_read(path, NULL);
+    cr_expect(json && strstr(json, "\"completed\":300"), "results.json");
+    free(json);
+    free(csv);
+    free(out);
+    kvt_rmtree(dir);
+    free(dir);
+}
+
+Test(bench_sim, bad_options_exit_2)
+{
+    char *out = NULL;
+    cr_expect_eq(kvt_kvsim("bench sim --write", &out), 2, "%s", out);
+    cr_expect(strstr(out, "--write DIR"), "%s", out);
+    free(out);
+    cr_expect_eq(kvt_kvsim("bench sim --requests 0", &out), 2, "%s", out);
+    free(out);
+}
