@@ -34,6 +34,7 @@ typedef struct kv_run_inputs {
     int network_model;             /* kv_net_model: scenario's unless overridden */
     const double *accept_conditional; /* measured per-position acceptance (NULL: the scenario's) */
     int accept_positions;
+    const char *accept_source;     /* what measured accept_conditional, for results.json (NULL: feed_source) */
     const double *tiers;           /* measured DiffKV {high, low} fractions (NULL: the scenario's) */
     const char *feed_source;       /* what measured them, for results.json */
     kv_backend *backend;           /* runs the decode nodes' memory managers; NULL: the engine opens
@@ -74,7 +75,7 @@ typedef struct kv_run_result {
     size_t n_links;
     char network[32];            /* "simgrid" or "ideal" */
     char timing_source[160];
-    char acceptance_source[256];   /* where Lynx acceptance came from */
+    char acceptance_source[512];   /* where Lynx acceptance came from */
     char tiers_source[256];        /* where DiffKV tier fractions came from */
     double makespan_s;           /* last completion */
     double kv_mem_peak_bytes;    /* max over decode nodes of KV bytes held */

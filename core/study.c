@@ -8,6 +8,7 @@
 #include "core/measure.h"
 #include "core/metrics.h"
 #include "core/model/feed.h"
+#include "core/model/feed_lynx.h"
 #include "core/policy.h"
 #include "core/progress.h"
 #include "core/rng.h"
@@ -23,7 +24,8 @@ struct kv_study {
     size_t n;
     kv_timeline *timeline;
     kv_kernel_costs *costs;   /* [n] per policy */
-    kv_feed *feeds;           /* [n] measured on the reference model, when asked */
+    kv_feed *feeds;           /* [n] DiffKV tiers measured on the reference model, when asked */
+    kv_feed_acceptance *accepts; /* [n] Lynx acceptance measured on the reference model, when asked */
     int ran;
 };
 
@@ -141,6 +143,7 @@ int kv_study_prepare(const kv_scenario *s, kv_study **out, kv_error *err)
     st->outcomes = kv_calloc(st->n, sizeof *st->outcomes);
     st->costs = kv_calloc(st->n, sizeof *st->costs);
     st->feeds = kv_calloc(st->n, sizeof *st->feeds);
+    st->accepts = kv_calloc(st->n, sizeof *st->accepts);
     int rc = make_workload(st, err);
     if (!rc)
         rc = kv_engine_check_network(s, strcmp(s->net_model, "ideal") == 0 ? KV_NET_IDEAL : KV_NET_SIMGRID, err);
@@ -150,10 +153,17 @@ int kv_study_prepare(const kv_scenario *s, kv_study **out, kv_error *err)
     int first_prompt = n_req ? kv_workload_get(st->workload, 0)->prompt_tokens : 1;
     for (size_t i = 0; !rc && i < st->n; i++)
         rc = kv_measure_costs(s, st->policies[i], first_prompt, &st->costs[i], err);
-    int want_accept = strcmp(s->lynx_from, "reference-model") == 0;
     int want_tiers = strcmp(s->diffkv_from, "reference-model") == 0;
-    for (size_t i = 0; !rc && (want_accept || want_tiers) && i < st->n; i++)
+    for (size_t i = 0; !rc && want_tiers && i < st->n; i++)
         rc = kv_feed_measure(s, st->policies[i], &st->feeds[i], err);
+    if (!rc && strcmp(s->lynx_from, "reference-model") == 0) {
+        /* Every speculative policy's acceptance, on prompts near the workload's (cached on disk). */
+        int *prompts = kv_calloc(n_req ? n_req : 1, sizeof *prompts);
+        for (size_t r = 0; r < n_req; r++)
+            prompts[r] = kv_workload_get(st->workload, r)->prompt_tokens;
+        rc = kv_feed_acceptance_measure(s, st->policies, st->n, prompts, n_req, stderr, st->accepts, err);
+        kv_free(prompts);
+    }
     if (rc) {
         kv_study_destroy(st);
         return rc;
@@ -176,6 +186,7 @@ void kv_study_destroy(kv_study *st)
     kv_free(st->outcomes);
     kv_free(st->costs);
     kv_free(st->feeds);
+    kv_free(st->accepts);
     kv_workload_destroy(st->workload);
     kv_timeline_destroy(st->timeline);
     kv_free(st);
@@ -200,9 +211,11 @@ int kv_study_run(kv_study *st, kv_error *err)
         kv_run_inputs in = {.scenario = s, .policy = st->policies[i], .workload = st->workload,
                             .costs = &st->costs[i], .timeline = st->timeline, .progress = progress,
                             .network_model = model, .feed_source = f->source};
-        if (strcmp(s->lynx_from, "reference-model") == 0 && f->positions > 0) {
-            in.accept_conditional = f->accept_conditional;
-            in.accept_positions = f->positions;
+        const kv_feed_acceptance *a = &st->accepts[i];
+        if (a->positions > 0) {
+            in.accept_conditional = a->accept_conditional;
+            in.accept_positions = a->positions;
+            in.accept_source = a->source;
         }
         double tiers[2] = {f->high_fraction, f->low_fraction};
         if (strcmp(s->diffkv_from, "reference-model") == 0 && f->has_tiers)
@@ -210,6 +223,8 @@ int kv_study_run(kv_study *st, kv_error *err)
         kv_policy_outcome *o = &st->outcomes[i];
         o->name = s->policies.items[i];
         o->file = st->files[i];
+        o->policy = st->policies[i];
+        o->acceptance_samples = a->positions > 0 ? a->speculations : 0;
         int rc = kv_engine_run(&in, &o->run, err);
         kv_progress_finish(progress);
         if (rc)

@@ -18,7 +18,8 @@ static char *write_scenario(const char *dir, const char *policies, const char *e
              "network: {model: ideal}\n"
              "workload: {requests: 6, arrival: poisson, rate_per_s: 4, prompt: {dist: fixed, value: 2048}, "
              "output: {dist: fixed, value: 16}}\n"
-             "policies: [%s]\n%s",
+             "policies: [%s]\n%s"
+             "lynx: {from: scenario}\n", /* these tests are about bytes; tests/test_lynx_feed.c measures */
              policies, extra ? extra : "");
     return kvt_write(dir, "s.yaml", text);
 }
