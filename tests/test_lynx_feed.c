@@ -23,7 +23,8 @@ static int model_available(void)
     return 1;
 }
 
-/* Three Lynx splits of 8 bits, ideal network, 1024-token prompts; lynx.from left at its default. */
+/* Three Lynx splits of 8 bits, ideal network, one request at a time (no queueing: the splits differ only in
+   their anchor); lynx.from left at its default. */
 static char *write_splits(const char *dir, const char *more)
 {
     char text[4096];
@@ -32,7 +33,7 @@ static char *write_splits(const char *dir, const char *more)
              "model: llama-3.1-8b\n"
              "seed: 5\n"
              "network: {model: ideal, nic_bandwidth_gbps: 25}\n"
-             "workload: {requests: 24, arrival: poisson, rate_per_s: 1, prompt: {dist: fixed, value: 16000}, "
+             "workload: {requests: 24, arrival: fixed, rate_per_s: 0.5, prompt: {dist: fixed, value: 16000}, "
              "output: {dist: fixed, value: 32}}\n"
              "lynx: {ttkt_k: 10}\n"
              "outputs: {trace: false, csv: false}\n"

@@ -337,7 +337,7 @@ static int generate(evaluator *ev, const prompt *p, const kv_kvstore *prefilled,
    the longest agreeing prefix is accepted. Every (row, prompt length) pair is
    one speculation with its own store; up to SPEC_BATCH of them decode
    together, one batch row each (and verify together, k batch rows each). */
-#define SPEC_BATCH 16
+#define SPEC_BATCH 8
 
 typedef struct spec_job {
     int row;        /* the eval row (its encoding and spec_k) */

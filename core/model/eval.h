@@ -48,14 +48,14 @@ typedef struct kv_eval_config {
     int needle_context_tokens; /* their length */
     int speculative_positions; /* k for acceptance; 0: each policy's own speculate */
     int speculation_points;    /* Lynx samples per prompt: prompt prefixes spread over its second half */
-    const int *speculation_lengths; /* [n_speculation_lengths] prompt prefixes (tokens, each 1..the text
-                                       prompt's length) at which Lynx speculates instead (borrowed); NULL:
-                                       speculation_points spread as above */
-    int n_speculation_lengths; /* 0..64 */
     uint64_t seed;             /* needle numbers and depths */
     kv_backend *backend;       /* decode attention over the encoded pages runs here (borrowed);
                                   NULL: the KV store's own loop over the reconstructed values */
     FILE *progress;            /* one line per prompt; NULL: quiet */
+    const int *speculation_lengths; /* [n_speculation_lengths] prompt prefixes (tokens, each 1..the text
+                                       prompt's length) at which Lynx speculates instead (borrowed); NULL:
+                                       speculation_points spread as above */
+    int n_speculation_lengths; /* 0..64 */
 } kv_eval_config;
 
 typedef struct kv_eval_row {
