@@ -1182,7 +1182,7 @@ static int setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_erro
         e->accept_pos = in->accept_conditional;
         e->n_accept_pos = (size_t)in->accept_positions;
         snprintf(out->acceptance_source, sizeof out->acceptance_source, "%s",
-                 in->feed_source ? in->feed_source : "reference model");
+                 in->accept_source ? in->accept_source : in->feed_source ? in->feed_source : "reference model");
     }
     e->ttkt_k = s->ttkt_k;
     const kv_model_card *m = &s->model_card;

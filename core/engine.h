@@ -39,6 +39,7 @@ typedef struct kv_run_inputs {
     const kv_diffkv_table *diffkv_table; /* diffkv.scores: measured: z per reference head (borrowed;
                                       NULL: none, a DiffKV policy then fails) */
     const char *diffkv_source;     /* what measured the table, for results.json */
+    const char *accept_source;     /* what measured accept_conditional, for results.json (NULL: feed_source) */
     const char *feed_source;       /* what measured the acceptance, for results.json */
     kv_backend *backend;           /* runs the decode nodes' memory managers; NULL: the engine opens
                                       timing.backend (device 0) for the run */
@@ -79,7 +80,7 @@ typedef struct kv_run_result {
     size_t n_links;
     char network[32];            /* "simgrid" or "ideal" */
     char timing_source[1024];
-    char acceptance_source[256];   /* where Lynx acceptance came from */
+    char acceptance_source[512];   /* where Lynx acceptance came from */
     char tiers_source[640];        /* where DiffKV's significance came from */
     double makespan_s;           /* last completion */
     double kv_mem_peak_bytes;    /* max over decode nodes of KV bytes held */

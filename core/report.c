@@ -135,6 +135,19 @@ void kv_report_json(FILE *out, const kv_scenario *s, const kv_policy_outcome *o,
     jnum(out, "nic_bandwidth_gbps", s->nic_bandwidth_gbps, 1);
     jstr(out, "lynx_acceptance_from", s->lynx_from, ",");
     jstr(out, "diffkv_scores", s->diffkv_scores, "},\n");
+    /* Every --set override, in the order applied: {"key": ..., "value": ...} as written. */
+    jkey(out, "overrides");
+    fputc('[', out);
+    for (int i = 0; i < s->n_overrides; i++) {
+        const char *text = s->overrides[i], *eq = strchr(text, '=');
+        size_t klen = eq ? (size_t)(eq - text) : strlen(text);
+        char *key = kv_strndup(text, klen);
+        fputc('{', out);
+        jstr(out, "key", key, ",");
+        jstr(out, "value", eq ? eq + 1 : "", i + 1 < s->n_overrides ? "}," : "}");
+        kv_free(key);
+    }
+    fputs("],\n", out);
     jkey(out, "policies");
     fputs("[\n", out);
     for (size_t i = 0; i < n; i++) {
@@ -146,7 +159,15 @@ void kv_report_json(FILE *out, const kv_scenario *s, const kv_policy_outcome *o,
         jstr(out, "network", r->network, ",");
         jstr(out, "timing_source", r->timing_source, ",");
         jstr(out, "acceptance_source", r->acceptance_source, ",");
+        jnum(out, "acceptance_samples", (double)o[i].acceptance_samples, 1);
         jstr(out, "tiers_source", r->tiers_source, ",\n");
+        /* The policy's parameters in effect (defaults, scenario and --set), sorted by key, as the host renders them. */
+        jkey(out, "params");
+        fputc('{', out);
+        int np = kv_policy_param_count(o[i].policy);
+        for (int j = 0; j < np; j++)
+            jstr(out, kv_policy_param_key(o[i].policy, j), kv_policy_param_value(o[i].policy, j), j + 1 < np ? "," : "");
+        fputs("},\n", out);
         jnum(out, "completed", (double)m->completed, 1);
         jnum(out, "duration", m->duration_s, 1);
         jnum(out, "request_throughput", m->request_throughput, 1);

@@ -13,6 +13,8 @@
 typedef struct kv_policy_outcome {
     const char *name;   /* as listed in the scenario */
     const char *file;   /* the Lua file it came from */
+    const kv_policy *policy; /* its parameters, for results.json (borrowed; NULL: none recorded) */
+    long acceptance_samples; /* speculations behind a measured Lynx acceptance (0: the scenario's) */
     kv_run_result run;
     kv_summary summary;
 } kv_policy_outcome;

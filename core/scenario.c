@@ -148,12 +148,18 @@ static const kv_key_spec scenario_keys[] = {
      "per-policy settings: policy.<name>.file and policy.<name>.<param>"},
 
     {"lynx", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "speculative decoding on anchor-only KV"},
-    {"lynx.from", KV_KEY_ENUM, S(lynx_from), "scenario", 0, 0, "scenario|reference-model",
-     "where acceptance rates come from"},
+    {"lynx.from", KV_KEY_ENUM, S(lynx_from), "reference-model", 0, 0, "reference-model|scenario",
+     "where acceptance rates come from: measured per policy (its own bit split) on the reference model, "
+     "cached on disk (needs scripts/fetch-model.sh); scenario: the fixed lynx.acceptance"},
     {"lynx.acceptance", KV_KEY_DOUBLE, S(lynx_acceptance), "0.9", 0, 1, NULL,
-     "probability a speculated token is accepted (each position)"},
+     "with lynx.from: scenario: probability a speculated token is accepted (each position)"},
     {"lynx.acceptance_per_position", KV_KEY_DOUBLELIST, S(lynx_acceptance_per_position), "[]", 0, 1, NULL,
-     "per-position acceptance, overrides lynx.acceptance"},
+     "with lynx.from: scenario: per-position acceptance, overrides lynx.acceptance"},
+    {"lynx.samples", KV_KEY_INT, S(lynx_samples), "32", 1, 256, NULL,
+     "with lynx.from: reference-model: speculations measured per policy (over 4 texts, rounded up to a multiple of 4)"},
+    {"lynx.max_prompt_tokens", KV_KEY_INT, S(lynx_max_prompt_tokens), "1024", 64, 4096, NULL,
+     "with lynx.from: reference-model: longest measured prompt; the workload's prompt lengths are clamped to it "
+     "(the reference model prefills about 512 tokens a second on a CPU)"},
     {"lynx.ttkt_k", KV_KEY_INT, S(ttkt_k), "10", 1, 1 << 30, NULL, "K of ttkt_ms (time to the K-th committed token)"},
 
     {"diffkv", KV_KEY_SECTION, 0, NULL, 0, 0, NULL,
@@ -349,8 +355,11 @@ int kv_scenario_load(const char *path, const char *const *overrides, int n_overr
     if (!rc && s->tree->kind != KV_YMAP)
         rc = kv_error_set(err, KV_EINPUT, "%s:%d:%d: a scenario is a mapping of keys (name:, model:, ...)", path,
                           s->tree->line, s->tree->col);
-    for (int i = 0; !rc && i < n_overrides; i++)
+    s->overrides = kv_calloc((size_t)n_overrides + 1, sizeof *s->overrides);
+    for (int i = 0; !rc && i < n_overrides; i++) {
         rc = apply_override(s->tree, overrides[i], err);
+        s->overrides[s->n_overrides++] = kv_strdup(overrides[i]);
+    }
     if (!rc)
         rc = kv_schema_bind(&scenario_schema, s->tree, s, err);
     if (!rc)
@@ -390,6 +399,9 @@ void kv_scenario_destroy(kv_scenario *s)
     kv_device_profile_free(&s->prefill_device);
     kv_device_profile_free(&s->decode_device);
     kv_ytree_free(s->tree);
+    for (int i = 0; i < s->n_overrides; i++)
+        kv_free(s->overrides[i]);
+    kv_free(s->overrides);
     kv_free(s->path);
     kv_free(s->dir);
     kv_free(s->data_dir);

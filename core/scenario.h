@@ -64,9 +64,11 @@ typedef struct kv_scenario {
     kv_strlist policies;
     const kv_ynode *policy_settings;
 
-    char *lynx_from;
-    double lynx_acceptance;
+    char *lynx_from;                   /* reference-model | scenario */
+    double lynx_acceptance;            /* fixed conditional acceptance (lynx.from: scenario) */
     kv_doublelist lynx_acceptance_per_position;
+    int lynx_samples;                  /* speculations measured per policy (lynx.from: reference-model) */
+    int lynx_max_prompt_tokens;        /* longest measured prompt, tokens */
     int ttkt_k;
 
     char *diffkv_scores;               /* measured | lognormal | fixed (core/diffkv.h) */
@@ -88,6 +90,8 @@ typedef struct kv_scenario {
 
     /* Derived at load time. */
     kv_ynode *tree;        /* the YAML with --set applied (owned) */
+    char **overrides;      /* [n_overrides] the --set texts "key=value", in the order applied (owned) */
+    int n_overrides;
     char *path;            /* scenario file as given */
     char *dir;             /* its folder */
     char *data_dir;        /* kvsim's own scenarios/ folder, for cards by name */

@@ -8,7 +8,7 @@
 #include "core/measure.h"
 #include "core/metrics.h"
 #include "core/model/diffkv_scores.h"
-#include "core/model/feed.h"
+#include "core/model/feed_lynx.h"
 #include "core/policy.h"
 #include "core/profile.h"
 #include "core/progress.h"
@@ -25,7 +25,7 @@ struct kv_study {
     size_t n;
     kv_timeline *timeline;
     kv_kernel_costs *costs;   /* [n] per policy */
-    kv_feed *feeds;           /* [n] measured on the reference model, when asked */
+    kv_feed_acceptance *accepts; /* [n] Lynx acceptance measured on the reference model, when asked */
     kv_profile *prefill_profile, *decode_profile; /* timing.source: profile; else NULL */
     kv_diffkv_measured *dkv;  /* [n] DiffKV significance tables (z NULL: none needed) */
     int ran;
@@ -144,8 +144,8 @@ int kv_study_prepare(const kv_scenario *s, kv_study **out, kv_error *err)
     st->files = kv_calloc(st->n, sizeof *st->files);
     st->outcomes = kv_calloc(st->n, sizeof *st->outcomes);
     st->costs = kv_calloc(st->n, sizeof *st->costs);
-    st->feeds = kv_calloc(st->n, sizeof *st->feeds);
     st->dkv = kv_calloc(st->n, sizeof *st->dkv);
+    st->accepts = kv_calloc(st->n, sizeof *st->accepts);
     int rc = make_workload(st, err);
     if (!rc)
         rc = kv_engine_check_network(s, strcmp(s->net_model, "ideal") == 0 ? KV_NET_IDEAL : KV_NET_SIMGRID, err);
@@ -168,9 +168,14 @@ int kv_study_prepare(const kv_scenario *s, kv_study **out, kv_error *err)
             snprintf(st->costs[i].source, sizeof st->costs[i].source,
                      "profile %s, prefill: %s; decode: %s; KV kernels: %s", s->timing_profile_file, pd, dd, kernels);
     }
-    int want_accept = strcmp(s->lynx_from, "reference-model") == 0;
-    for (size_t i = 0; !rc && want_accept && i < st->n; i++)
-        rc = kv_feed_measure(s, st->policies[i], &st->feeds[i], err);
+    if (!rc && strcmp(s->lynx_from, "reference-model") == 0) {
+        /* Every speculative policy's acceptance, on prompts near the workload's (cached on disk). */
+        int *prompts = kv_calloc(n_req ? n_req : 1, sizeof *prompts);
+        for (size_t r = 0; r < n_req; r++)
+            prompts[r] = kv_workload_get(st->workload, r)->prompt_tokens;
+        rc = kv_feed_acceptance_measure(s, st->policies, st->n, prompts, n_req, stderr, st->accepts, err);
+        kv_free(prompts);
+    }
     /* DiffKV's significance distribution, measured on the reference model (diffkv.scores: measured). */
     double mean_prompt = 0;
     for (size_t r = 0; r < n_req; r++)
@@ -200,12 +205,12 @@ void kv_study_destroy(kv_study *st)
     kv_free(st->files);
     kv_free(st->outcomes);
     kv_free(st->costs);
-    kv_free(st->feeds);
     kv_profile_destroy(st->prefill_profile);
     kv_profile_destroy(st->decode_profile);
     for (size_t i = 0; st->dkv && i < st->n; i++)
         kv_diffkv_measured_free(&st->dkv[i]);
     kv_free(st->dkv);
+    kv_free(st->accepts);
     kv_workload_destroy(st->workload);
     kv_timeline_destroy(st->timeline);
     kv_free(st);
@@ -224,16 +229,17 @@ int kv_study_run(kv_study *st, kv_error *err)
     int model = strcmp(s->net_model, "ideal") == 0 ? KV_NET_IDEAL : KV_NET_SIMGRID;
     double bf16_per_token = kv_model_kv_values_per_token(&s->model_card) * 2.0;
     for (size_t i = 0; i < st->n; i++) {
-        kv_feed *f = &st->feeds[i];
         kv_progress *progress = kv_progress_create(stderr, s->progress, s->policies.items[i],
                                                    kv_workload_count(st->workload));
         kv_run_inputs in = {.scenario = s, .policy = st->policies[i], .workload = st->workload,
                             .costs = &st->costs[i], .timeline = st->timeline, .progress = progress,
-                            .network_model = model, .feed_source = f->source,
+                            .network_model = model,
                             .prefill_profile = st->prefill_profile, .decode_profile = st->decode_profile};
-        if (strcmp(s->lynx_from, "reference-model") == 0 && f->positions > 0) {
-            in.accept_conditional = f->accept_conditional;
-            in.accept_positions = f->positions;
+        const kv_feed_acceptance *a = &st->accepts[i];
+        if (a->positions > 0) {
+            in.accept_conditional = a->accept_conditional;
+            in.accept_positions = a->positions;
+            in.accept_source = a->source;
         }
         if (st->dkv[i].z) {
             in.diffkv_table = &st->dkv[i].table;
@@ -242,6 +248,8 @@ int kv_study_run(kv_study *st, kv_error *err)
         kv_policy_outcome *o = &st->outcomes[i];
         o->name = s->policies.items[i];
         o->file = st->files[i];
+        o->policy = st->policies[i];
+        o->acceptance_samples = a->positions > 0 ? a->speculations : 0;
         int rc = kv_engine_run(&in, &o->run, err);
         kv_progress_finish(progress);
         if (rc)

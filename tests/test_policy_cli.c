@@ -19,7 +19,8 @@ static char *write_scenario(const char *dir, const char *policies, const char *e
              "workload: {requests: 6, arrival: poisson, rate_per_s: 4, prompt: {dist: fixed, value: 2048}, "
              "output: {dist: fixed, value: 16}}\n"
              "policies: [%s]\n%s"
-             "diffkv: {scores: lognormal}\n", /* DiffKV without the reference model (last: line numbers) */
+             "diffkv: {scores: lognormal}\n" /* DiffKV without the reference model (last: line numbers) */
+             "lynx: {from: scenario}\n",     /* these tests are about bytes; tests/test_lynx_feed.c measures */
              policies, extra ? extra : "");
     return kvt_write(dir, "s.yaml", text);
 }

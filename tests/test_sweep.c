@@ -24,6 +24,7 @@ static const char *base_text =
     "  prompt: {dist: fixed, value: 4000}\n"
     "  output: {dist: fixed, value: 8}\n"
     "outputs: {trace: false}\n"
+    "lynx: {from: scenario}\n"
     "policies: [bf16, lynx]\n";
 
 static kv_sweep *load(const char *dir, const char *sweep_text, kv_error *err, int *rc)

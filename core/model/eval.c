@@ -114,10 +114,18 @@ static void make_needle(const evaluator *ev, int i, const int32_t *filler, size_
 
 /* ---- Stores -------------------------------------------------------------------------------- */
 
-/* Prompt lengths at which Lynx speculation is sampled: the full prompt and
-   prefixes spread over its second half. */
+/* Prompt lengths at which Lynx speculation is sampled: the configured
+   lengths (those within the prompt), or the full prompt and prefixes spread
+   over its second half. */
 static int spec_points(const evaluator *ev, const prompt *p, int *lens)
 {
+    if (ev->cfg->speculation_lengths) {
+        int n = 0;
+        for (int i = 0; i < ev->cfg->n_speculation_lengths; i++)
+            if (ev->cfg->speculation_lengths[i] >= 1 && ev->cfg->speculation_lengths[i] <= p->n)
+                lens[n++] = ev->cfg->speculation_lengths[i];
+        return n;
+    }
     int n = ev->cfg->speculation_points > 0 ? ev->cfg->speculation_points : 1;
     for (int i = 0; i < n; i++)
         lens[i] = p->n - (int)((double)i * (p->n / 2) / n);
@@ -326,53 +334,121 @@ static int generate(evaluator *ev, const prompt *p, const kv_kvstore *prefilled,
 }
 
 /* Lynx: k greedy tokens on anchor-only KV, then verification on merged KV;
-   the longest agreeing prefix is accepted. */
-static int speculate(evaluator *ev, int r, int n_prompt, const kv_kvstore *prefilled, int32_t first,
-                     kv_error *err)
+   the longest agreeing prefix is accepted. Every (row, prompt length) pair is
+   one speculation with its own store; up to SPEC_BATCH of them decode
+   together, one batch row each (and verify together, k batch rows each). */
+#define SPEC_BATCH 8
+
+typedef struct spec_job {
+    int row;        /* the eval row (its encoding and spec_k) */
+    int n_prompt;   /* prompt prefix the speculation starts after */
+    int32_t first;  /* greedy token after that prefix (exact prefill) */
+} spec_job;
+
+static int speculate_batch(evaluator *ev, const spec_job *jobs, int n_jobs, const kv_kvstore *prefilled,
+                           kv_error *err)
 {
-    kv_eval_row *row = &ev->res->rows[r];
-    int k = row->spec_k, V = ev->c->vocab;
-    if (n_prompt + k > ev->c->context_length)
-        return KV_OK;
-    kv_kvstore *s;
-    int rc = kv_kvstore_clone(prefilled, ev->enc[r], 0, &s, err);
-    if (rc)
-        return rc;
-    kv_kvstore_truncate(s, n_prompt); /* the prefill of a prefix is the prefix of the prefill */
-    kv_kvstore_set_backend(s, ev->cfg->backend);
-    kv_kvstore_seal(s);               /* the anchor has arrived, the residual has not */
-    int32_t *in = kv_malloc((size_t)k * sizeof *in), *spec = kv_malloc((size_t)k * sizeof *spec);
-    int32_t *pos = kv_malloc((size_t)k * sizeof *pos), *seq = kv_calloc((size_t)k, sizeof *seq);
-    float *logits = kv_malloc((size_t)k * V * sizeof *logits);
-    int32_t tok = first;
-    for (int j = 0; j < k && rc == KV_OK; j++) {
-        in[j] = tok;
-        pos[j] = n_prompt + j;
-        kv_batch b = {1, &in[j], &pos[j], seq, NULL};
-        rc = kv_model_forward(ev->m, &b, &s, logits, err);
-        tok = spec[j] = kv_argmax(logits, V);
+    int V = ev->c->vocab, k_max = 0, rc = KV_OK, total = 0;
+    for (int j = 0; j < n_jobs; j++) {
+        int k = ev->res->rows[jobs[j].row].spec_k;
+        k_max = k > k_max ? k : k_max;
+        total += k;
+    }
+    kv_kvstore **stores = kv_calloc((size_t)n_jobs, sizeof *stores);
+    for (int j = 0; j < n_jobs && !rc; j++) {
+        rc = kv_kvstore_clone(prefilled, ev->enc[jobs[j].row], 0, &stores[j], err);
+        if (rc)
+            break;
+        kv_kvstore_truncate(stores[j], jobs[j].n_prompt); /* the prefill of a prefix is the prefix of the prefill */
+        kv_kvstore_set_backend(stores[j], ev->cfg->backend);
+        kv_kvstore_seal(stores[j]);                       /* the anchor has arrived, the residual has not */
+    }
+    /* in[j][i]: the i-th token job j feeds (the first, then its own greedy picks); spec[j][i]: its i-th pick. */
+    int32_t *in = kv_calloc((size_t)n_jobs * (size_t)k_max, sizeof *in);
+    int32_t *spec = kv_calloc((size_t)n_jobs * (size_t)k_max, sizeof *spec);
+    int32_t *tok = kv_malloc((size_t)total * sizeof *tok), *pos = kv_malloc((size_t)total * sizeof *pos);
+    int32_t *seq = kv_malloc((size_t)total * sizeof *seq);
+    int *at = kv_malloc((size_t)n_jobs * sizeof *at);
+    float *logits = kv_malloc((size_t)total * (size_t)V * sizeof *logits);
+    for (int j = 0; j < n_jobs; j++)
+        in[(size_t)j * k_max] = jobs[j].first;
+    for (int i = 0; i < k_max && !rc; i++) {
+        int n = 0;
+        for (int j = 0; j < n_jobs; j++)
+            if (i < ev->res->rows[jobs[j].row].spec_k) {
+                tok[n] = in[(size_t)j * k_max + i];
+                pos[n] = jobs[j].n_prompt + i;
+                seq[n] = j;
+                at[j] = n++;
+            }
+        kv_batch b = {n, tok, pos, seq, NULL};
+        rc = kv_model_forward(ev->m, &b, stores, logits, err);
+        for (int j = 0; j < n_jobs && !rc; j++)
+            if (i < ev->res->rows[jobs[j].row].spec_k) {
+                int32_t t = kv_argmax(logits + (size_t)at[j] * V, V);
+                spec[(size_t)j * k_max + i] = t;
+                if (i + 1 < k_max)
+                    in[(size_t)j * k_max + i + 1] = t;
+            }
     }
     if (rc == KV_OK) {
         /* The residual arrives: merge, and verify every speculated position at once. */
-        kv_kvstore_truncate(s, n_prompt);
-        kv_kvstore_set_residual(s, true);
-        kv_batch b = {k, in, pos, seq, NULL};
-        rc = kv_model_forward(ev->m, &b, &s, logits, err);
+        int n = 0;
+        for (int j = 0; j < n_jobs; j++) {
+            kv_kvstore_truncate(stores[j], jobs[j].n_prompt);
+            kv_kvstore_set_residual(stores[j], true);
+            at[j] = n;
+            for (int i = 0; i < ev->res->rows[jobs[j].row].spec_k; i++, n++) {
+                tok[n] = in[(size_t)j * k_max + i];
+                pos[n] = jobs[j].n_prompt + i;
+                seq[n] = j;
+            }
+        }
+        kv_batch b = {n, tok, pos, seq, NULL};
+        rc = kv_model_forward(ev->m, &b, stores, logits, err);
     }
-    if (rc == KV_OK) {
+    for (int j = 0; j < n_jobs && rc == KV_OK; j++) {
+        kv_eval_row *row = &ev->res->rows[jobs[j].row];
         int accepted = 0;
-        while (accepted < k && kv_argmax(logits + (size_t)accepted * V, V) == spec[accepted])
+        while (accepted < row->spec_k &&
+               kv_argmax(logits + (size_t)(at[j] + accepted) * V, V) == spec[(size_t)j * k_max + accepted])
             accepted++;
-        for (int j = 0; j < accepted; j++)
-            row->accepted[j]++;
+        for (int i = 0; i < accepted; i++)
+            row->accepted[i]++;
         row->spec_samples++;
     }
+    for (int j = 0; j < n_jobs; j++)
+        kv_kvstore_destroy(stores[j]);
+    kv_free(stores);
     kv_free(in);
     kv_free(spec);
+    kv_free(tok);
     kv_free(pos);
     kv_free(seq);
+    kv_free(at);
     kv_free(logits);
-    kv_kvstore_destroy(s);
+    return rc;
+}
+
+/* Every speculating row at every sampled prompt length (those leaving room for k tokens). */
+static int speculate(evaluator *ev, const kv_kvstore *prefilled, const int *spec_len, const int32_t *spec_first,
+                     int n_spec, kv_error *err)
+{
+    spec_job jobs[SPEC_BATCH];
+    int n = 0, rc = KV_OK;
+    for (int r = 0; r < ev->res->n_rows && !rc; r++)
+        for (int i = 0; i < n_spec && !rc; i++) {
+            int k = ev->res->rows[r].spec_k;
+            if (k <= 0 || spec_len[i] + k > ev->c->context_length)
+                continue;
+            jobs[n++] = (spec_job){r, spec_len[i], spec_first[i]};
+            if (n == SPEC_BATCH) {
+                rc = speculate_batch(ev, jobs, n, prefilled, err);
+                n = 0;
+            }
+        }
+    if (!rc && n > 0)
+        rc = speculate_batch(ev, jobs, n, prefilled, err);
     return rc;
 }
 
@@ -393,9 +469,8 @@ static int run_prompt(evaluator *ev, const prompt *p, kv_error *err)
         rc = score_text(ev, p, pre, err);
     if (!rc)
         rc = generate(ev, p, pre, first, err);
-    for (int r = 0; r < ev->res->n_rows && !rc; r++)
-        for (int i = 0; i < n_spec && !rc && ev->res->rows[r].spec_k > 0; i++)
-            rc = speculate(ev, r, spec_len[i], pre, spec_first[i], err);
+    if (!rc && n_spec > 0)
+        rc = speculate(ev, pre, spec_len, spec_first, n_spec, err);
     kv_kvstore_destroy(pre);
     return rc;
 }
@@ -451,9 +526,10 @@ int kv_eval_run(kv_model *m, const kv_eval_config *cfg, const kv_eval_policy *po
                             "accuracy.needle.context_tokens: %d (+ generate_tokens %d) must be in 64..%d", 
                             cfg->needle_context_tokens, cfg->generate_tokens, c->context_length);
     if (cfg->generate_tokens < 0 || cfg->speculative_positions < 0 || cfg->speculative_positions > 256 ||
-        cfg->speculation_points < 0 || cfg->speculation_points > 64)
+        cfg->speculation_points < 0 || cfg->speculation_points > 64 || cfg->n_speculation_lengths < 0 ||
+        cfg->n_speculation_lengths > 64)
         return kv_error_set(err, KV_EINPUT, "accuracy: generate_tokens must be >= 0, speculative_positions 0..256, "
-                                            "speculation_points 0..64");
+                                            "speculation_points and speculation lengths 0..64");
 
     evaluator ev = {.m = m, .c = c, .cfg = cfg};
     kv_eval_result *res = kv_calloc(1, sizeof *res);

@@ -52,6 +52,10 @@ typedef struct kv_eval_config {
     kv_backend *backend;       /* decode attention over the encoded pages runs here (borrowed);
                                   NULL: the KV store's own loop over the reconstructed values */
     FILE *progress;            /* one line per prompt; NULL: quiet */
+    const int *speculation_lengths; /* [n_speculation_lengths] prompt prefixes (tokens, each 1..the text
+                                       prompt's length) at which Lynx speculates instead (borrowed); NULL:
+                                       speculation_points spread as above */
+    int n_speculation_lengths; /* 0..64 */
 } kv_eval_config;
 
 typedef struct kv_eval_row {
@@ -94,9 +98,9 @@ double kv_eval_row_ratio(const kv_eval_row *row, int n_layers); /* bf16 bytes / 
 double kv_eval_row_accept(const kv_eval_row *row, int j);  /* acceptance at position j (1-based) */
 double kv_eval_layer_att_err(const kv_kvstore_layer_stats *l); /* relative L2 error */
 /* Tier fractions over all layers: of the (token, KV head) pairs, the shares in
-   the high tier (or the main encoding), the low tier, and pruned. For the
-   simulator's `diffkv.from: reference-model`; kv_eval_row_accept serves
-   `lynx.from: reference-model`. */
+   the high tier (or the main encoding), the low tier, and pruned, as `kvsim eval`
+   reports them (the simulator's DiffKV tiers come from core/model/diffkv_scores.h
+   and its Lynx acceptance from core/model/feed_lynx.h). */
 void kv_eval_row_tiers(const kv_eval_row *row, int n_layers, double *high, double *low, double *pruned);
 
 /* The tables (main, Lynx acceptance, DiffKV tiers per layer, attention error per layer). */

@@ -228,6 +228,18 @@ int kv_model_load(const char *path, kv_model **out, kv_error *err)
     return KV_OK;
 }
 
+int kv_model_read_config(const char *path, kv_model_config *out, kv_error *err)
+{
+    memset(out, 0, sizeof *out);
+    kv_gguf *g;
+    int rc = kv_gguf_open(path, &g, err);
+    if (rc)
+        return rc;
+    rc = load_config(g, out, err);
+    kv_gguf_destroy(g);
+    return rc;
+}
+
 void kv_model_destroy(kv_model *m)
 {
     if (!m)

@@ -38,6 +38,9 @@ typedef struct kv_model_config {
    for a missing, malformed or unsupported model. *out is the caller's. */
 int kv_model_load(const char *path, kv_model **out, kv_error *err);
 void kv_model_destroy(kv_model *m); /* NULL is fine */
+/* Reads only the hyper-parameters from the file's metadata (no weights, no
+   tokenizer; vocab and parameters are 0). Errors as kv_model_load. */
+int kv_model_read_config(const char *path, kv_model_config *out, kv_error *err);
 
 const kv_model_config *kv_model_get_config(const kv_model *m);
 const kv_tokenizer *kv_model_tokenizer(const kv_model *m);
