@@ -4,7 +4,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/afile.h"
 #include "core/commands.h"
+#include "core/report.h"
 #include "core/study.h"
 
 static double clock_seconds(clockid_t id)
@@ -48,6 +50,10 @@ int kv_cmd_bench_sim(int argc, char **argv)
     int rc = kv_scenario_load(path, sets, 2, &s, &err);
     if (!rc)
         rc = kv_study_prepare(s, &st, &err);
+    kv_outdir od; /* --write: published like kvsim run's folder (afile.h), checked before the run */
+    memset(&od, 0, sizeof od);
+    if (!rc && write_dir)
+        rc = kv_outdir_begin(&od, write_dir, kv_report_owned_names, kv_report_owned_count, NULL, &err);
     /* CPU time beside wall time: on a shared machine the wall clock also counts other jobs. */
     double t0 = clock_seconds(CLOCK_MONOTONIC), c0 = clock_seconds(CLOCK_PROCESS_CPUTIME_ID);
     if (!rc)
@@ -57,10 +63,14 @@ int kv_cmd_bench_sim(int argc, char **argv)
     if (!rc && write_dir) {
         t0 = clock_seconds(CLOCK_MONOTONIC);
         c0 = clock_seconds(CLOCK_PROCESS_CPUTIME_ID);
-        rc = kv_study_write(st, write_dir, &err);
+        rc = kv_study_write(st, kv_outdir_staging(&od), &err);
+        if (!rc)
+            rc = kv_outdir_commit(&od, &err);
         wt = clock_seconds(CLOCK_MONOTONIC) - t0;
         wc = clock_seconds(CLOCK_PROCESS_CPUTIME_ID) - c0;
     }
+    if (rc && write_dir)
+        kv_outdir_abort(&od); /* safe after a failed begin or commit */
     if (rc) {
         fprintf(stderr, "kvsim bench sim: %s\n", err.msg);
     } else {

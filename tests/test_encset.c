@@ -176,11 +176,15 @@ static char *report_text(kv_study *st, const kv_scenario *s, bool csv)
         kv_report_json(f, s, o, n);
     }
     fclose(f);
-    if (!csv) { /* the policies' file paths differ between the two runs: drop them */
+    if (!csv) { /* the policies' file paths, and so the --set overrides naming them, differ: drop them */
         char *w = text;
         for (const char *r = text; *r;) {
             if (strncmp(r, "\"file\":\"", 8) == 0) {
                 r = strchr(r + 8, '"') + 1;
+                continue;
+            }
+            if (strncmp(r, "\"overrides\":[", 13) == 0) {
+                r += strcspn(r, "\n");
                 continue;
             }
             *w++ = *r++;

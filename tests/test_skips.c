@@ -112,3 +112,15 @@ Test(skips, every_entry_can_report_a_skip)
     kv_jvalue_free(root);
     free(out);
 }
+
+/* An entry whose --filter matches no test ran nothing: a failure, not a pass (nor a skip). */
+Test(skips, an_entry_that_runs_no_test_fails)
+{
+    char *out;
+    int rc = run("sh tests/criterion-run.sh " KV_BINARY_DIR "/tests/test_model_gguf --verbose=0 -j1 "
+                 "--filter=gguf/no_such_test",
+                 &out);
+    cr_expect_eq(rc, 1, "exit %d:\n%s", rc, out);
+    cr_expect(strstr(out, "kvsim: no test ran") != NULL, "%s", out);
+    free(out);
+}
