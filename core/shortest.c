@@ -1,4 +1,5 @@
-/* shortest.c — Ryu's shortest round-trip decimal for doubles (after ulfjack/ryu, d2s.c, Apache-2.0/Boost).
+/* shortest.c — the shortest round-trip decimal of a double, by the Ryu algorithm (Ulf Adams, "Ryū: fast
+ * float-to-string conversion", PLDI 2018); names (mmShift, vmIsTrailingZeros) follow the paper's.
  *
  * Design notes.
  *  A finite double is m2 * 2^e2. Its rounding interval — the reals strtod maps
