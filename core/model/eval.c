@@ -486,7 +486,7 @@ static bool plain_bf16(const kv_encoding *e, size_t n)
     return true;
 }
 
-static bool has_split(const kv_encoding *e, size_t n)
+bool kv_eval_encodings_split(const kv_encoding *e, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         if ((e[i].key.kind == KV_TENSOR_INT && e[i].key.anchor_bits > 0) ||
@@ -572,7 +572,7 @@ int kv_eval_run(kv_model *m, const kv_eval_config *cfg, const kv_eval_policy *po
             memmove(enc + 1, enc, (n_enc - 1) * sizeof *enc);
             enc[0] = te;
         }
-        if (has_split(policies[i].enc, n_lanes)) {
+        if (kv_eval_encodings_split(policies[i].enc, n_lanes)) {
             kv_eval_row *main_row = &res->rows[ref ? 0 : res->n_rows - 1];
             int k = cfg->speculative_positions ? cfg->speculative_positions : policies[i].speculate;
             if (k > 0) {

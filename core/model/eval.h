@@ -92,6 +92,9 @@ int kv_eval_run(kv_model *m, const kv_eval_config *cfg, const kv_eval_policy *po
                 kv_eval_result **out, kv_error *err);
 void kv_eval_result_destroy(kv_eval_result *r); /* NULL is fine */
 
+/* Whether any of n encodings splits its codes into anchor and residual planes (Lynx). */
+bool kv_eval_encodings_split(const kv_encoding *e, size_t n);
+
 /* Derived numbers of one row. */
 double kv_eval_row_ppl(const kv_eval_row *row);            /* NaN if nothing was scored */
 double kv_eval_row_ratio(const kv_eval_row *row, int n_layers); /* bf16 bytes / stored bytes */

@@ -115,15 +115,6 @@ static void plan_lengths(const kv_scenario *s, int k, const int *prompts, size_t
     pl->prompt_tokens = pl->lengths[pl->points - 1];
 }
 
-static bool has_split(const kv_encoding *e, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if ((e[i].key.kind == KV_TENSOR_INT && e[i].key.anchor_bits > 0) ||
-            (e[i].value.kind == KV_TENSOR_INT && e[i].value.anchor_bits > 0))
-            return true;
-    return false;
-}
-
 /* Appends to a growing key text. */
 typedef struct text {
     char *p;
@@ -311,7 +302,7 @@ int kv_feed_acceptance_measure(const kv_scenario *s, kv_policy *const *policies,
         for (int l = 0; l < c->n_layers && !rc; l++)
             for (int h = 0; h < c->n_kv_heads && !rc; h++)
                 rc = kv_policy_encoding(policies[i], &card, &req, l, h, &enc[i][(size_t)l * c->n_kv_heads + h], err);
-        if (rc || !has_split(enc[i], lanes))
+        if (rc || !kv_eval_encodings_split(enc[i], lanes))
             continue;
         want[i] = true;
         rc = make_key(&pl, enc[i], lanes, ks[i], &keys[i], err);
