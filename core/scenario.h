@@ -62,6 +62,12 @@ typedef struct kv_scenario {
 
     kv_strlist policies;
     const kv_ynode *policy_settings;
+    int policy_instructions;   /* policy_limits.instructions: VM instructions per hook call */
+    int policy_memory_mib;     /* policy_limits.memory_mib: Lua heap per policy, MiB */
+    int policy_string_kib;     /* policy_limits.string_kib: longest string, KiB */
+    double policy_hook_ms;     /* policy_limits.hook_ms: wall-clock per hook call, ms */
+    double policy_run_s;       /* policy_limits.run_s: wall-clock per policy over the run, s */
+    int policy_print_kib;      /* policy_limits.print_kib: print() output per policy, KiB */
 
     char *lynx_from;
     double lynx_acceptance;
