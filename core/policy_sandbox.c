@@ -32,8 +32,11 @@
  *    counts "ticks" and reads the clock every KV_SB_CLOCK_EVERY of them
  *    (string.format/rep/pack, table.*, utf8.*, next, pairs, print, load).
  *    Work that is superlinear in its input is charged against the instruction
- *    budget as it happens, so it fails the same way on every run:
- *    table.sort (1 instruction per comparison; the
+ *    budget, so it fails the same way on every run: string.find/match/gmatch/
+ *    gsub are the stock functions behind policy_pattern.c, which charges an
+ *    upper bound of their work (from the lengths and the pattern's items)
+ *    before they run and refuses the call when the budget cannot pay it;
+ *    table.sort is charged as it runs (1 instruction per comparison; the
  *    comparison goes through a C function that charges it). load() with a
  *    reader function stops once the pieces add up to more than a string may
  *    hold. print() writes to stderr, at most print_cap_bytes per sandbox,
@@ -62,7 +65,6 @@
 #include "core/policy_sandbox.h"
 
 #include <limits.h>
-#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -168,6 +170,18 @@ void kv_sandbox_describe_limit(const kv_sandbox *sb, char *buf, size_t size)
     case KV_SB_LOAD_SOURCE:
         kv_sandbox_format_bytes(sb->lim.string_cap_bytes, b, sizeof b);
         snprintf(buf, size, "the limit of %s of source for load() (policy_limits.string_kib)", b);
+        break;
+    case KV_SB_WORK:
+        if (sb->work_steps == UINT64_MAX)
+            snprintf(b, sizeof b, "more than 1.8e+19");
+        else if (sb->work_steps >= 10000000)
+            snprintf(b, sizeof b, "%.1e", (double)sb->work_steps);
+        else
+            snprintf(b, sizeof b, "%llu", (unsigned long long)sb->work_steps);
+        snprintf(buf, size, "its instruction budget (%d per call, policy_limits.instructions%s): %s could take up "
+                 "to %s steps, more than the %lld left (refused before running)", sb->call_instructions,
+                 sb->call_instructions != sb->lim.instructions_per_call ? "; loading gets 10x" : "", sb->work_what,
+                 b, (long long)(sb->work_left > 0 ? sb->work_left : 0));
         break;
     }
 }
@@ -284,6 +298,37 @@ void kv_sandbox_tick(lua_State *L, int units)
         raise_limit(L);
 }
 
+int kv_sandbox_charge_ahead(lua_State *L, uint64_t steps)
+{
+    kv_sandbox *sb = kv_sandbox_of(L);
+    if (sb->limit != KV_SB_OK)
+        raise_limit(L);
+    if (sb->instr_left <= 0 || steps > (uint64_t)sb->instr_left)
+        return -1;
+    sb->instr_left -= (int64_t)steps;
+    /* Work of about `steps` instructions is about to run: read the clock as often as that many would. */
+    if (steps >= (uint64_t)sb->clock_tick)
+        check_clock(sb, L);
+    else
+        sb->clock_tick -= (int)steps;
+    if (sb->limit != KV_SB_OK)
+        raise_limit(L);
+    return 0;
+}
+
+int kv_sandbox_refuse(lua_State *L, uint64_t steps, const char *what)
+{
+    kv_sandbox *sb = kv_sandbox_of(L);
+    if (sb->limit == KV_SB_OK) {
+        sb->work_steps = steps;
+        sb->work_left = sb->instr_left;
+        snprintf(sb->work_what, sizeof sb->work_what, "%s", what);
+        sb->instr_left = 0; /* the budget is spent: nothing more runs in this call (invariant 2) */
+    }
+    hit(sb, L, KV_SB_WORK);
+    return raise_limit(L);
+}
+
 void kv_sandbox_check(lua_State *L)
 {
     if (kv_sandbox_of(L)->limit != KV_SB_OK)
@@ -301,6 +346,9 @@ void kv_sandbox_arm(kv_sandbox *sb, int instructions, int64_t hook_ns)
     sb->budget_exceeded = 0;
     sb->impure = 0;
     sb->where[0] = '\0';
+    sb->work_steps = 0;
+    sb->work_left = 0;
+    sb->work_what[0] = '\0';
     sb->call_instructions = instructions > 0 ? instructions : 1;
     sb->instr_left = sb->call_instructions;
     sb->clock_tick = KV_SB_CLOCK_EVERY;
@@ -575,66 +623,6 @@ static int sb_randomseed(lua_State *L)
     return sb_impure_call(L);
 }
 
-/* Pattern functions (find, match, gmatch, gsub) run inside one C call that
-   no instruction budget can interrupt, and Lua's matcher backtracks: with q
-   quantifiers a subject of n bytes can take about n^(q+1) steps. So they
-   refuse work whose bound passes KV_SANDBOX_MATCH_STEPS; plain finds and
-   everyday patterns on short strings are far below it. */
-#define KV_SANDBOX_MATCH_STEPS 1e9
-
-static int pattern_quantifiers(const char *p, size_t len)
-{
-    int q = 0;
-    for (size_t i = 0; i < len; i++) {
-        if (p[i] == '%') {
-            i++; /* escaped character or class */
-        } else if (p[i] == '[') {
-            i++;
-            if (i < len && p[i] == '^')
-                i++;
-            if (i < len && p[i] == ']')
-                i++; /* a leading ] is part of the set */
-            while (i < len && p[i] != ']')
-                i += p[i] == '%' ? 2 : 1;
-        } else if (p[i] == '*' || p[i] == '+' || p[i] == '-' || p[i] == '?') {
-            q++;
-        }
-    }
-    return q;
-}
-
-static int sb_match_guard(lua_State *L)
-{
-    size_t n = 0, plen = 0;
-    luaL_checklstring(L, 1, &n);
-    const char *pat = luaL_checklstring(L, 2, &plen);
-    bool plain = lua_gettop(L) >= 4 && lua_toboolean(L, 4) && lua_toboolean(L, lua_upvalueindex(2));
-    if (!plain && n > 1) {
-        int q = pattern_quantifiers(pat, plen);
-        double steps = pow((double)n, (double)(q + 1));
-        if (steps > KV_SANDBOX_MATCH_STEPS) {
-            char msg[300]; /* lua_pushfstring knows no %e */
-            snprintf(msg, sizeof msg, "pattern '%.40s' on a string of %zu bytes could take about %.0e steps, over "
-                     "kvsim's limit of %.0e for policies (it could not be interrupted); shorten the string or the "
-                     "pattern", pat, n, steps, KV_SANDBOX_MATCH_STEPS);
-            return luaL_error(L, "%s", msg);
-        }
-    }
-    lua_pushvalue(L, lua_upvalueindex(1));
-    lua_insert(L, 1);
-    lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
-    return lua_gettop(L);
-}
-
-/* string.find etc. wrapped by sb_match_guard; `plain_arg`: the 4th argument can ask for a plain find. */
-static void guard_field(lua_State *L, const char *field, int plain_arg)
-{
-    lua_getfield(L, -1, field);
-    lua_pushboolean(L, plain_arg);
-    lua_pushcclosure(L, sb_match_guard, 2);
-    lua_setfield(L, -2, field);
-}
-
 /* table.move of more than KV_SANDBOX_MOVE_ITEMS elements: one C loop the budget cannot stop. */
 #define KV_SANDBOX_MOVE_ITEMS 1048576
 
@@ -736,10 +724,7 @@ static int sandbox_setup(lua_State *L)
     wrap_field(L, "rep", sb_rep);
     wrap_field(L, "format", sb_timed);
     wrap_field(L, "pack", sb_timed);
-    guard_field(L, "find", 1);
-    guard_field(L, "match", 0);
-    guard_field(L, "gmatch", 0);
-    guard_field(L, "gsub", 0);
+    kv_sandbox_open_patterns(L);
     lua_pop(L, 1);
 
     lua_getfield(L, -1, LUA_TABLIBNAME);

@@ -29,6 +29,7 @@ typedef enum kv_sandbox_limit {
     KV_SB_HOOK_TIME,    /* the call ran past its wall-clock budget */
     KV_SB_RUN_TIME,     /* the policy ran past its wall-clock budget for the run */
     KV_SB_LOAD_SOURCE,  /* load() was fed more source than a string may hold */
+    KV_SB_WORK,         /* C work bounded before it runs (pattern matching) would pass the instruction budget */
 } kv_sandbox_limit;
 
 /* The limits a sandbox is opened with; all > 0. */
@@ -67,6 +68,9 @@ typedef struct kv_sandbox {
     int64_t call_hook_ns;      /* wall-clock budget of this call, ns */
     int64_t deadline_ns;       /* monotonic clock past which the call is stopped, ns */
     int deadline_is_run;       /* the deadline comes from the run budget, not the hook's */
+    uint64_t work_steps;       /* KV_SB_WORK: the bound of the refused work, steps (1 step = 1 instruction) */
+    int64_t work_left;         /* KV_SB_WORK: instructions the call had left when it was refused */
+    char work_what[200];       /* KV_SB_WORK: what was refused ("string.find('a*b') on a string of 9 bytes") */
     char where[256];           /* "file:line" of the Lua code running when a limit hit */
 } kv_sandbox;
 
@@ -90,6 +94,13 @@ kv_sandbox *kv_sandbox_of(lua_State *L);
 void kv_sandbox_charge(lua_State *L, int units);
 /* Like charge, but only counts towards reading the clock (the budget is untouched). */
 void kv_sandbox_tick(lua_State *L, int units);
+/* Charges `steps` instructions, an upper bound of C work about to be done, before it is done.
+   Returns 0 when charged; -1, charging nothing, when the call has fewer left (the caller then
+   describes the work and calls kv_sandbox_refuse). Raises a limit already hit, or the time limit. */
+int kv_sandbox_charge_ahead(lua_State *L, uint64_t steps);
+/* Refuses work whose bound of `steps` the call cannot afford: hits KV_SB_WORK (the budget is then
+   spent, sticky like a used-up budget), `what` naming the work, and raises its error. Never returns. */
+int kv_sandbox_refuse(lua_State *L, uint64_t steps, const char *what);
 /* Raises the error of a limit already hit (nothing when none is). */
 void kv_sandbox_check(lua_State *L);
 /* Writes what the hit limit is ("its time limit of 1000 ms per hook call
@@ -99,5 +110,23 @@ void kv_sandbox_describe_limit(const kv_sandbox *sb, char *buf, size_t size);
 int kv_sandbox_msgh(lua_State *L);
 /* Writes a human size ("32 MiB", "512 KiB", "100 bytes") into buf. */
 void kv_sandbox_format_bytes(size_t bytes, char *buf, size_t size);
+
+/* policy_pattern.c: string.find, match, gmatch and gsub, the stock ones behind an up-front bound of
+   their work (kv_sandbox_charge_ahead), replacing those in the table on top of the stack. */
+void kv_sandbox_open_patterns(lua_State *L);
+
+/* What kv_pattern_bound finds out about a pattern. */
+typedef struct kv_pattern_cost {
+    uint64_t per_start; /* bound of the matcher's work from one start position, steps (saturating) */
+    int always;         /* 1: the pattern matches wherever it is tried, so the first start succeeds */
+    size_t captures;    /* value captures '(' in the pattern (what a match may copy out) */
+    int linear;         /* 1: no item backtracks (every quantifier's rest always matches, no %b %f %1) */
+    uint64_t fixed;     /* linear: bound of one try, steps, besides... */
+    uint64_t per_byte;  /* ...this many steps per byte of the match it returns (0 unless linear) */
+} kv_pattern_cost;
+
+/* Bounds the work of Lua's matcher for pattern p (lp bytes, no leading '^' anchor) on a subject of
+   n bytes, from one start position; see the design notes in policy_pattern.c. */
+kv_pattern_cost kv_pattern_bound(const char *p, size_t lp, size_t n);
 
 #endif

@@ -116,6 +116,9 @@ static void expect_stopped(const char *lua, const char *extra, double max_s, con
 #define BUDGET "used up its instruction budget (1000000 per call) in hook 'encode'"
 #define HOOK_TIME "hit its time limit of 1000 ms per call (policy_limits.hook_ms) in hook 'encode'"
 #define STRING_CAP "over its limit of 1 MiB per string (policy_limits.string_kib)"
+/* A pattern function whose bound of work the budget cannot pay is refused before it runs. */
+#define REFUSED(call) "hit its instruction budget (1000000 per call, policy_limits.instructions): " call
+#define BEFORE "more than the 1000000 left (refused before running) in hook 'encode'"
 
 /* 1. A loop in an xpcall message handler: the budget's own error used to run the
       handler with hooks off, so nothing could stop it. */
@@ -145,7 +148,7 @@ Test(hang, xpcall_handler_of_an_ordinary_error, .timeout = 60)
                    NULL, 20, WANT("hang.lua:5: policy 'hang' " BUDGET));
 }
 
-/* 2. %b on a megabyte of '(': quadratic inside one C call. */
+/* 2. %b on a megabyte of '(': quadratic inside one C call (bound: a start per byte, a scan per start). */
 Test(hang, balanced_pattern, .timeout = 60)
 {
     expect_stopped("local s = string.rep('(', 1000000)\n"
@@ -155,7 +158,9 @@ Test(hang, balanced_pattern, .timeout = 60)
                    "    return 'bf16'\n"
                    "  end,\n"
                    "}\n",
-                   NULL, 20, WANT("hang.lua:4: policy 'hang' " BUDGET));
+                   NULL, 20,
+                   WANT("hang.lua:4: policy 'hang' " REFUSED("string.find('%b()') on a string of 1000000 bytes "
+                                                            "could take up to 1.0e+12 steps, ") BEFORE));
 }
 
 /* 3. A long literal needle, through the plain search and through the matcher. */
@@ -170,10 +175,16 @@ Test(hang, long_literal_needle, .timeout = 60)
     char lua[1024];
     snprintf(lua, sizeof lua, "local hay = string.rep('a', 1000000)\nlocal needle = string.rep('a', 500000) .. 'b'\n%s",
              tail);
-    expect_stopped(lua, NULL, 20, WANT("hang.lua:5: policy 'hang' " BUDGET));
+    expect_stopped(lua, NULL, 20,
+                   WANT("hang.lua:5: policy 'hang' " REFUSED("string.find of a plain needle of 500001 bytes in a "
+                                                            "string of 1000000 bytes could take up to 1500002 "
+                                                            "steps, ") BEFORE));
     snprintf(lua, sizeof lua, "local hay = string.rep('a', 1000000)\nlocal needle = string.rep('a', 500000) .. 'b.'\n%s",
              tail);
-    expect_stopped(lua, NULL, 20, WANT("hang.lua:5: policy 'hang' " BUDGET));
+    expect_stopped(lua, NULL, 20,
+                   WANT("hang.lua:5: policy 'hang' " REFUSED("string.find('aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa..."
+                                                            "', a pattern of 500002 bytes) on a string of 1000000 "
+                                                            "bytes could take up to "), BEFORE));
 }
 
 /* ... and the multi-megabyte needle itself cannot be made. */
@@ -196,7 +207,10 @@ Test(hang, plain_find_long_needle, .timeout = 60)
                    "    while true do hay:find(needle, 1, true) end\n"
                    "  end,\n"
                    "}\n",
-                   NULL, 20, WANT("hang.lua:5: policy 'hang' " BUDGET));
+                   NULL, 20,
+                   WANT("hang.lua:5: policy 'hang' " REFUSED("string.find of a plain needle of 500002 bytes in a "
+                                                            "string of 1000000 bytes could take up to 1500003 "
+                                                            "steps, ") BEFORE));
 }
 
 /* 5. A [set] of a megabyte: every character of the subject is tried against all of it. */
@@ -210,7 +224,10 @@ Test(hang, huge_set_class, .timeout = 60)
                    "    return 'bf16'\n"
                    "  end,\n"
                    "}\n",
-                   NULL, 20, WANT("hang.lua:5: policy 'hang' " BUDGET));
+                   NULL, 20,
+                   WANT("hang.lua:5: policy 'hang' " REFUSED("string.find('[bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb...', "
+                                                            "a pattern of 999002 bytes) on a string of 1000000 bytes "
+                                                            "could take up to "), BEFORE));
 }
 
 /* 6. load() fed whitespace by a reader function that never ends. */
@@ -355,7 +372,8 @@ Test(hang, gsub_long_replacement, .timeout = 60)
                    "    return 'bf16'\n"
                    "  end,\n"
                    "}\n",
-                   NULL, 20, WANT("hang.lua:5: policy 'hang' " BUDGET));
+                   NULL, 20, WANT("hang.lua:5: policy 'hang' " REFUSED("string.gsub('') on a string of 1000000 bytes"),
+                                  BEFORE));
 }
 
 Test(hang, endless_loop_while_loading, .timeout = 60)
