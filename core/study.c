@@ -125,14 +125,8 @@ static int load_policy(kv_study *st, size_t i, kv_error *err)
         params[np] = (kv_policy_param){settings->keys[k], v->value, where[np]}; /* np++ apart: unsequenced */
         np++;
     }
-    kv_policy_limits lim = {
-        .instructions_per_call = (uint64_t)s->policy_instructions,
-        .memory_bytes = (uint64_t)s->policy_memory_mib << 20,
-        .string_bytes = (uint64_t)s->policy_string_kib << 10,
-        .hook_ms = s->policy_hook_ms,
-        .run_s = s->policy_run_s,
-        .print_bytes = (uint64_t)s->policy_print_kib << 10,
-    };
+    kv_policy_limits lim;
+    kv_scenario_policy_limits(s, &lim);
     if (!rc)
         rc = kv_policy_load(name, path, params, np, &lim, &st->policies[i], err);
     kv_free(params);
