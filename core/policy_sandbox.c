@@ -307,7 +307,7 @@ int kv_sandbox_charge_ahead(lua_State *L, uint64_t steps)
         return -1;
     sb->instr_left -= (int64_t)steps;
     /* Work of about `steps` instructions is about to run: read the clock as often as that many would. */
-    if (steps >= (uint64_t)sb->clock_tick)
+    if (sb->clock_tick <= 0 || steps >= (uint64_t)sb->clock_tick)
         check_clock(sb, L);
     else
         sb->clock_tick -= (int)steps;
