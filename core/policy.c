@@ -417,23 +417,26 @@ static void describe_overrides(const kv_policy *p, char *buf, size_t size)
     }
 }
 
+/* "file:line" where the limit hit, or `fallback` when it is not known. */
+static const char *limit_where(const kv_policy *p, const char *fallback)
+{
+    return p->sb.where[0] && strcmp(p->sb.where, "?") != 0 ? p->sb.where : fallback;
+}
+
 /* Turns a failed or rejected hook call into err (the Lua error, if any, is on top). */
 static int hook_failure(kv_policy *p, int status, kv_error *err)
 {
     lua_State *L = p->sb.L;
     const kv_policy_call *c = &p->cur;
     const char *hook = hook_names[c->hook];
-    char call[160], over[400], cap[32];
+    char call[160], over[400], cap[32], defined[64];
     describe_call(p, call, sizeof call);
     describe_overrides(p, over, sizeof over);
-    kv_sandbox_format_bytes(p->sb.mem_cap_bytes, cap, sizeof cap);
-    if (status == LUA_ERRMEM && !p->sb.mem_refused)
+    kv_sandbox_format_bytes(p->sb.lim.mem_cap_bytes, cap, sizeof cap);
+    snprintf(defined, sizeof defined, "%s:%d", p->path, p->hook_line[c->hook]);
+    bool refused = p->sb.mem_refused || p->sb.str_refused;
+    if (status == LUA_ERRMEM && !refused && p->sb.limit == KV_SB_OK)
         return kv_error_set(err, KV_EFAIL, "policy '%s': out of host memory in hook '%s' (%s)", p->name, hook, call);
-    if (status == LUA_ERRMEM || (p->sb.mem_refused && status == LUA_ERRERR))
-        return kv_error_set(err, KV_EINPUT,
-                            "%s: policy '%s' exceeded its memory cap of %s in hook '%s' (defined at %s:%d), %s%s",
-                            p->sb.where[0] ? p->sb.where : p->path, p->name, cap, hook, p->path,
-                            p->hook_line[c->hook], call, over);
     /* Split "message\nstack traceback:..." without touching the Lua heap (it may be full). */
     size_t len = 0;
     const char *msg = status != LUA_OK && lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : "";
@@ -446,17 +449,39 @@ static int hook_failure(kv_policy *p, int status, kv_error *err)
         tb_len -= (int)sizeof host_frame - 1;
     if (!tb)
         tb = "";
-    if (p->sb.budget_exceeded)
+    if (p->sb.limit == KV_SB_INSTRUCTIONS)
         return kv_error_set(err, KV_EINPUT,
                             "%s: policy '%s' used up its instruction budget (%d per call) in hook '%s' "
-                            "(defined at %s:%d), %s; is there an endless loop?%s%.*s",
-                            p->sb.where[0] ? p->sb.where : p->path, p->name, p->sb.instructions_per_call, hook,
-                            p->path, p->hook_line[c->hook], call, over, tb_len, tb);
+                            "(defined at %s), %s; is there an endless loop? (limit: policy_limits.instructions)"
+                            "%s%.*s",
+                            limit_where(p, defined), p->name, p->sb.call_instructions, hook, defined, call, over,
+                            tb_len, tb);
+    if (p->sb.limit != KV_SB_OK) {
+        char what[300];
+        kv_sandbox_describe_limit(&p->sb, what, sizeof what);
+        return kv_error_set(err, KV_EINPUT, "%s: policy '%s' hit %s in hook '%s' (defined at %s), %s%s%.*s",
+                            limit_where(p, defined), p->name, what, hook, defined, call, over, tb_len, tb);
+    }
+    if (status == LUA_ERRMEM || (refused && status == LUA_ERRERR)) {
+        if (p->sb.last_refusal == 2) {
+            char got[32], scap[32];
+            kv_sandbox_format_bytes(p->sb.str_refused_bytes, got, sizeof got);
+            kv_sandbox_format_bytes(p->sb.lim.string_cap_bytes, scap, sizeof scap);
+            return kv_error_set(err, KV_EINPUT,
+                                "%s: policy '%s' tried to make a string of %s, over its limit of %s per string "
+                                "(policy_limits.string_kib), in hook '%s' (defined at %s), %s%s",
+                                p->sb.where[0] ? p->sb.where : p->path, p->name, got, scap, hook, defined, call,
+                                over);
+        }
+        return kv_error_set(err, KV_EINPUT,
+                            "%s: policy '%s' exceeded its memory cap of %s in hook '%s' (defined at %s), %s%s",
+                            p->sb.where[0] ? p->sb.where : p->path, p->name, cap, hook, defined, call, over);
+    }
     if (status != LUA_OK)
-        return kv_error_set(err, KV_EINPUT, "%.*s\n  in hook '%s' of policy '%s' (defined at %s:%d), %s%s%.*s",
-                            msg_len, msg, hook, p->name, p->path, p->hook_line[c->hook], call, over, tb_len, tb);
-    return kv_error_set(err, KV_EINPUT, "%s:%d: hook '%s' of policy '%s' returned %s (%s)%s", p->path,
-                        p->hook_line[c->hook], hook, p->name, c->detail, call, over);
+        return kv_error_set(err, KV_EINPUT, "%.*s\n  in hook '%s' of policy '%s' (defined at %s), %s%s%.*s",
+                            msg_len, msg, hook, p->name, defined, call, over, tb_len, tb);
+    return kv_error_set(err, KV_EINPUT, "%s: hook '%s' of policy '%s' returned %s (%s)%s", defined, hook, p->name,
+                        c->detail, call, over);
 }
 
 /* Calls hook cur.hook (cur filled by the caller); parses into cur.out. */
@@ -470,12 +495,12 @@ static int run_hook(kv_policy *p, kv_error *err)
     int base = lua_gettop(L);
     lua_pushcfunction(L, kv_sandbox_msgh);
     lua_pushcfunction(L, call_body);
-    kv_sandbox_arm(&p->sb, p->sb.instructions_per_call);
+    kv_sandbox_arm(&p->sb, p->sb.lim.instructions_per_call, p->sb.lim.hook_ns);
     int st = lua_pcall(L, 0, 0, base + 1);
     kv_sandbox_disarm(&p->sb);
     p->stats.lua_calls++;
     int rc = KV_OK;
-    if (st != LUA_OK || p->sb.budget_exceeded || c->bad)
+    if (st != LUA_OK || p->sb.limit != KV_SB_OK || c->bad)
         rc = hook_failure(p, st, err);
     lua_settop(L, base);
     return rc;
@@ -817,6 +842,36 @@ static char *default_name(const char *path)
     return kv_strndup(base, n);
 }
 
+/* The sandbox's limits from the caller's (0: the default), clamped to what the sandbox takes. */
+static void fill_limits(const kv_policy_limits *in, kv_sandbox_limits *out)
+{
+    kv_policy_limits l = in ? *in : (kv_policy_limits){0};
+    uint64_t instr = l.instructions_per_call ? l.instructions_per_call : KV_POLICY_DEFAULT_INSTRUCTIONS;
+    uint64_t mem = l.memory_bytes ? l.memory_bytes : KV_POLICY_DEFAULT_MEMORY_BYTES;
+    uint64_t str = l.string_bytes ? l.string_bytes : KV_POLICY_DEFAULT_STRING_BYTES;
+    uint64_t print = l.print_bytes ? l.print_bytes : KV_POLICY_DEFAULT_PRINT_BYTES;
+    double hook_ms = l.hook_ms > 0 && isfinite(l.hook_ms) ? l.hook_ms : KV_POLICY_DEFAULT_HOOK_MS;
+    double run_s = l.run_s > 0 && isfinite(l.run_s) ? l.run_s : KV_POLICY_DEFAULT_RUN_S;
+    if (instr > INT_MAX)
+        instr = INT_MAX;
+    if (mem > SIZE_MAX / 2)
+        mem = SIZE_MAX / 2;
+    if (str > mem)
+        str = mem;
+    if (print > SIZE_MAX / 2)
+        print = SIZE_MAX / 2;
+    if (hook_ms > 1e9) /* 11 days: keeps 10x of it in int64 nanoseconds */
+        hook_ms = 1e9;
+    if (run_s > 1e9)
+        run_s = 1e9;
+    out->instructions_per_call = (int)instr;
+    out->mem_cap_bytes = (size_t)mem;
+    out->string_cap_bytes = (size_t)str;
+    out->print_cap_bytes = (size_t)print;
+    out->hook_ns = (int64_t)(hook_ms * 1e6);
+    out->run_ns = (int64_t)(run_s * 1e9);
+}
+
 int kv_policy_load(const char *name, const char *path, const kv_policy_param *params, int n_params,
                    const kv_policy_limits *limits, kv_policy **out, kv_error *err)
 {
@@ -827,13 +882,8 @@ int kv_policy_load(const char *name, const char *path, const kv_policy_param *pa
         return kv_error_set(err, KV_EINPUT, "policy '%s': no policy file given", name ? name : "?");
     if (n_params < 0 || (n_params > 0 && !params))
         return kv_error_set(err, KV_EFAIL, "kv_policy_load: bad params array");
-    uint64_t instr = limits && limits->instructions_per_call ? limits->instructions_per_call
-                                                             : KV_POLICY_DEFAULT_INSTRUCTIONS;
-    uint64_t mem = limits && limits->memory_bytes ? limits->memory_bytes : KV_POLICY_DEFAULT_MEMORY_BYTES;
-    if (instr > INT_MAX)
-        instr = INT_MAX;
-    if (mem > SIZE_MAX / 2)
-        mem = SIZE_MAX / 2;
+    kv_sandbox_limits lim;
+    fill_limits(limits, &lim);
 
     kv_policy *p = kv_calloc(1, sizeof *p);
     p->name = name && name[0] ? kv_strdup(name) : default_name(path);
@@ -852,7 +902,7 @@ int kv_policy_load(const char *name, const char *path, const kv_policy_param *pa
         return KV_EINPUT;
     }
     char msg[512];
-    if (kv_sandbox_open(&p->sb, p->name, (size_t)mem, (int)instr, msg, sizeof msg) != 0) {
+    if (kv_sandbox_open(&p->sb, p->name, &lim, msg, sizeof msg) != 0) {
         kv_free(text);
         kv_error_set(err, KV_EINPUT, "%s: policy '%s': %s", path, p->name, msg);
         kv_policy_destroy(p);
@@ -868,13 +918,14 @@ int kv_policy_load(const char *name, const char *path, const kv_policy_param *pa
 
     lua_State *L = p->sb.L;
     char cap[32];
-    kv_sandbox_format_bytes(p->sb.mem_cap_bytes, cap, sizeof cap);
-    int load_budget = instr > INT_MAX / 10 ? INT_MAX : (int)instr * 10;
+    kv_sandbox_format_bytes(p->sb.lim.mem_cap_bytes, cap, sizeof cap);
+    int load_budget = lim.instructions_per_call > INT_MAX / 10 ? INT_MAX : lim.instructions_per_call * 10;
+    int64_t load_ns = lim.hook_ns * 10;
     char *chunkname = kv_malloc(strlen(path) + 2);
     chunkname[0] = '@';
     strcpy(chunkname + 1, path);
     lua_pushcfunction(L, kv_sandbox_msgh);
-    kv_sandbox_arm(&p->sb, load_budget);
+    kv_sandbox_arm(&p->sb, load_budget, load_ns);
     int st = luaL_loadbufferx(L, text, len, chunkname, "t");
     kv_free(chunkname);
     kv_free(text);
@@ -887,19 +938,35 @@ int kv_policy_load(const char *name, const char *path, const kv_policy_param *pa
                           p->name, cap);
     } else {
         st = lua_pcall(L, 0, 1, 1);
-        if (st == LUA_ERRMEM || (st != LUA_OK && p->sb.mem_refused)) {
-            rc = kv_error_set(err, KV_EINPUT, "%s: policy '%s' exceeded its memory cap of %s while loading",
-                              p->sb.where[0] ? p->sb.where : path, p->name, cap);
-        } else if (p->sb.budget_exceeded) {
-            const char *m = st != LUA_OK && lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "";
-            const char *tb = strstr(m, "\nstack traceback:");
+        kv_sandbox_disarm(&p->sb);
+        const char *m = st != LUA_OK && lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "";
+        const char *tb = strstr(m, "\nstack traceback:");
+        if (p->sb.limit == KV_SB_INSTRUCTIONS) {
             rc = kv_error_set(err, KV_EINPUT,
                               "%s: policy '%s' used up its instruction budget (%d) while loading; is there an "
-                              "endless loop at the top level of the file?%s",
-                              p->sb.where[0] ? p->sb.where : path, p->name, load_budget, tb ? tb : "");
+                              "endless loop at the top level of the file? (limit: policy_limits.instructions, "
+                              "10x while loading)%s",
+                              limit_where(p, path), p->name, load_budget, tb ? tb : "");
+        } else if (p->sb.limit != KV_SB_OK) {
+            char what[300];
+            kv_sandbox_describe_limit(&p->sb, what, sizeof what);
+            rc = kv_error_set(err, KV_EINPUT, "%s: policy '%s' hit %s while loading%s", limit_where(p, path),
+                              p->name, what, tb ? tb : "");
+        } else if (st == LUA_ERRMEM || (st != LUA_OK && (p->sb.mem_refused || p->sb.str_refused))) {
+            if (p->sb.last_refusal == 2) {
+                char got[32], scap[32];
+                kv_sandbox_format_bytes(p->sb.str_refused_bytes, got, sizeof got);
+                kv_sandbox_format_bytes(p->sb.lim.string_cap_bytes, scap, sizeof scap);
+                rc = kv_error_set(err, KV_EINPUT, "%s: policy '%s' tried to make a string of %s, over its limit of "
+                                  "%s per string (policy_limits.string_kib), while loading",
+                                  p->sb.where[0] ? p->sb.where : path, p->name, got, scap);
+            } else {
+                rc = kv_error_set(err, KV_EINPUT, "%s: policy '%s' exceeded its memory cap of %s while loading",
+                                  p->sb.where[0] ? p->sb.where : path, p->name, cap);
+            }
         } else if (st != LUA_OK) {
-            const char *m = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "(error object is not a string)";
-            const char *tb = strstr(m, "\nstack traceback:");
+            if (lua_type(L, -1) != LUA_TSTRING)
+                m = "(error object is not a string)";
             int mlen = tb ? (int)(tb - m) : (int)strlen(m);
             rc = kv_error_set(err, KV_EINPUT, "%.*s\n  while loading policy '%s' (%s)%s", mlen, m, p->name, path,
                               tb ? tb : "");
@@ -915,11 +982,16 @@ int kv_policy_load(const char *name, const char *path, const kv_policy_param *pa
     lua_pushcfunction(L, setup_body);
     lua_insert(L, 2);
     lua_pushlightuserdata(L, &a);
-    kv_sandbox_arm(&p->sb, load_budget);
+    kv_sandbox_arm(&p->sb, load_budget, load_ns);
     st = lua_pcall(L, 2, 0, 1);
     kv_sandbox_disarm(&p->sb);
-    if (st != LUA_OK) {
-        if (st == LUA_ERRMEM && p->sb.mem_refused)
+    if (st != LUA_OK || p->sb.limit != KV_SB_OK) {
+        char what[300];
+        kv_sandbox_describe_limit(&p->sb, what, sizeof what);
+        if (p->sb.limit != KV_SB_OK)
+            kv_error_set(err, KV_EINPUT, "%s: policy '%s' hit %s while loading (reading the returned table)",
+                         limit_where(p, path), p->name, what);
+        else if (st == LUA_ERRMEM && (p->sb.mem_refused || p->sb.str_refused))
             kv_error_set(err, KV_EINPUT, "%s: policy '%s' exceeded its memory cap of %s while loading", path,
                          p->name, cap);
         else

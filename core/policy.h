@@ -98,13 +98,23 @@ typedef struct kv_policy_param {
     const char *where; /* "file:line:col" for error messages */
 } kv_policy_param;
 
+/* The sandbox's limits (docs/policies.md, "The sandbox"); 0 in a field means its default.
+   The scenario's policy_limits.* keys fill this (core/study.c). */
 typedef struct kv_policy_limits {
-    uint64_t instructions_per_call; /* 0: default; Lua VM instructions per hook call (max INT_MAX) */
-    uint64_t memory_bytes;          /* 0: default; cap on the policy's Lua heap */
+    uint64_t instructions_per_call; /* Lua VM instructions per hook call (max INT_MAX); loading gets 10x */
+    uint64_t memory_bytes;          /* cap on the policy's Lua heap, bytes */
+    uint64_t string_bytes;          /* longest string the policy may make, bytes (at most memory_bytes) */
+    double hook_ms;                 /* wall-clock per hook call, ms; loading the file gets 10x */
+    double run_s;                   /* wall-clock in the policy over its whole life (one run), s */
+    uint64_t print_bytes;           /* print() output per policy before it is suppressed, bytes */
 } kv_policy_limits;
 
 #define KV_POLICY_DEFAULT_INSTRUCTIONS 1000000u           /* per hook call; loading the file gets 10x */
 #define KV_POLICY_DEFAULT_MEMORY_BYTES (32u * 1024u * 1024u) /* per policy state */
+#define KV_POLICY_DEFAULT_STRING_BYTES (1024u * 1024u)   /* per string */
+#define KV_POLICY_DEFAULT_HOOK_MS 1000.0                  /* per hook call; loading the file gets 10x */
+#define KV_POLICY_DEFAULT_RUN_S 600.0                     /* per policy, all calls together */
+#define KV_POLICY_DEFAULT_PRINT_BYTES (64u * 1024u)       /* per policy */
 #define KV_POLICY_MAX_SPECULATE 4096                      /* largest answer `speculate` may give */
 
 /* Loads a policy file. KV_EINPUT on syntax errors, bad params, a bad return. */

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/policy.h"
 
 #ifndef KV_DATA_DIR
 #define KV_DATA_DIR "."
@@ -146,6 +147,19 @@ static const kv_key_spec scenario_keys[] = {
      "policies to compare, one table row each (policies/<name>.lua)"},
     {"policy", KV_KEY_FREEMAP, S(policy_settings), NULL, 0, 0, NULL,
      "per-policy settings: policy.<name>.file and policy.<name>.<param>"},
+    {"policy_limits", KV_KEY_SECTION, 0, NULL, 0, 0, NULL,
+     "what each Lua policy may use; past a limit the run stops with exit 2 (docs/policies.md)"},
+    {"policy_limits.instructions", KV_KEY_INT, S(policy_instructions), "1000000", 1000, 2147483647, NULL,
+     "Lua VM instructions per hook call (loading the file: 10x); pattern matching and sorting are charged too"},
+    {"policy_limits.memory_mib", KV_KEY_INT, S(policy_memory_mib), "32", 1, 65536, NULL, "Lua heap per policy, MiB"},
+    {"policy_limits.string_kib", KV_KEY_INT, S(policy_string_kib), "1024", 1, 1 << 26, NULL,
+     "longest string a policy may make, KiB (also the most source load() reads)"},
+    {"policy_limits.hook_ms", KV_KEY_DOUBLE, S(policy_hook_ms), "1000", 10, 1e9, NULL,
+     "wall-clock time per hook call, ms (loading the file: 10x); a run that stays under it is unchanged"},
+    {"policy_limits.run_s", KV_KEY_DOUBLE, S(policy_run_s), "600", 0.01, 1e9, NULL,
+     "wall-clock time one policy may spend in Lua over the whole run, s"},
+    {"policy_limits.print_kib", KV_KEY_INT, S(policy_print_kib), "64", 1, 1 << 20, NULL,
+     "print() output per policy per run, KiB, on stderr; past it one line says further output is suppressed"},
 
     {"lynx", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "speculative decoding on anchor-only KV"},
     {"lynx.from", KV_KEY_ENUM, S(lynx_from), "reference-model", 0, 0, "reference-model|scenario",
@@ -239,6 +253,47 @@ int kv_scenario_find_file(const kv_scenario *s, const char *name, const char *ke
         return KV_OK;
     return kv_error_set(err, KV_EINPUT, "%s: %s: file '%s' not found (relative to %s or %s)",
                         kv_scenario_where(s, key, w, sizeof w), key, name, s->dir, s->data_dir);
+}
+
+void kv_scenario_policy_limits(const kv_scenario *s, struct kv_policy_limits *out)
+{
+    *out = (kv_policy_limits){
+        .instructions_per_call = (uint64_t)s->policy_instructions,
+        .memory_bytes = (uint64_t)s->policy_memory_mib << 20,
+        .string_bytes = (uint64_t)s->policy_string_kib << 10,
+        .hook_ms = s->policy_hook_ms,
+        .run_s = s->policy_run_s,
+        .print_bytes = (uint64_t)s->policy_print_kib << 10,
+    };
+}
+
+int kv_scenario_read_policy_limits(const kv_ynode *root, struct kv_policy_limits *out, kv_error *err)
+{
+    /* The policy_limits keys of the table, bound to a mapping that holds only root's policy_limits entry. */
+    enum { MAX_KEYS = 16 };
+    kv_key_spec keys[MAX_KEYS];
+    size_t n = 0;
+    for (size_t i = 0; i < scenario_schema.count && n < MAX_KEYS; i++)
+        if (strncmp(scenario_keys[i].path, "policy_limits", 13) == 0 &&
+            (scenario_keys[i].path[13] == '\0' || scenario_keys[i].path[13] == '.'))
+            keys[n++] = scenario_keys[i];
+    const kv_schema limits_schema = {"scenario", keys, n};
+    kv_ynode only = {.kind = KV_YMAP, .file = root ? root->file : "?", .line = 1, .col = 1};
+    size_t at = 0;
+    if (root && root->kind == KV_YMAP && kv_ytree_get(root, "policy_limits", &at)) {
+        only.keys = &root->keys[at];
+        only.key_lines = &root->key_lines[at];
+        only.key_cols = &root->key_cols[at];
+        only.items = &root->items[at];
+        only.count = 1;
+    }
+    kv_scenario tmp;
+    memset(&tmp, 0, sizeof tmp);
+    int rc = kv_schema_bind(&limits_schema, &only, &tmp, err);
+    if (!rc)
+        kv_scenario_policy_limits(&tmp, out);
+    kv_schema_free(&limits_schema, &tmp);
+    return rc;
 }
 
 /* Applies one "a.b.c=value" override to the tree. */

@@ -63,6 +63,12 @@ typedef struct kv_scenario {
 
     kv_strlist policies;
     const kv_ynode *policy_settings;
+    int policy_instructions;   /* policy_limits.instructions: VM instructions per hook call */
+    int policy_memory_mib;     /* policy_limits.memory_mib: Lua heap per policy, MiB */
+    int policy_string_kib;     /* policy_limits.string_kib: longest string, KiB */
+    double policy_hook_ms;     /* policy_limits.hook_ms: wall-clock per hook call, ms */
+    double policy_run_s;       /* policy_limits.run_s: wall-clock per policy over the run, s */
+    int policy_print_kib;      /* policy_limits.print_kib: print() output per policy, KiB */
 
     char *lynx_from;                   /* reference-model | scenario */
     double lynx_acceptance;            /* fixed conditional acceptance (lynx.from: scenario) */
@@ -108,6 +114,12 @@ void kv_scenario_destroy(kv_scenario *s); /* NULL is fine */
 /* Resolves a file named in the scenario (trace, policy, platform): absolute,
    relative to the scenario's folder, or to kvsim's source tree. Writes into
    path; KV_EINPUT naming `key` when it does not exist. */
+/* The limits the scenario's policy_limits.* keys give each policy (kv_policy_load's `limits`). */
+struct kv_policy_limits;
+void kv_scenario_policy_limits(const kv_scenario *s, struct kv_policy_limits *out);
+/* Reads just the policy_limits section of a scenario's YAML tree, with the same defaults, ranges and
+   messages as kv_scenario_load, for programs that read the rest of the scenario themselves (kvsim eval). */
+int kv_scenario_read_policy_limits(const kv_ynode *root, struct kv_policy_limits *out, kv_error *err);
 int kv_scenario_find_file(const kv_scenario *s, const char *name, const char *key, char *path, size_t size,
                           kv_error *err);
 

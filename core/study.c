@@ -125,8 +125,10 @@ static int load_policy(kv_study *st, size_t i, kv_error *err)
         params[np] = (kv_policy_param){settings->keys[k], v->value, where[np]}; /* np++ apart: unsequenced */
         np++;
     }
+    kv_policy_limits lim;
+    kv_scenario_policy_limits(s, &lim);
     if (!rc)
-        rc = kv_policy_load(name, path, params, np, NULL, &st->policies[i], err);
+        rc = kv_policy_load(name, path, params, np, &lim, &st->policies[i], err);
     kv_free(params);
     kv_free(where);
     if (!rc)

@@ -271,6 +271,39 @@ Test(eval, bad_inputs_exit_2)
     free(dir);
 }
 
+/* kvsim eval loads the policies under the scenario's policy_limits, as kvsim run does. */
+Test(eval, scenario_policy_limits_apply)
+{
+    char *dir = kvt_tempdir();
+    char *model = kvt_tiny_model_file(dir, 5), *text = write_text(dir), args[2048], extra[1024];
+    /* About 60000 instructions at the top level: fine under the default budget (10 x 1e6 while loading). */
+    char *lua = kvt_write(dir, "loopy.lua", "local n = 0\nfor i = 1, 20000 do n = n + i end\nreturn {}\n");
+    snprintf(extra, sizeof extra, "policy:\n  loopy: {file: %s}\n", lua);
+    const char *limits[] = {"", "policy_limits: {instructions: 1000}\n", "policy_limits: {hook_ms: 1}\n"};
+    for (int i = 0; i < 3; i++) {
+        char tail[1200];
+        snprintf(tail, sizeof tail, "%s%s", extra, limits[i]);
+        char *sc = tiny_scenario(dir, model, text, "bf16, loopy", tail);
+        snprintf(args, sizeof args, "eval %s --quiet", sc);
+        if (i == 0) {
+            char *out = NULL;
+            int rc = kvt_kvsim(args, &out);
+            cr_expect_eq(rc, 0, "%s", out);
+            free(out);
+        } else if (i == 1) {
+            expect_exit2(args, "loopy.lua:2: policy 'loopy' used up its instruction budget (10000) while loading");
+        } else {
+            expect_exit2(args, "policy_limits.hook_ms: 1 is out of range [10, 1e+09]");
+        }
+        free(sc);
+    }
+    free(lua);
+    free(model);
+    free(text);
+    kvt_rmtree(dir);
+    free(dir);
+}
+
 /* The real model with the repository's policy files, small sizes: the table
    has every row, bf16 is the reference, and int4 compresses 3.2x. */
 Test(eval, real_model_short_run, .timeout = 300)

@@ -188,7 +188,8 @@ Test(cli, infinite_loop, .timeout = 60)
 
 Test(cli, memory_bomb, .timeout = 60)
 {
-    expect_exit_2("memory_bomb.lua", "exceeded its memory cap of 32 MiB", "memory_bomb.lua:6");
+    expect_exit_2("memory_bomb.lua", "tried to make a string of 2 MiB, over its limit of 1 MiB per string",
+                  "memory_bomb.lua:6");
 }
 
 Test(cli, string_rep_bomb, .timeout = 60)

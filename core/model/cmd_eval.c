@@ -33,7 +33,7 @@ static int load_policies(const kv_eval_scenario *sc, const kv_model_config *c, k
     size_t n_lanes = (size_t)c->n_layers * (size_t)c->n_kv_heads;
     for (int i = 0; i < sc->n_policies; i++) {
         const kv_eval_policy_spec *ps = &sc->policies[i];
-        int rc = kv_policy_load(ps->name, ps->file, ps->params, ps->n_params, NULL, &pols[i], err);
+        int rc = kv_policy_load(ps->name, ps->file, ps->params, ps->n_params, &sc->policy_limits, &pols[i], err);
         if (rc)
             return rc;
         encs[i] = kv_calloc(n_lanes, sizeof *encs[i]);

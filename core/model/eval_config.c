@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/scenario.h"
 #include "core/ytree.h"
 
 #define MODEL_FILE "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -319,6 +320,8 @@ int kv_eval_scenario_load(const char *path, const char *exe_path, kv_eval_scenar
         if (seed)
             rc = get_int(seed, "seed", 0, INT_MAX, &sv, err);
         s->seed = (uint64_t)sv;
+        if (!rc)
+            rc = kv_scenario_read_policy_limits(root, &s->policy_limits, err);
         const kv_ynode *acc = kv_ytree_get(root, "accuracy", NULL);
         if (!rc && !acc)
             rc = kv_error_set(err, KV_EINPUT,

@@ -40,6 +40,7 @@ typedef struct kv_eval_scenario {
     int speculation_points;    /* accuracy.speculation_points (default 4): Lynx samples per prompt */
     char *backend;             /* accuracy.backend (default "cpu"): where decode attention runs; "none": the
                                   KV store's own loop */
+    kv_policy_limits policy_limits; /* policy_limits.*, as kvsim run reads them */
     void *tree;                /* the parsed YAML (owns the param strings) */
 } kv_eval_scenario;
 
