@@ -2,8 +2,10 @@
  *
  * Weights are ggml's row-major [out][in] matrices (GGUF dims {in, out}),
  * dequantized once at load to fp32 and kept transposed, Wt [in][out], so a
- * projection of n rows is Y[n][out] = X[n][in] · Wt: one sgemm (or one sgemv
- * for a single row). RoPE rotates adjacent pairs
+ * projection of n rows is Y[n][out] = X[n][in] · Wt: single-threaded sgemm
+ * panels for a prefill, a fixed-order loop for decode rows, so that a row's
+ * result never depends on the batch around it nor on the thread count (see
+ * "Products" below). RoPE rotates adjacent pairs
  * (x[2i], x[2i+1]) — the GGUF llama convention (the converter permutes Q and K
  * so that this equals Hugging Face's rotate-half). The output projection is
  * the token embedding when the file has no output.weight (tied, as SmolLM2).
