@@ -333,3 +333,78 @@ Test(eval, real_model_short_run, .timeout = 300)
     kvt_rmtree(dir);
     free(dir);
 }
+
+/* The table line of row `name` (from "\nname " to the end of the line), or "". */
+static void row_line(const char *out, const char *name, char *line, size_t len)
+{
+    char key[64];
+    snprintf(key, sizeof key, "\n%s ", name);
+    const char *p = strstr(out, key);
+    line[0] = '\0';
+    if (p) {
+        p++;
+        size_t n = strcspn(p, "\n");
+        snprintf(line, len, "%.*s", (int)n, p);
+    }
+}
+
+/* Runs `kvsim eval` on the real model with the policies given and OpenBLAS at
+   `threads` threads; returns the output (free it). */
+static char *real_eval(const char *dir, const char *model, const char *policies, int threads)
+{
+    char body[4096];
+    snprintf(body, sizeof body,
+             "seed: 1\npolicies: [%s]\naccuracy:\n  model: %s\n  texts: [%s/tests/model_fixture.h]\n"
+             "  context_tokens: 256\n  score_tokens: 16\n  generate_tokens: 8\n"
+             "  needle: {count: 0, context_tokens: 64}\n  speculative_positions: 4\n  speculation_points: 2\n",
+             policies, model, KV_SOURCE_DIR);
+    char *sc = kvt_write(dir, "rows.yaml", body), args[4096], *out = NULL;
+    snprintf(args, sizeof args, "eval %s --quiet", sc);
+    char n[16];
+    snprintf(n, sizeof n, "%d", threads);
+    setenv("OPENBLAS_NUM_THREADS", n, 1);
+    int rc = kvt_kvsim(args, &out);
+    unsetenv("OPENBLAS_NUM_THREADS");
+    cr_assert_eq(rc, 0, "%s", out);
+    free(sc);
+    return out;
+}
+
+/* A policy's row does not depend on the policies beside it nor on the BLAS
+   thread count: the same table with 1 and 2 OpenBLAS threads, int4's row the
+   same alone and among others, and lynx's merged row (its planes are int8's
+   codes) equal to int8's but for the KV ratio. */
+Test(eval, real_model_rows_independent, .timeout = 300)
+{
+    char reason[4096];
+    char *path = kvt_real_model(reason, sizeof reason);
+    if (!path)
+        KVT_MODEL_MISSING(reason);
+    char *dir = kvt_tempdir();
+    char *one = real_eval(dir, path, "bf16, int8, int4, lynx, diffkv", 1);
+    char *two = real_eval(dir, path, "bf16, int8, int4, lynx, diffkv", 2);
+    char *alone = real_eval(dir, path, "bf16, int4", 2);
+    const char *names[] = {"bf16", "int8", "int4", "lynx", "lynx:anchor", "diffkv"};
+    char a[512], b[512];
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        row_line(one, names[i], a, sizeof a);
+        row_line(two, names[i], b, sizeof b);
+        cr_assert(a[0], "no row %s in:\n%s", names[i], one);
+        cr_assert_str_eq(a, b, "row %s differs with 1 and 2 OpenBLAS threads:\n%s\n%s", names[i], a, b);
+    }
+    cr_assert_str_eq(one, two, "the tables with 1 and 2 OpenBLAS threads differ");
+    row_line(one, "int4", a, sizeof a);
+    row_line(alone, "int4", b, sizeof b);
+    cr_assert_str_eq(a, b, "int4's row alone differs from int4's row among five policies:\n%s\n%s", b, a);
+    row_line(one, "int8", a, sizeof a);
+    row_line(one, "lynx", b, sizeof b);
+    /* %-16s name, " %8s" KV ratio, then ppl, delta, ...: compare from the ppl on */
+    cr_assert(strlen(a) > 30 && strlen(b) > 30);
+    cr_assert_str_eq(a + 25, b + 25, "int8 and lynx rows differ beyond the KV ratio:\n%s\n%s", a, b);
+    free(one);
+    free(two);
+    free(alone);
+    free(path);
+    kvt_rmtree(dir);
+    free(dir);
+}

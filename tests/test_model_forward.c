@@ -102,6 +102,56 @@ Test(forward, prefill_equals_stepwise_decode)
     tiny_done(m, dir);
 }
 
+/* A decode row's logits are the same bit for bit alone and batched beside
+   other sequences (rows of several sequences used to be one sgemm, whose
+   rounding of a row varies with the matrix's height). */
+Test(forward, decode_row_same_alone_and_batched)
+{
+    char *dir;
+    kv_model *m = tiny_model(&dir);
+    int V = kv_model_get_config(m)->vocab;
+    enum { S = 5, P = 24 };
+    int32_t prompt[P], pos[P], zeros[P] = {0};
+    for (int i = 0; i < P; i++) {
+        prompt[i] = (int32_t)(3 + 7 * i) % V;
+        pos[i] = i;
+    }
+    float *alone = malloc((size_t)S * V * sizeof *alone), *batched = malloc((size_t)S * V * sizeof *batched);
+    float *pre = malloc((size_t)P * V * sizeof *pre);
+    int32_t tok[S], dpos[S], dseq[S];
+    kv_error err;
+    for (int rep = 0; rep < 2; rep++) {
+        kv_kvstore *st[S];
+        for (int s = 0; s < S; s++) { /* every sequence: the same prompt, then its own next token */
+            st[s] = exact_store(m);
+            kv_batch b = {P - s, prompt, pos, zeros, NULL};
+            cr_assert_eq(kv_model_forward(m, &b, &st[s], pre, &err), KV_OK, "%s", err.msg);
+            tok[s] = (int32_t)(11 + 13 * s) % V;
+            dpos[s] = P - s;
+            dseq[s] = s;
+        }
+        if (rep == 0) {
+            for (int s = 0; s < S; s++) {
+                int32_t zero = 0;
+                kv_batch one = {1, &tok[s], &dpos[s], &zero, NULL};
+                cr_assert_eq(kv_model_forward(m, &one, &st[s], alone + (size_t)s * V, &err), KV_OK, "%s", err.msg);
+            }
+        } else {
+            kv_batch all = {S, tok, dpos, dseq, NULL};
+            cr_assert_eq(kv_model_forward(m, &all, st, batched, &err), KV_OK, "%s", err.msg);
+        }
+        for (int s = 0; s < S; s++)
+            kv_kvstore_destroy(st[s]);
+    }
+    for (int s = 0; s < S; s++)
+        cr_assert_eq(memcmp(alone + (size_t)s * V, batched + (size_t)s * V, (size_t)V * sizeof *alone), 0,
+                     "sequence %d: its logits alone differ from its logits batched with %d others", s, S - 1);
+    free(alone);
+    free(batched);
+    free(pre);
+    tiny_done(m, dir);
+}
+
 /* Two sequences in one batch give what each gives alone, and repeated runs are
    bit-for-bit identical. */
 Test(forward, batched_sequences_and_determinism)

@@ -28,7 +28,7 @@
 #include "core/policy.h"
 #include "core/scenario.h"
 
-#define KV_DIFFKV_SCORES_VERSION 2 /* bump when the measurement changes what it stores */
+#define KV_DIFFKV_SCORES_VERSION 3 /* bump when the measurement changes what it stores (3: row-independent forward) */
 #define KV_DIFFKV_SCORES_TEXT "/usr/share/common-licenses/GPL-3" /* a licence text Debian ships */
 
 typedef struct kv_diffkv_measured {

@@ -37,7 +37,7 @@
 
 /* Bump whenever the measurement changes (texts, sampling, eval.c's speculation):
    cached figures of another version are then measured again. */
-#define KV_FEED_LYNX_VERSION 1
+#define KV_FEED_LYNX_VERSION 2 /* 2: the forward pass rounds independently of the batch and BLAS threads */
 #define KV_FEED_MAX_POSITIONS 64 /* speculative positions measured at most */
 
 typedef struct kv_feed_acceptance {

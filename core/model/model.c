@@ -2,8 +2,10 @@
  *
  * Weights are ggml's row-major [out][in] matrices (GGUF dims {in, out}),
  * dequantized once at load to fp32 and kept transposed, Wt [in][out], so a
- * projection of n rows is Y[n][out] = X[n][in] · Wt: one sgemm (or one sgemv
- * for a single row). RoPE rotates adjacent pairs
+ * projection of n rows is Y[n][out] = X[n][in] · Wt: single-threaded sgemm
+ * panels for a prefill, a fixed-order loop for decode rows, so that a row's
+ * result never depends on the batch around it nor on the thread count (see
+ * "Products" below). RoPE rotates adjacent pairs
  * (x[2i], x[2i+1]) — the GGUF llama convention (the converter permutes Q and K
  * so that this equals Hugging Face's rotate-half). The output projection is
  * the token embedding when the file has no output.weight (tied, as SmolLM2).
@@ -12,11 +14,20 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "core/alloc.h"
 #include "core/model/gguf.h"
+
+enum {
+    SGEMM_MIN_ROWS = 16, /* sequences of at least this many rows in a batch go through sgemm */
+    PANEL = 128,         /* columns of one sgemm panel (a multiple of OpenBLAS's unroll) */
+    JB = 2048,           /* columns of one matmul_rows pass (its rows' blocks stay in cache) */
+    MAX_THREADS = 64,
+};
 
 typedef struct layer_weights {
     float *attn_norm; /* (dim) */
@@ -38,6 +49,7 @@ struct kv_model {
     float *output_norm;   /* (dim) */
     layer_weights *layers;/* [n_layers] */
     double *inv_freq;     /* (head_dim / 2): RoPE base^(-2i / head_dim) */
+    int threads;          /* threads a product may use (OpenBLAS's count at load); results do not depend on it */
 };
 
 /* ---- Loading ---------------------------------------------------------------------------- */
@@ -221,6 +233,8 @@ int kv_model_load(const char *path, kv_model **out, kv_error *err)
         return rc;
     }
     c->parameters = n;
+    m->threads = openblas_get_num_threads();
+    m->threads = m->threads < 1 ? 1 : m->threads > MAX_THREADS ? MAX_THREADS : m->threads;
     m->inv_freq = kv_malloc((size_t)(c->head_dim / 2) * sizeof *m->inv_freq);
     for (int i = 0; i < c->head_dim / 2; i++)
         m->inv_freq[i] = pow((double)c->rope_base, -2.0 * i / c->head_dim);
@@ -285,13 +299,133 @@ static void rmsnorm(float *out, const float *x, const float *w, int n, int dim, 
     }
 }
 
-/* y[n][out] = x[n][in] · Wt with Wt [in][out]. */
-static void matmul(float *y, const float *x, const float *wt, int n, int in, int out)
+/* ---- Products that round the same whatever the batch and the thread count ---------------------------- */
+
+/* OpenBLAS's sgemm rounds a row differently with the matrix's height and
+   with its thread count (tried: one row of a 1024-row product differs from
+   the same row in a 7-row product, and a 1024-row product with 1 thread
+   differs from the same with 2). So the forward pass never lets it choose:
+   - rows of short sequences (decode, speculation) go through matmul_rows,
+     every sum in the order i = 0..in-1: a row's result depends on its own
+     input alone;
+   - a long sequence (a prefill) is one single-threaded sgemm per fixed panel
+     of PANEL columns: a panel's result depends on the sequence's length and
+     the panel alone.
+   Column blocks and panels are spread over up to kv_model.threads threads;
+   which thread computes a block changes nothing in it. */
+
+typedef struct product {
+    float *y;        /* [n][out] */
+    const float *x;  /* [n][in] */
+    const float *wt; /* [in][out] */
+    int n, in, out;  /* rows, inner and output dimension */
+    bool sgemm;      /* blocks are sgemm panels of PANEL columns, else matmul_rows blocks of JB */
+} product;
+
+typedef struct product_share {
+    const product *p; /* the product */
+    int j0, j1;       /* its columns [j0, j1): whole panels for sgemm */
+} product_share;
+
+/* Columns [j0, j0 + nj) of y = x · Wt, every sum in the order i = 0..in-1. */
+static void rows_block(const product *p, int j0, int nj)
 {
-    if (n == 1)
-        cblas_sgemv(CblasRowMajor, CblasTrans, in, out, 1.0f, wt, out, x, 1, 0.0f, y, 1);
-    else
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, out, in, 1.0f, x, in, wt, out, 0.0f, y, out);
+    size_t out = (size_t)p->out, in = (size_t)p->in;
+    for (int r = 0; r < p->n; r++)
+        memset(p->y + (size_t)r * out + j0, 0, (size_t)nj * sizeof *p->y);
+    for (size_t i = 0; i < in; i++) {
+        const float *restrict w = p->wt + i * out + j0;
+        for (int r = 0; r < p->n; r++) {
+            float a = p->x[(size_t)r * in + i];
+            float *restrict yr = p->y + (size_t)r * out + j0;
+            for (int j = 0; j < nj; j++)
+                yr[j] += a * w[j];
+        }
+    }
+}
+
+static void *product_run(void *arg)
+{
+    const product_share *sh = arg;
+    const product *p = sh->p;
+    int w = p->sgemm ? PANEL : JB;
+    for (int j0 = sh->j0; j0 < sh->j1; j0 += w) {
+        int nj = sh->j1 - j0 < w ? sh->j1 - j0 : w;
+        if (p->sgemm)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, p->n, nj, p->in, 1.0f, p->x, p->in, p->wt + j0,
+                        p->out, 0.0f, p->y + j0, p->out);
+        else
+            rows_block(p, j0, nj);
+    }
+    return NULL;
+}
+
+/* Runs p's blocks on up to `threads` threads (this one included). */
+static void product_compute(const product *p, int threads)
+{
+    int nb = p->sgemm ? (p->out + PANEL - 1) / PANEL : (p->out + 63) / 64;
+    /* below about a million multiply-adds a thread costs more than it saves */
+    double work = (double)p->n * p->in * p->out;
+    int t = threads < nb ? threads : nb;
+    if (work < 1e6 || t < 1)
+        t = 1;
+    t = t > MAX_THREADS ? MAX_THREADS : t;
+    product_share sh[MAX_THREADS];
+    pthread_t tid[MAX_THREADS];
+    int started = 1;
+    for (int i = 0; i < t; i++) { /* contiguous shares of nb units: panels, or 64 columns */
+        int u = p->sgemm ? PANEL : 64, b0 = (int)((long)nb * i / t), b1 = (int)((long)nb * (i + 1) / t);
+        int j1 = b1 * u < p->out ? b1 * u : p->out;
+        sh[i] = (product_share){p, b0 * u, j1};
+    }
+    for (int i = 1; i < t; i++) {
+        if (pthread_create(&tid[i], NULL, product_run, &sh[i]) != 0)
+            break;
+        started++;
+    }
+    if (started < t) /* no more threads: this one does the rest, same blocks */
+        for (int i = started; i < t; i++)
+            product_run(&sh[i]);
+    product_run(&sh[0]);
+    for (int i = 1; i < started; i++)
+        pthread_join(tid[i], NULL);
+}
+
+/* y[n][out] = x[n][in] · Wt, rows independent: matmul_rows' blocks. */
+static void matmul_rows(const kv_model *m, float *y, const float *x, const float *wt, int n, int in, int out)
+{
+    product p = {y, x, wt, n, in, out, false};
+    product_compute(&p, m->threads);
+}
+
+/* y[n][out] = x[n][in] · Wt for the rows of batch b: a sequence of
+   SGEMM_MIN_ROWS rows or more through sgemm panels, runs of shorter ones
+   through matmul_rows. No row's result depends on the other sequences in the
+   batch, nor on the thread count. */
+static void matmul(const kv_model *m, float *y, const float *x, const float *wt, const kv_batch *b, int in, int out)
+{
+    int n = b->n;
+    for (int r0 = 0; r0 < n;) {
+        int r1 = r0 + 1;
+        while (r1 < n && b->seq[r1] == b->seq[r0])
+            r1++;
+        if (r1 - r0 >= SGEMM_MIN_ROWS) {
+            product p = {y + (size_t)r0 * out, x + (size_t)r0 * in, wt, r1 - r0, in, out, true};
+            product_compute(&p, m->threads);
+            r0 = r1;
+            continue;
+        }
+        int s0 = r0; /* a run of short sequences: one pass over Wt for all of them */
+        while (r0 < n) {
+            r1 = r0 + 1;
+            while (r1 < n && b->seq[r1] == b->seq[r0])
+                r1++;
+            if (r1 - r0 >= SGEMM_MIN_ROWS)
+                break;
+            r0 = r1;
+        }
+        matmul_rows(m, y + (size_t)s0 * out, x + (size_t)s0 * in, wt, r0 - s0, in, out);
+    }
 }
 
 /* Rotates adjacent pairs of every head of every row by its position. */
@@ -345,6 +479,11 @@ int kv_model_forward(kv_model *m, const kv_batch *b, kv_kvstore **stores, float 
     int rc = check_batch(m, b, stores, err);
     if (rc)
         return rc;
+    /* One OpenBLAS thread while the batch runs: its sgemm rounds differently with the
+       thread count; the products spread fixed panels over threads themselves. */
+    int blas_threads = openblas_get_num_threads();
+    if (blas_threads != 1)
+        openblas_set_num_threads(1);
     size_t N = (size_t)n;
     float *x = kv_malloc(N * D * sizeof *x), *xb = kv_malloc(N * D * sizeof *xb);
     float *q = kv_malloc(N * D * sizeof *q), *att = kv_malloc(N * D * sizeof *att);
@@ -358,9 +497,9 @@ int kv_model_forward(kv_model *m, const kv_batch *b, kv_kvstore **stores, float 
         const layer_weights *w = &m->layers[l];
         /* attention */
         rmsnorm(xb, x, w->attn_norm, n, D, c->norm_eps);
-        matmul(q, xb, w->wq, n, D, D);
-        matmul(k, xb, w->wk, n, D, KV);
-        matmul(v, xb, w->wv, n, D, KV);
+        matmul(m, q, xb, w->wq, b, D, D);
+        matmul(m, k, xb, w->wk, b, D, KV);
+        matmul(m, v, xb, w->wv, b, D, KV);
         rope(m, q, b->pos, n, c->n_heads);
         rope(m, k, b->pos, n, c->n_kv_heads);
         for (int r0 = 0; r0 < n;) {
@@ -373,16 +512,16 @@ int kv_model_forward(kv_model *m, const kv_batch *b, kv_kvstore **stores, float 
                 rc = kv_kvstore_attention(s, l, q + (size_t)r0 * D, b->pos + r0, r1 - r0, att + (size_t)r0 * D, err);
             r0 = r1;
         }
-        matmul(xb, att, w->wo, n, D, D);
+        matmul(m, xb, att, w->wo, b, D, D);
         for (size_t i = 0; i < N * D; i++)
             x[i] += xb[i];
         /* feed-forward: SwiGLU */
         rmsnorm(xb, x, w->ffn_norm, n, D, c->norm_eps);
-        matmul(hb, xb, w->w_gate, n, D, H);
-        matmul(hb2, xb, w->w_up, n, D, H);
+        matmul(m, hb, xb, w->w_gate, b, D, H);
+        matmul(m, hb2, xb, w->w_up, b, D, H);
         for (size_t i = 0; i < N * H; i++)
             hb[i] = hb[i] / (1.0f + expf(-hb[i])) * hb2[i];
-        matmul(xb, hb, w->w_down, n, H, D);
+        matmul(m, xb, hb, w->w_down, b, H, D);
         for (size_t i = 0; i < N * D; i++)
             x[i] += xb[i];
     }
@@ -394,7 +533,8 @@ int kv_model_forward(kv_model *m, const kv_batch *b, kv_kvstore **stores, float 
             memcpy(q + (size_t)nw++ * D, x + (size_t)r * D, (size_t)D * sizeof *x);
     if (nw > 0) {
         rmsnorm(xb, q, m->output_norm, nw, D, c->norm_eps);
-        matmul(logits, xb, m->output, nw, D, c->vocab);
+        /* row by row whatever the batch: the wanted rows of a prefill vary with the speculation points */
+        matmul_rows(m, logits, xb, m->output, nw, D, c->vocab);
     }
     kv_free(x);
     kv_free(xb);
@@ -404,6 +544,8 @@ int kv_model_forward(kv_model *m, const kv_batch *b, kv_kvstore **stores, float 
     kv_free(v);
     kv_free(hb);
     kv_free(hb2);
+    if (blas_threads != 1)
+        openblas_set_num_threads(blas_threads);
     return rc;
 }
 
