@@ -185,6 +185,12 @@ int kv_study_prepare(const kv_scenario *s, kv_study **out, kv_error *err)
     for (size_t i = 0; !rc && i < st->n; i++) {
         bool needed = false;
         rc = kv_diffkv_scores_for_policy(s, st->policies[i], mean_prompt, &st->dkv[i], &needed, err);
+        /* Whether it was measured now or read back is said here, not in results.json: a rerun must
+           write the same bytes. */
+        if (!rc && needed && st->dkv[i].z)
+            fprintf(stderr, "kvsim: DiffKV significance of %s: %s\n", s->policies.items[i],
+                    st->dkv[i].cached ? "from the feed cache (measured before on the reference model)"
+                                      : "measured on the reference model (now in the feed cache)");
     }
     if (rc) {
         kv_study_destroy(st);

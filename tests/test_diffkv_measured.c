@@ -97,7 +97,7 @@ Test(diffkv_measured, default_reads_the_cache_without_the_model_and_follows_the_
     double h1, p1, h2, p2;
     char src[1024];
     run_default("1", "0.09", &h1, &p1, src, sizeof src);
-    cr_expect(strstr(src, "measured on reference model") && strstr(src, "cached in"), "%s", src);
+    cr_expect(strstr(src, "measured on reference model") && strstr(src, "(cache: "), "%s", src);
     run_default("2.25", "0.25", &h2, &p2, src, sizeof src);
     /* Of the tokens outside the window the table gives P(z < 0.09) = 0.15, P(z < 1) = 0.5 and
        P(z < 0.25) = 0.25, P(z < 2.25) = 0.75; the window's tokens (64 of 320-1100 per head) are high,

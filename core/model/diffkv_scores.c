@@ -234,8 +234,8 @@ int kv_diffkv_scores_measure(const char *model_name, const char *text_path, int 
         snprintf(dir, sizeof dir, "no cache folder");
     snprintf(out->source, sizeof out->source,
              "measured on reference model %s: z quantiles per (layer, KV head) from the prefill attention of %d "
-             "tokens of %s, window %d (%s %s)",
-             model_name, out->tokens, text_path, out->window, out->cached ? "cached in" : "measured, cache", dir);
+             "tokens of %s, window %d (cache: %s)",
+             model_name, out->tokens, text_path, out->window, dir);
     return KV_OK;
 }
 
