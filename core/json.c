@@ -139,6 +139,13 @@ size_t kv_json_format_number(char *buf, double v)
     return (size_t)(p - buf);
 }
 
+size_t kv_json_format_uint(char *buf, unsigned long long v)
+{
+    size_t n = (size_t)put_digits(buf, v);
+    buf[n] = '\0';
+    return n;
+}
+
 size_t kv_json_format_int(char *buf, long long v)
 {
     char *p = buf;

@@ -16,5 +16,7 @@ void kv_json_number(FILE *out, double v);       /* shortest exact form; null for
 size_t kv_json_format_number(char *buf, double v);
 /* v as %lld into buf (at least 21 bytes), NUL-terminated; returns its length. */
 size_t kv_json_format_int(char *buf, long long v);
+/* v as %llu into buf (at least 21 bytes), NUL-terminated; returns its length. */
+size_t kv_json_format_uint(char *buf, unsigned long long v);
 
 #endif

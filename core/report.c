@@ -250,17 +250,10 @@ typedef struct csv_row {
 
 static void row_uint(csv_row *w, unsigned long long u, bool negative)
 {
-    char tmp[24];
-    int n = 0;
-    do {
-        tmp[n++] = (char)('0' + u % 10);
-        u /= 10;
-    } while (u);
     w->buf[w->n++] = ',';
     if (negative)
         w->buf[w->n++] = '-';
-    while (n)
-        w->buf[w->n++] = tmp[--n];
+    w->n += kv_json_format_uint(w->buf + w->n, u);
 }
 
 static void row_int(csv_row *w, int v) /* ",%d" */
