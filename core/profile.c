@@ -49,32 +49,40 @@ struct kv_profile {
 
 /* ---- Interpolation ---------------------------------------------------------------------------- */
 
+/* Between knot i-1 and i of n (knots k increasing), the segment a query q falls in, or the end segment
+   it extrapolates from: 1 <= i < n (n >= 2). */
+static size_t segment(const double *k, size_t n, double q)
+{
+    size_t i = 1;
+    while (i < n - 1 && q > k[i])
+        i++;
+    return i;
+}
+
+static double lerp(double k0, double k1, double v0, double v1, double q)
+{
+    double v = v0 + (v1 - v0) * (q - k0) / (k1 - k0);
+    return v > 0 ? v : 0;
+}
+
 /* Piecewise linear through the knots, extrapolated from the end segments, never below zero. */
 static double line_at(const line *l, double q)
 {
     if (l->n == 1)
         return l->v[0];
-    size_t i = 1;
-    while (i < l->n - 1 && q > l->k[i])
-        i++;
-    double k0 = l->k[i - 1], k1 = l->k[i], v0 = l->v[i - 1], v1 = l->v[i];
-    double v = v0 + (v1 - v0) * (q - k0) / (k1 - k0);
-    return v > 0 ? v : 0;
+    size_t i = segment(l->k, l->n, q);
+    return lerp(l->k[i - 1], l->k[i], l->v[i - 1], l->v[i], q);
 }
 
 static double surface_at(const surface *s, double batch, double x)
 {
     if (s->grid) {
-        /* Bilinear: along x within each measured batch size, then across batch sizes. */
-        line across = {kv_calloc(s->n_rows, sizeof(double)), kv_calloc(s->n_rows, sizeof(double)), s->n_rows};
-        for (size_t r = 0; r < s->n_rows; r++) {
-            across.k[r] = s->row_batch[r];
-            across.v[r] = line_at(&s->rows[r], x);
-        }
-        double t = line_at(&across, batch);
-        kv_free(across.k);
-        kv_free(across.v);
-        return t;
+        /* Bilinear: along x within the two measured batch sizes around `batch`, then between them. */
+        if (s->n_rows == 1)
+            return line_at(&s->rows[0], x);
+        size_t i = segment(s->row_batch, s->n_rows, batch);
+        return lerp(s->row_batch[i - 1], s->row_batch[i], line_at(&s->rows[i - 1], x), line_at(&s->rows[i], x),
+                    batch);
     }
     return s->t_ref > 0 ? line_at(&s->arm_x, x) * line_at(&s->arm_batch, batch) / s->t_ref : 0;
 }
