@@ -31,7 +31,10 @@
  * step pays the merge kernel and verifies the speculated tokens (costed like
  * a k-token prefill over the context); the longest accepted prefix plus one
  * corrected token is committed, the rest is wasted, and the request continues
- * as a normal one.
+ * as a normal one. With concurrent flows the residual (b - a bits, no group
+ * metadata) can arrive before the anchor: the KV is complete, and token 1
+ * committed, only once both planes are in, and a request whose residual came
+ * first has nothing to speculate on and queues as a normal one.
  *
  * Invariants (checked where they can break):
  *  1. The simulated clock never decreases (eventq.c aborts on a push into the past).
@@ -1040,6 +1043,8 @@ static void on_flow_done(void *user, kv_flow_id id, uint64_t tag, double t)
             if (!r->split) {
                 r->residual_done = true;
                 kv_complete(e, r, t);
+            } else if (r->residual_done) {
+                kv_complete(e, r, t); /* the residual came first (concurrent flows): nothing to speculate on */
             } else if (r->speculative && r->spec.output_tokens > 1) {
                 enqueue_decode(e, r, t); /* speculates token 2 onwards on the anchor */
             }
@@ -1050,7 +1055,10 @@ static void on_flow_done(void *user, kv_flow_id id, uint64_t tag, double t)
         plane_spans(e, r, PLANE_RESIDUAL, t);
         r->residual_done = true;
         r->merge_pending = true;
-        kv_complete(e, r, t);
+        /* Concurrent flows: the residual (b - a bits, no group metadata) can arrive before the anchor;
+           the KV is complete only once both planes are in. */
+        if (r->anchor_done)
+            kv_complete(e, r, t);
     }
 }
 
