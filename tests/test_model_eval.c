@@ -44,7 +44,7 @@ static kv_eval_result *run_tiny(kv_model *m, const char *text)
                                                  .alpha_low = 0.02, .window = 8});
     kv_eval_policy pols[] = {{"int4", e_i4, 0}, {"bf16", e_bf, 0}, {"lynx", e_ly, 4}, {"diffkv", e_dk, 0}};
     const char *texts[] = {text};
-    kv_eval_config cfg = {texts, 1, 48, 12, 6, 1, 80, 0, 3, 7, NULL};
+    kv_eval_config cfg = {texts, 1, 48, 12, 6, 1, 160, 0, 3, 7, NULL};
     kv_eval_result *r;
     kv_error err;
     cr_assert_eq(kv_eval_run(m, &cfg, pols, 4, &r, &err), KV_OK, "%s", err.msg);
@@ -129,7 +129,7 @@ static char *tiny_scenario(const char *dir, const char *model, const char *text,
     char body[4096];
     snprintf(body, sizeof body,
              "seed: 3\npolicies: [%s]\naccuracy:\n  model: %s\n  texts: [%s]\n  context_tokens: 48\n"
-             "  score_tokens: 8\n  generate_tokens: 4\n  needle: {count: 1, context_tokens: 80}\n"
+             "  score_tokens: 8\n  generate_tokens: 4\n  needle: {count: 1, context_tokens: 160}\n"
              "  speculation_points: 2\n%s",
              policies, model, text, extra);
     return kvt_write(dir, "scenario.yaml", body);

@@ -6,7 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
+#include "core/model/eval.h"
 #include "core/study.h"
+#include "tests/model_fixture.h"
 #include "tests/support.h"
 
 /* ---- Lynx: every legal variant completes, token 1 only once both planes are in -------------------------- */
@@ -82,6 +85,177 @@ Test(safety_crash, lynx_variants_never_abort_and_commit_token_1_with_the_whole_k
     cr_assert_eq(runs, 2 * 3 * 7 * 2 * 2 * 2);
     cr_assert_gt(residual_first, 0, "no variant had a residual smaller than its anchor on concurrent flows");
     free(path);
+    kvt_rmtree(dir);
+    free(dir);
+}
+
+/* ---- kvsim eval: lengths that leave no room, or sum past int, are bad input before any work ------------ */
+
+static char *eval_text(const char *dir)
+{
+    char *text = calloc(1, 40000);
+    for (int i = 0; i < 300; i++)
+        strcat(text, i % 3 ? "the cat sat on the mat and then it ran to the tower. " : "in the evening, winds rose.\n");
+    char *path = kvt_write(dir, "text.txt", text);
+    free(text);
+    return path;
+}
+
+static char *eval_scenario(const char *dir, const char *model, const char *text, int needle_tokens)
+{
+    char body[2048];
+    snprintf(body, sizeof body,
+             "seed: 3\npolicies: [bf16, lynx]\naccuracy:\n  model: %s\n  texts: [%s]\n  context_tokens: 48\n"
+             "  score_tokens: 8\n  generate_tokens: 4\n  speculation_points: 2\n"
+             "  needle: {count: 3, context_tokens: %d}\n",
+             model, text, needle_tokens);
+    return kvt_write(dir, "scenario.yaml", body);
+}
+
+static int eval_exit(const char *sc, char **out)
+{
+    char args[1200];
+    snprintf(args, sizeof args, "eval %s --quiet", sc);
+    return kvt_kvsim(args, out);
+}
+
+Test(safety_crash, eval_needle_context_below_the_needle_exits_2_naming_the_key_and_its_minimum, .timeout = 120)
+{
+    char *dir = kvt_tempdir(), *model = kvt_tiny_model_file(dir, 5), *text = eval_text(dir), *out = NULL;
+    /* 64 tokens (the loader's floor) hold no filler: the tiny vocabulary spells the question nearly byte by byte. */
+    char *sc = eval_scenario(dir, model, text, 64);
+    int rc = eval_exit(sc, &out);
+    cr_assert_eq(rc, 2, "exit %d:\n%s", rc, out);
+    char where[700];
+    snprintf(where, sizeof where, "%s:10:", sc); /* the needle line */
+    cr_assert(strstr(out, where), "no position '%s' in:\n%s", where, out);
+    const char *key = strstr(out, "accuracy.needle.context_tokens: 64 leaves no room");
+    cr_assert(key, "%s", out);
+    const char *least = strstr(key, "it must be at least ");
+    cr_assert(least, "%s", out);
+    int min = atoi(least + strlen("it must be at least "));
+    cr_assert_gt(min, 64, "%s", out);
+    cr_assert_null(strstr(out, "AddressSanitizer"), "%s", out);
+    free(out);
+    free(sc);
+    /* The minimum it names is exact: one less is refused the same way, the minimum itself runs. */
+    sc = eval_scenario(dir, model, text, min - 1);
+    cr_assert_eq(eval_exit(sc, &out), 2, "%s", out);
+    cr_assert(strstr(out, "leaves no room"), "%s", out);
+    free(out);
+    free(sc);
+    sc = eval_scenario(dir, model, text, min);
+    rc = eval_exit(sc, &out);
+    cr_assert_eq(rc, 0, "at the minimum %d, exit %d:\n%s", min, rc, out);
+    cr_assert(strstr(out, "\nlynx "), "%s", out);
+    free(out);
+    free(sc);
+    free(model);
+    free(text);
+    kvt_rmtree(dir);
+    free(dir);
+}
+
+static kv_encoding *eval_uniform(const kv_model *m, kv_encoding e)
+{
+    const kv_model_config *c = kv_model_get_config(m);
+    size_t n = (size_t)c->n_layers * c->n_kv_heads;
+    kv_encoding *out = kv_calloc(n, sizeof *out);
+    for (size_t i = 0; i < n; i++)
+        out[i] = e;
+    return out;
+}
+
+/* The C API: every accuracy.* length, small or near INT_MAX, is KV_EINPUT naming its key (no sum wraps). */
+Test(safety_crash, eval_lengths_out_of_range_are_input_errors, .timeout = 120)
+{
+    char *dir = kvt_tempdir(), *model_path = kvt_tiny_model_file(dir, 5), *text = eval_text(dir);
+    kv_model *m;
+    kv_error err;
+    cr_assert_eq(kv_model_load(model_path, &m, &err), KV_OK, "%s", err.msg);
+    kv_tensor_enc bf = {KV_TENSOR_BF16, 16, 0, 0, 0};
+    kv_encoding *e_bf = eval_uniform(m, (kv_encoding){.key = bf, .value = bf});
+    kv_eval_policy pols[] = {{"bf16", e_bf, 0}};
+    const char *texts[] = {text};
+    const kv_eval_config base = {texts, 1, 48, 12, 6, 1, 200, 0, 3, 7, NULL};
+    struct {
+        kv_eval_config cfg;
+        const char *key;
+    } cases[] = {
+        {base, ""},
+        {base, "accuracy.needle.context_tokens: 64 leaves no room"},
+        {base, "accuracy.needle.context_tokens: 2147483647 + generate_tokens 6 must fit"},
+        {base, "accuracy.needle.context_tokens: 2147483641 + generate_tokens 6 must fit"},
+        {base, "accuracy.score_tokens: 2147483647"},
+        {base, "accuracy.context_tokens: 2147483647 must be in 1..512"},
+        {base, "accuracy.generate_tokens: 2147483647 must be in 0..512"},
+        {base, "accuracy.generate_tokens: -1"},
+        {base, "accuracy.needle.context_tokens: 0 + generate_tokens"},
+        {base, "accuracy.speculative_positions: 257"},
+    };
+    cases[1].cfg.needle_context_tokens = 64;
+    cases[2].cfg.needle_context_tokens = 2147483647;
+    cases[3].cfg.needle_context_tokens = 2147483641;
+    cases[4].cfg.score_tokens = 2147483647;
+    cases[5].cfg.context_tokens = 2147483647;
+    cases[6].cfg.generate_tokens = 2147483647;
+    cases[7].cfg.generate_tokens = -1;
+    cases[8].cfg.needle_context_tokens = 0;
+    cases[9].cfg.speculative_positions = 257;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kv_eval_result *r = NULL;
+        int rc = kv_eval_run(m, &cases[i].cfg, pols, 1, &r, &err);
+        if (!cases[i].key[0]) {
+            cr_assert_eq(rc, KV_OK, "case %zu: %s", i, err.msg);
+            cr_assert_eq(r->prompts_needle, 1);
+            kv_eval_result_destroy(r);
+            continue;
+        }
+        cr_assert_eq(rc, KV_EINPUT, "case %zu (%s) gave %d: %s", i, cases[i].key, rc, rc ? err.msg : "ok");
+        cr_assert(strstr(err.msg, cases[i].key), "case %zu: '%s' not in: %s", i, cases[i].key, err.msg);
+        cr_assert_null(r);
+    }
+    kv_free(e_bf);
+    kv_model_destroy(m);
+    free(model_path);
+    free(text);
+    kvt_rmtree(dir);
+    free(dir);
+}
+
+/* A policy's own k (up to 4096) on a model whose context holds it: speculations split into batches of
+   bounded logits, each measured; k past the context skips the speculation instead of reading past it. */
+Test(safety_crash, eval_large_policy_speculation_is_bounded, .timeout = 300)
+{
+    char *dir = kvt_tempdir(), *model_path = kvt_tiny_model_file(dir, 5), *text = eval_text(dir);
+    kv_model *m;
+    kv_error err;
+    cr_assert_eq(kv_model_load(model_path, &m, &err), KV_OK, "%s", err.msg);
+    kv_tensor_enc bf = {KV_TENSOR_BF16, 16, 0, 0, 0}, ly = {KV_TENSOR_INT, 8, 4, 16, 0};
+    kv_encoding *e_bf = eval_uniform(m, (kv_encoding){.key = bf, .value = bf});
+    kv_encoding *e_ly = eval_uniform(m, (kv_encoding){.key = ly, .value = ly});
+    /* 3 lynx rows x 3 prompt lengths at k = 400 (a 48-token prompt + 400 fits 512): 9 jobs, > 2048 rows. */
+    kv_eval_policy pols[] = {{"bf16", e_bf, 0}, {"a", e_ly, 400}, {"b", e_ly, 400}, {"c", e_ly, 400},
+                             {"far", e_ly, 4096}};
+    const char *texts[] = {text};
+    kv_eval_config cfg = {texts, 1, 48, 4, 2, 0, 64, 0, 3, 7, NULL};
+    kv_eval_result *r = NULL;
+    cr_assert_eq(kv_eval_run(m, &cfg, pols, 5, &r, &err), KV_OK, "%s", err.msg);
+    for (int i = 0; i < r->n_rows; i++) {
+        const kv_eval_row *row = &r->rows[i];
+        if (row->anchor_view || row->reference)
+            continue;
+        if (strcmp(row->name, "far") == 0)
+            cr_assert_eq(row->spec_samples, 0, "k = 4096 cannot fit a 512-token context");
+        else
+            cr_assert_eq(row->spec_samples, 3, "%s: %ld", row->name, row->spec_samples);
+    }
+    kv_eval_result_destroy(r);
+    kv_free(e_bf);
+    kv_free(e_ly);
+    kv_model_destroy(m);
+    free(model_path);
+    free(text);
     kvt_rmtree(dir);
     free(dir);
 }

@@ -125,6 +125,7 @@ int kv_cmd_eval(int argc, char **argv)
             .seed = sc->seed,
             .progress = quiet ? NULL : stderr,
             .backend = be,
+            .where = sc->where,
         };
         rc = kv_eval_run(m, &cfg, pp, sc->n_policies, &res, &err);
     }

@@ -74,24 +74,78 @@ static void encode(const kv_model *m, const char *text, int32_t **ids, size_t *n
     kv_tokenizer_encode(kv_model_tokenizer(m), text, strlen(text), false, ids, n, NULL);
 }
 
-/* Needle prompt i: filler text with "The pass code of the <key> is <number>."
-   at depth (i + 0.5) / count, then the question. */
-static void make_needle(const evaluator *ev, int i, const int32_t *filler, size_t n_filler, kv_rng *rng, prompt *p)
+/* "file:line:col: " where a key is set, or "" when unknown. */
+static const char *key_at(const char *where, char *buf, size_t size)
+{
+    if (where && where[0])
+        snprintf(buf, size, "%s: ", where);
+    else
+        buf[0] = '\0';
+    return buf;
+}
+
+/* Needle i's number, drawn from rng, and the tokens of its sentence and question (*s_ids, *q_ids: the
+   caller's). */
+static void needle_text(const kv_model *m, int i, kv_rng *rng, char *number, size_t number_size, int32_t **s_ids,
+                        size_t *n_s, int32_t **q_ids, size_t *n_q)
 {
     static const char *const keys[] = {"blue door", "old lighthouse", "north gate", "red locker",
                                        "garden shed", "silver box", "east tower", "library vault"};
     const char *key = keys[(size_t)i % (sizeof keys / sizeof keys[0])];
-    unsigned number = 10000u + (unsigned)kv_rng_below(rng, 90000);
-    snprintf(p->needle, sizeof p->needle, "%u", number);
+    unsigned value = 10000u + (unsigned)kv_rng_below(rng, 90000);
+    snprintf(number, number_size, "%u", value);
     char sentence[256], question[512];
-    snprintf(sentence, sizeof sentence, "\nThe pass code of the %s is %u.\n", key, number);
+    snprintf(sentence, sizeof sentence, "\nThe pass code of the %s is %u.\n", key, value);
     snprintf(question, sizeof question, "\nQuestion: What is the pass code of the %s?\nAnswer: The pass code of the %s is",
              key, key);
+    encode(m, sentence, s_ids, n_s);
+    encode(m, question, q_ids, n_q);
+}
+
+/* The shortest accuracy.needle.context_tokens that leaves every needle of this run at least one filler
+   token: its sentence and question plus one, the largest over the needles. Draws from a copy of the
+   needles' stream exactly as make_needle will (number, then filler start). */
+static int needle_min_tokens(const evaluator *ev, size_t n_filler)
+{
+    kv_rng rng;
+    kv_rng_seed(&rng, ev->cfg->seed);
+    int need = 0;
+    for (int i = 0; i < ev->cfg->needle_count; i++) {
+        char number[16];
+        int32_t *s_ids, *q_ids;
+        size_t n_s, n_q;
+        needle_text(ev->m, i, &rng, number, sizeof number, &s_ids, &n_s, &q_ids, &n_q);
+        (void)kv_rng_below(&rng, n_filler);
+        int n = (int)(n_s + n_q) + 1;
+        need = n > need ? n : need;
+        kv_free(s_ids);
+        kv_free(q_ids);
+    }
+    return need;
+}
+
+/* Needle prompt i: filler text with "The pass code of the <key> is <number>."
+   at depth (i + 0.5) / count, then the question. KV_EINPUT when the needle's
+   length leaves no filler (kv_eval_run checks it first: this is a backstop). */
+static int make_needle(const evaluator *ev, int i, const int32_t *filler, size_t n_filler, kv_rng *rng, prompt *p,
+                       kv_error *err)
+{
     int32_t *s_ids, *q_ids;
     size_t n_s, n_q;
-    encode(ev->m, sentence, &s_ids, &n_s);
-    encode(ev->m, question, &q_ids, &n_q);
-    int total = ev->cfg->needle_context_tokens, n_fill = total - (int)n_s - (int)n_q;
+    needle_text(ev->m, i, rng, p->needle, sizeof p->needle, &s_ids, &n_s, &q_ids, &n_q);
+    int total = ev->cfg->needle_context_tokens;
+    int64_t n_fill64 = (int64_t)total - (int64_t)n_s - (int64_t)n_q;
+    if (n_fill64 < 1 || n_filler == 0) {
+        char w[600];
+        kv_free(s_ids);
+        kv_free(q_ids);
+        return kv_error_set(err, KV_EINPUT,
+                            "%saccuracy.needle.context_tokens: %d leaves no room for filler in needle %d (its sentence "
+                            "and question take %zu tokens); at least %zu are needed",
+                            key_at(ev->cfg->where.needle_context_tokens, w, sizeof w), total, i + 1, n_s + n_q,
+                            n_s + n_q + 1);
+    }
+    int n_fill = (int)n_fill64;
     int depth = (int)((double)n_fill * (i + 0.5) / ev->cfg->needle_count);
     size_t start = (size_t)kv_rng_below(rng, n_filler);
     p->tokens = kv_malloc((size_t)total * sizeof *p->tokens);
@@ -110,6 +164,7 @@ static void make_needle(const evaluator *ev, int i, const int32_t *filler, size_
              100.0 * (i + 0.5) / ev->cfg->needle_count);
     kv_free(s_ids);
     kv_free(q_ids);
+    return KV_OK;
 }
 
 /* ---- Stores -------------------------------------------------------------------------------- */
@@ -338,6 +393,10 @@ static int generate(evaluator *ev, const prompt *p, const kv_kvstore *prefilled,
    one speculation with its own store; up to SPEC_BATCH of them decode
    together, one batch row each (and verify together, k batch rows each). */
 #define SPEC_BATCH 8
+/* ... and at most this many speculated positions in one batch (its logits are rows x vocab floats: with a
+   policy's own k up to 4096, eight jobs would need gigabytes). A job alone may exceed it. Rows do not
+   depend on what else is in their batch, so the split changes no result. */
+#define SPEC_ROWS 2048
 
 typedef struct spec_job {
     int row;        /* the eval row (its encoding and spec_k) */
@@ -435,16 +494,23 @@ static int speculate(evaluator *ev, const kv_kvstore *prefilled, const int *spec
                      int n_spec, kv_error *err)
 {
     spec_job jobs[SPEC_BATCH];
-    int n = 0, rc = KV_OK;
+    int n = 0, rows = 0, rc = KV_OK;
     for (int r = 0; r < ev->res->n_rows && !rc; r++)
         for (int i = 0; i < n_spec && !rc; i++) {
             int k = ev->res->rows[r].spec_k;
-            if (k <= 0 || spec_len[i] + k > ev->c->context_length)
+            if (k <= 0 || (int64_t)spec_len[i] + k > ev->c->context_length)
                 continue;
+            if (n > 0 && rows + k > SPEC_ROWS) {
+                rc = speculate_batch(ev, jobs, n, prefilled, err);
+                n = rows = 0;
+                if (rc)
+                    break;
+            }
             jobs[n++] = (spec_job){r, spec_len[i], spec_first[i]};
+            rows += k;
             if (n == SPEC_BATCH) {
                 rc = speculate_batch(ev, jobs, n, prefilled, err);
-                n = 0;
+                n = rows = 0;
             }
         }
     if (!rc && n > 0)
@@ -514,22 +580,42 @@ int kv_eval_run(kv_model *m, const kv_eval_config *cfg, const kv_eval_policy *po
         return kv_error_set(err, KV_EINPUT, "policies: at least one policy is needed");
     if (cfg->n_texts < 1 && cfg->needle_count < 1)
         return kv_error_set(err, KV_EINPUT, "accuracy: no texts and no needles: nothing to measure");
-    if (cfg->n_texts > 0 && (cfg->context_tokens < 1 || cfg->score_tokens < 0 ||
-                             cfg->context_tokens + cfg->score_tokens + cfg->generate_tokens > c->context_length))
+    /* Lengths: in 64 bits, so no sum of large values wraps. */
+    char w[600];
+    const kv_eval_where *at = &cfg->where;
+    int64_t ctx = c->context_length, gen = cfg->generate_tokens;
+    if (cfg->generate_tokens < 0 || cfg->generate_tokens > ctx)
+        return kv_error_set(err, KV_EINPUT, "%saccuracy.generate_tokens: %d must be in 0..%lld (the model's context)",
+                            key_at(at->generate_tokens, w, sizeof w), cfg->generate_tokens, (long long)ctx);
+    if (cfg->n_texts > 0) {
+        if (cfg->context_tokens < 1 || cfg->context_tokens > ctx)
+            return kv_error_set(err, KV_EINPUT, "%saccuracy.context_tokens: %d must be in 1..%lld (the model's context)",
+                                key_at(at->context_tokens, w, sizeof w), cfg->context_tokens, (long long)ctx);
+        if (cfg->score_tokens < 0 || (int64_t)cfg->context_tokens + cfg->score_tokens + gen > ctx)
+            return kv_error_set(err, KV_EINPUT,
+                                "%saccuracy.score_tokens: %d must be >= 0, and context_tokens %d + score_tokens + "
+                                "generate_tokens %d must fit the model's context of %lld tokens",
+                                key_at(at->score_tokens, w, sizeof w), cfg->score_tokens, cfg->context_tokens,
+                                cfg->generate_tokens, (long long)ctx);
+    }
+    if (cfg->needle_count < 0)
+        return kv_error_set(err, KV_EINPUT, "accuracy.needle.count: %d must be >= 0", cfg->needle_count);
+    if (cfg->needle_count > 0 && (cfg->needle_context_tokens < 1 || (int64_t)cfg->needle_context_tokens + gen > ctx))
         return kv_error_set(err, KV_EINPUT,
-                            "accuracy.context_tokens: %d + score_tokens %d + generate_tokens %d must be positive and "
-                            "fit the model's context of %d tokens",
-                            cfg->context_tokens, cfg->score_tokens, cfg->generate_tokens, c->context_length);
-    if (cfg->needle_count > 0 &&
-        (cfg->needle_context_tokens < 64 || cfg->needle_context_tokens + cfg->generate_tokens > c->context_length))
-        return kv_error_set(err, KV_EINPUT,
-                            "accuracy.needle.context_tokens: %d (+ generate_tokens %d) must be in 64..%d", 
-                            cfg->needle_context_tokens, cfg->generate_tokens, c->context_length);
-    if (cfg->generate_tokens < 0 || cfg->speculative_positions < 0 || cfg->speculative_positions > 256 ||
-        cfg->speculation_points < 0 || cfg->speculation_points > 64 || cfg->n_speculation_lengths < 0 ||
+                            "%saccuracy.needle.context_tokens: %d + generate_tokens %d must fit the model's context "
+                            "of %lld tokens",
+                            key_at(at->needle_context_tokens, w, sizeof w), cfg->needle_context_tokens,
+                            cfg->generate_tokens, (long long)ctx);
+    if (cfg->speculative_positions < 0 || cfg->speculative_positions > 256)
+        return kv_error_set(err, KV_EINPUT, "%saccuracy.speculative_positions: %d must be in 0..256",
+                            key_at(at->speculative_positions, w, sizeof w), cfg->speculative_positions);
+    if (cfg->speculation_points < 0 || cfg->speculation_points > 64 || cfg->n_speculation_lengths < 0 ||
         cfg->n_speculation_lengths > 64)
-        return kv_error_set(err, KV_EINPUT, "accuracy: generate_tokens must be >= 0, speculative_positions 0..256, "
-                                            "speculation_points and speculation lengths 0..64");
+        return kv_error_set(err, KV_EINPUT, "accuracy: speculation_points and speculation lengths must be 0..64");
+    for (int i = 0; i < n_policies; i++)
+        if (policies[i].speculate < 0 || policies[i].speculate > 4096)
+            return kv_error_set(err, KV_EINPUT, "policy '%s': speculate %d is outside 0..4096", policies[i].name,
+                                policies[i].speculate);
 
     evaluator ev = {.m = m, .c = c, .cfg = cfg};
     kv_eval_result *res = kv_calloc(1, sizeof *res);
@@ -618,6 +704,26 @@ int kv_eval_run(kv_model *m, const kv_eval_config *cfg, const kv_eval_policy *po
                               "accuracy.texts: '%s' has %zu tokens; context_tokens + score_tokens + 1 = %zu are needed",
                               cfg->texts[t], text_n[t], need);
     }
+    /* Needle filler: the first text, or failing that a fixed paragraph. Every needle's length is checked
+       here, before any prompt runs. */
+    const int32_t *filler = cfg->n_texts > 0 ? text_ids[0] : NULL;
+    size_t n_filler = cfg->n_texts > 0 ? text_n[0] : 0;
+    int32_t *own = NULL;
+    if (!rc && cfg->needle_count > 0) {
+        if (!filler) {
+            encode(m, "The river runs past the mill and the bakery, through fields of wheat and rye, "
+                      "under three stone bridges, and on to the sea. ", &own, &n_filler);
+            filler = own;
+        }
+        int need = needle_min_tokens(&ev, n_filler);
+        if (cfg->needle_context_tokens < need)
+            rc = kv_error_set(err, KV_EINPUT,
+                              "%saccuracy.needle.context_tokens: %d leaves no room for filler text: the needle "
+                              "sentence and question take up to %d tokens with this model's tokenizer; it must be at "
+                              "least %d (and at most %lld with generate_tokens %d in the model's context)",
+                              key_at(at->needle_context_tokens, w, sizeof w), cfg->needle_context_tokens, need - 1,
+                              need, (long long)(ctx - gen), cfg->generate_tokens);
+    }
     for (int t = 0; t < cfg->n_texts && !rc; t++) {
         prompt p = {0};
         const char *base = strrchr(cfg->texts[t], '/');
@@ -631,28 +737,18 @@ int kv_eval_run(kv_model *m, const kv_eval_config *cfg, const kv_eval_policy *po
         res->prompts_text++;
     }
     if (!rc && cfg->needle_count > 0) {
-        /* Filler: the texts, or failing those a fixed paragraph. */
-        const int32_t *filler = cfg->n_texts > 0 ? text_ids[0] : NULL;
-        size_t n_filler = cfg->n_texts > 0 ? text_n[0] : 0;
-        int32_t *own = NULL;
-        if (!filler) {
-            size_t n;
-            encode(m, "The river runs past the mill and the bakery, through fields of wheat and rye, "
-                      "under three stone bridges, and on to the sea. ", &own, &n);
-            filler = own;
-            n_filler = n;
-        }
         kv_rng rng;
         kv_rng_seed(&rng, cfg->seed);
         for (int i = 0; i < cfg->needle_count && !rc; i++) {
             prompt p = {0};
-            make_needle(&ev, i, filler, n_filler, &rng, &p);
-            rc = run_prompt(&ev, &p, err);
+            rc = make_needle(&ev, i, filler, n_filler, &rng, &p, err);
+            if (!rc)
+                rc = run_prompt(&ev, &p, err);
             kv_free(p.tokens);
             res->prompts_needle++;
         }
-        kv_free(own);
     }
+    kv_free(own);
     res->text_tokens_scored = res->n_rows ? res->rows[0].nll_count : 0;
     for (int t = 0; t < cfg->n_texts; t++)
         kv_free(text_ids[t]);

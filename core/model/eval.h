@@ -38,6 +38,12 @@ typedef struct kv_eval_policy {
     int speculate;          /* Lynx: speculative tokens k (0: none) */
 } kv_eval_policy;
 
+/* Where the scenario sets each length key, "file:line:col" (or the scenario's path when the key takes its
+   default), for messages; NULL: no position (the C API). Borrowed. */
+typedef struct kv_eval_where {
+    const char *context_tokens, *score_tokens, *generate_tokens, *needle_context_tokens, *speculative_positions;
+} kv_eval_where;
+
 typedef struct kv_eval_config {
     const char *const *texts;  /* long texts (file paths), teacher-forced perplexity */
     int n_texts;
@@ -56,6 +62,7 @@ typedef struct kv_eval_config {
                                        prompt's length) at which Lynx speculates instead (borrowed); NULL:
                                        speculation_points spread as above */
     int n_speculation_lengths; /* 0..64 */
+    kv_eval_where where;       /* positions of the keys, for messages */
 } kv_eval_config;
 
 typedef struct kv_eval_row {
@@ -86,7 +93,9 @@ typedef struct kv_eval_result {
 } kv_eval_result;
 
 /* Runs the evaluation. KV_EINPUT for unreadable or too short texts, bad
-   encodings, lengths past the context; KV_EFAIL for internal failures.
+   encodings, lengths past the context, a needle length that leaves no room
+   for filler (all checked before any prompt runs, each naming its key and,
+   when cfg->where has it, its position); KV_EFAIL for internal failures.
    *out is the caller's (kv_eval_result_destroy). */
 int kv_eval_run(kv_model *m, const kv_eval_config *cfg, const kv_eval_policy *policies, int n_policies,
                 kv_eval_result **out, kv_error *err);

@@ -100,6 +100,14 @@ static int get_int(const kv_ynode *v, const char *key, int lo, int hi, int *out,
     return KV_OK;
 }
 
+/* Records where the key's value is written (owned by the scenario). */
+static void set_where(const char **slot, const kv_ynode *v)
+{
+    char w[512];
+    kv_free((char *)*slot);
+    *slot = kv_strdup(kv_ytree_where(v, w, sizeof w));
+}
+
 static char *dir_of(const char *path)
 {
     const char *slash = strrchr(path, '/');
@@ -208,9 +216,11 @@ static int load_accuracy(kv_eval_scenario *s, const kv_ynode *acc, const char *c
                 if (strcmp(nk, "count") == 0)
                     rc = get_int(v->items[j], "accuracy.needle.count", needle_keys[0].lo, needle_keys[0].hi,
                                  &s->needle_count, err);
-                else if (strcmp(nk, "context_tokens") == 0)
+                else if (strcmp(nk, "context_tokens") == 0) {
                     rc = get_int(v->items[j], "accuracy.needle.context_tokens", needle_keys[1].lo, needle_keys[1].hi,
                                  &s->needle_context_tokens, err);
+                    set_where(&s->where.needle_context_tokens, v->items[j]);
+                }
                 else
                     rc = unknown_key(v, j, "accuracy.needle", needle_keys, 2, err);
             }
@@ -221,6 +231,13 @@ static int load_accuracy(kv_eval_scenario *s, const kv_ynode *acc, const char *c
                        : strcmp(key, "speculation_points") == 0 ? &s->speculation_points
                                                              : &s->speculative_positions;
             rc = get_int(v, full, accuracy_keys[i].lo, accuracy_keys[i].hi, dst, err);
+            const char **slot = strcmp(key, "context_tokens") == 0    ? &s->where.context_tokens
+                                : strcmp(key, "score_tokens") == 0    ? &s->where.score_tokens
+                                : strcmp(key, "generate_tokens") == 0 ? &s->where.generate_tokens
+                                : strcmp(key, "speculative_positions") == 0 ? &s->where.speculative_positions
+                                                                      : NULL;
+            if (slot)
+                set_where(slot, v);
         }
         if (rc)
             return rc;
@@ -302,6 +319,12 @@ int kv_eval_scenario_load(const char *path, const char *exe_path, kv_eval_scenar
     s->needle_context_tokens = 1024;
     s->speculation_points = 4;
     s->backend = kv_strdup("cpu");
+    /* Keys left at their default are named with the scenario's path. */
+    s->where.context_tokens = kv_strdup(path);
+    s->where.score_tokens = kv_strdup(path);
+    s->where.generate_tokens = kv_strdup(path);
+    s->where.needle_context_tokens = kv_strdup(path);
+    s->where.speculative_positions = kv_strdup(path);
     char *sdir = dir_of(path), *updir = kv_malloc(strlen(sdir) + 4), *exedir = NULL;
     sprintf(updir, "%s/..", sdir);
     if (exe_path && strchr(exe_path, '/')) {
@@ -367,6 +390,11 @@ void kv_eval_scenario_destroy(kv_eval_scenario *s)
     kv_free(s->texts);
     kv_free(s->model);
     kv_free(s->backend);
+    kv_free((char *)s->where.context_tokens);
+    kv_free((char *)s->where.score_tokens);
+    kv_free((char *)s->where.generate_tokens);
+    kv_free((char *)s->where.needle_context_tokens);
+    kv_free((char *)s->where.speculative_positions);
     kv_free(s->path);
     kv_ytree_free(s->tree);
     kv_free(s);

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "core/error.h"
+#include "core/model/eval.h"
 #include "core/policy.h"
 
 typedef struct kv_eval_policy_spec {
@@ -41,6 +42,8 @@ typedef struct kv_eval_scenario {
     char *backend;             /* accuracy.backend (default "cpu"): where decode attention runs; "none": the
                                   KV store's own loop */
     kv_policy_limits policy_limits; /* policy_limits.*, as kvsim run reads them */
+    kv_eval_where where;       /* "file:line:col" of each length key (the scenario's path for a default); the
+                                  strings are owned here */
     void *tree;                /* the parsed YAML (owns the param strings) */
 } kv_eval_scenario;
 
