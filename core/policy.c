@@ -130,21 +130,11 @@ static int ro_newindex(lua_State *L)
                       luaL_tolstring(L, 2, NULL));
 }
 
-static int ro_next(lua_State *L)
-{
-    luaL_checktype(L, 1, LUA_TTABLE);
-    lua_settop(L, 2);
-    if (lua_next(L, 1))
-        return 2;
-    lua_pushnil(L);
-    return 1;
-}
-
+/* __pairs of a read-only view: the real table (upvalue 1) in the sandbox's fixed key order. */
 static int ro_pairs(lua_State *L)
 {
-    lua_pushcfunction(L, ro_next);
     lua_pushvalue(L, lua_upvalueindex(1));
-    lua_pushnil(L);
+    kv_sandbox_push_pairs(L, -1);
     return 3;
 }
 

@@ -31,6 +31,9 @@
  *  - C functions that can do much work per call are wrapped: the wrapper
  *    counts "ticks" and reads the clock every KV_SB_CLOCK_EVERY of them
  *    (string.format/rep/pack, table.*, utf8.*, next, pairs, print, load).
+ *  - pairs and next visit keys in a fixed order (policy_order.c): Lua's
+ *    string hash is seeded per state, so the stock order changes from run
+ *    to run. A traversal's snapshot and sort are charged to the budget.
  *    Work that is superlinear in its input is charged against the instruction
  *    budget, so it fails the same way on every run: string.find/match/gmatch/
  *    gsub are the stock functions behind policy_pattern.c, which charges an
@@ -529,34 +532,6 @@ static int sb_xpcall(lua_State *L)
     return 2;
 }
 
-/* next: as the stock one, with ticks (one call can scan a long run of empty slots). */
-static int sb_next(lua_State *L)
-{
-    kv_sandbox_tick(L, 1);
-    luaL_checktype(L, 1, LUA_TTABLE);
-    lua_settop(L, 2);
-    if (lua_next(L, 1))
-        return 2;
-    lua_pushnil(L);
-    return 1;
-}
-
-/* pairs: as the stock one, but iterating with sb_next. */
-static int sb_pairs(lua_State *L)
-{
-    luaL_checkany(L, 1);
-    kv_sandbox_tick(L, 1);
-    if (luaL_getmetafield(L, 1, "__pairs") == LUA_TNIL) {
-        lua_pushcfunction(L, sb_next);
-        lua_pushvalue(L, 1);
-        lua_pushnil(L);
-    } else {
-        lua_pushvalue(L, 1);
-        lua_call(L, 1, 3);
-    }
-    return 3;
-}
-
 /* The comparison table.sort uses: charges one instruction, then compares
    with `<` or calls the policy's function (upvalue 1, nil for none). */
 static int sb_sort_less(lua_State *L)
@@ -713,10 +688,7 @@ static int sandbox_setup(lua_State *L)
     lua_setfield(L, -2, "print");
     lua_pushcfunction(L, sb_xpcall);
     lua_setfield(L, -2, "xpcall");
-    lua_pushcfunction(L, sb_next);
-    lua_setfield(L, -2, "next");
-    lua_pushcfunction(L, sb_pairs);
-    lua_setfield(L, -2, "pairs");
+    kv_sandbox_open_order(L); /* pairs and next in a fixed key order (policy_order.c) */
 
     lua_getfield(L, -1, LUA_STRLIBNAME);
     lua_pushnil(L);

@@ -111,6 +111,15 @@ int kv_sandbox_msgh(lua_State *L);
 /* Writes a human size ("32 MiB", "512 KiB", "100 bytes") into buf. */
 void kv_sandbox_format_bytes(size_t bytes, char *buf, size_t size);
 
+/* policy_order.c: pairs and next that visit a table's keys in a fixed order (the sequence 1..n, other
+   numbers ascending, strings bytewise, false then true; other key types are an error), replacing those in
+   the table on top of the stack (the globals). */
+void kv_sandbox_open_order(lua_State *L);
+/* Pushes pairs' three results (iterator, the table, nil) for an ordered raw traversal of the table at idx. */
+void kv_sandbox_push_pairs(lua_State *L, int idx);
+/* next(t [, k]) in the fixed order, as a lua_CFunction (raw, like Lua's). */
+int kv_sandbox_next(lua_State *L);
+
 /* policy_pattern.c: string.find, match, gmatch and gsub, the stock ones behind an up-front bound of
    their work (kv_sandbox_charge_ahead), replacing those in the table on top of the stack. */
 void kv_sandbox_open_patterns(lua_State *L);

@@ -6,8 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <lauxlib.h>
+
 #include "core/alloc.h"
 #include "core/model/eval.h"
+#include "core/policy_sandbox.h"
 #include "core/study.h"
 #include "tests/model_fixture.h"
 #include "tests/support.h"
@@ -256,6 +259,223 @@ Test(safety_crash, eval_large_policy_speculation_is_bounded, .timeout = 300)
     kv_model_destroy(m);
     free(model_path);
     free(text);
+    kvt_rmtree(dir);
+    free(dir);
+}
+
+/* ---- pairs() and next(): one key order on every run ---------------------------------------------------- */
+
+static const kv_sandbox_limits order_limits = {
+    .mem_cap_bytes = 64u << 20,
+    .string_cap_bytes = 1u << 20,
+    .instructions_per_call = 100000000,
+    .hook_ns = 60000000000,
+    .run_ns = 600000000000,
+    .print_cap_bytes = 1024,
+};
+
+/* Runs `chunk` (named order.lua; it returns one string) in a fresh sandbox with `lim`; returns that string,
+   or "ERROR: <limit> | <message>" (free it). */
+static char *order_run(const char *chunk, const kv_sandbox_limits *lim)
+{
+    kv_sandbox sb;
+    char msg[512];
+    cr_assert_eq(kv_sandbox_open(&sb, "t", lim, msg, sizeof msg), 0, "%s", msg);
+    lua_State *L = sb.L;
+    cr_assert_eq(luaL_loadbuffer(L, chunk, strlen(chunk), "=order.lua"), LUA_OK, "%s", lua_tostring(L, -1));
+    kv_sandbox_arm(&sb, lim->instructions_per_call, lim->hook_ns);
+    int st = lua_pcall(L, 0, 1, 0);
+    kv_sandbox_disarm(&sb);
+    char *out;
+    if (st == LUA_OK && sb.limit == KV_SB_OK && lua_type(L, -1) == LUA_TSTRING) {
+        out = strdup(lua_tostring(L, -1));
+    } else {
+        char what[400] = "";
+        if (sb.limit != KV_SB_OK)
+            kv_sandbox_describe_limit(&sb, what, sizeof what);
+        const char *e = lua_tostring(L, -1);
+        size_t len = strlen(what) + (e ? strlen(e) : 0) + 64;
+        out = malloc(len);
+        snprintf(out, len, "ERROR: %s%s | %s", what, st == LUA_ERRMEM ? "(memory)" : "", e ? e : "?");
+    }
+    kv_sandbox_close(&sb);
+    return out;
+}
+
+/* Builds t from `insert` (a Lua statement list over t), then lists its keys through pairs and through
+   next; returns "pairs-list / next-list". */
+static char *order_of(const char *insert)
+{
+    char chunk[4096];
+    snprintf(chunk, sizeof chunk,
+             "local t = {}\n%s\n"
+             "local function name(k)\n"
+             "  if type(k) == 'string' then return 's:' .. (k:gsub('%%z', '0')) end\n"
+             "  return tostring(k)\n"
+             "end\n"
+             "local a, b = {}, {}\n"
+             "for k, v in pairs(t) do a[#a + 1] = name(k) end\n"
+             "local k = next(t)\n"
+             "while k ~= nil do b[#b + 1] = name(k); k = next(t, k) end\n"
+             "return table.concat(a, ' ') .. ' / ' .. table.concat(b, ' ')\n",
+             insert);
+    return order_run(chunk, &order_limits);
+}
+
+Test(safety_crash, pairs_and_next_visit_keys_in_the_documented_order)
+{
+    static const char *const inserts[] = {
+        "t[1] = 1; t[2] = 1; t[3] = 1; t[5] = 1; t[10] = 1; t[0] = 1; t[-2] = 1; t[2.5] = 1; t[-0.5] = 1\n"
+        "t[2^70] = 1; t[math.mininteger] = 1; t.b = 1; t.a = 1; t.ab = 1; t.B = 1; t[''] = 1; t['a\\0'] = 1\n"
+        "t[true] = 1; t[false] = 1",
+        /* the same keys, inserted the other way round */
+        "t[false] = 1; t[true] = 1; t['a\\0'] = 1; t[''] = 1; t.B = 1; t.ab = 1; t.a = 1; t.b = 1\n"
+        "t[math.mininteger] = 1; t[2^70] = 1; t[-0.5] = 1; t[2.5] = 1; t[-2] = 1; t[0] = 1; t[10] = 1\n"
+        "t[5] = 1; t[3] = 1; t[2] = 1; t[1] = 1",
+    };
+    const char *order = "1 2 3 -9223372036854775808 -2 -0.5 0 2.5 5 10 1.1805916207174e+21 s: s:B s:a s:a0 s:ab s:b "
+                        "false true";
+    char want[512];
+    snprintf(want, sizeof want, "%s / %s", order, order);
+    /* Every sandbox has its own string hash seed: several states, both insertion orders. */
+    for (int run = 0; run < 5; run++)
+        for (int i = 0; i < 2; i++) {
+            char *got = order_of(inserts[i]);
+            cr_assert_str_eq(got, want, "run %d, insertion %d", run, i);
+            free(got);
+        }
+    /* Many string keys: sorted bytewise, both ways. */
+    char *got = order_of("for i = 1, 300 do t[string.format('k%03d', 301 - i)] = i end");
+    char expect[8192] = "", part[16];
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 1; i <= 300; i++) {
+            snprintf(part, sizeof part, "%ss:k%03d", i > 1 ? " " : "", i);
+            strcat(expect, part);
+        }
+        if (pass == 0)
+            strcat(expect, " / ");
+    }
+    cr_assert_str_eq(got, expect);
+    free(got);
+}
+
+Test(safety_crash, pairs_allows_assigning_existing_fields_while_traversing)
+{
+    /* Clearing the current key, clearing a later one, and overwriting values: as in Lua. */
+    char *got = order_run("local t = {a = 1, b = 2, c = 3, d = 4}\n"
+                          "local seen = {}\n"
+                          "for k, v in pairs(t) do\n"
+                          "  seen[#seen + 1] = k .. v\n"
+                          "  t[k] = nil\n"
+                          "  if k == 'a' then t.c = nil end\n"
+                          "  if k == 'b' then t.d = 40 end\n"
+                          "end\n"
+                          "local u = {x = 1, y = 2, z = 3}\n"
+                          "local k = next(u)\n"
+                          "while k ~= nil do seen[#seen + 1] = k; u[k] = nil; k = next(u, k) end\n"
+                          "return table.concat(seen, ',') .. ' left ' .. tostring(next(t)) .. tostring(next(u))\n",
+                          &order_limits);
+    cr_assert_str_eq(got, "a1,b2,d40,x,y,z left nilnil");
+    free(got);
+    /* __pairs is still honoured. */
+    got = order_run("local t = setmetatable({}, {__pairs = function(t) return function(_, k) if not k then return 7, 8 end end, t, nil end})\n"
+                    "local s = ''\nfor k, v in pairs(t) do s = s .. k .. v end\nreturn s\n",
+                    &order_limits);
+    cr_assert_str_eq(got, "78");
+    free(got);
+}
+
+Test(safety_crash, pairs_refuses_keys_without_a_fixed_order_at_the_policy_line)
+{
+    static const struct {
+        const char *chunk, *want;
+    } cases[] = {
+        {"local t = {[{}] = 1}\nfor k in pairs(t) do end\nreturn ''", "order.lua:2: pairs() over a table with a table as a key"},
+        {"local t = {a = 1, [print] = 2}\n\nlocal k = next(t)\nreturn ''", "order.lua:3: next() over a table with a function as a key"},
+        {"local t = {a = 1}\nreturn tostring(next(t, 'zz'))", "order.lua:2: invalid key to 'next'"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *got = order_run(cases[i].chunk, &order_limits);
+        cr_assert(strstr(got, cases[i].want), "case %zu: '%s' not in: %s", i, cases[i].want, got);
+        free(got);
+    }
+}
+
+Test(safety_crash, pairs_snapshots_count_against_the_budget_and_the_memory_cap)
+{
+    kv_sandbox_limits lim = order_limits;
+    lim.instructions_per_call = 1000000;
+    /* 20000 keys: each pairs() is charged n (1 + log2 n), so 4 traversals pass a million instructions. */
+    char *got = order_run("local t = {}\nfor i = 1, 20000 do t['k' .. i] = i end\n"
+                          "for r = 1, 4 do for k in pairs(t) do end end\nreturn 'done'",
+                          &lim);
+    cr_assert(strstr(got, "ERROR: ") && strstr(got, "instruction"), "%s", got);
+    free(got);
+    got = order_run("local t = {}\nfor i = 1, 20000 do t['k' .. i] = i end\nfor k in pairs(t) do end\nreturn 'done'",
+                    &order_limits);
+    cr_assert_str_eq(got, "done");
+    free(got);
+    /* The snapshot is Lua memory: a table that fits the cap but whose snapshot does not fails as memory. */
+    lim = order_limits;
+    lim.mem_cap_bytes = 8u << 20;
+    got = order_run("local t = {}\nfor i = 1, 100000 do t[i * 2] = true end\n"
+                    "local before = collectgarbage('count')\n"
+                    "for k in pairs(t) do end\nreturn 'fit ' .. before",
+                    &lim);
+    cr_assert(strstr(got, "not enough memory") || strstr(got, "(memory)"), "%s", got);
+    free(got);
+}
+
+/* A policy whose bits follow pairs() order over string keys (its own table and ctx.params): byte-identical
+   results.json over five runs of kvsim. */
+Test(safety_crash, pairs_order_gives_byte_identical_results, .timeout = 300)
+{
+    char *dir = kvt_tempdir();
+    char *lua = kvt_write(dir, "order.lua",
+                          "local choices = {alpha = 8, bravo = 4, charlie = 2, delta = 3, echo = 5, foxtrot = 6, golf = 7,\n"
+                          "                 hotel = 8, india = 3, juliet = 4, kilo = 6, lima = 2}\n"
+                          "local order = {}\n"
+                          "for _, v in pairs(choices) do order[#order + 1] = v end\n"
+                          "return {\n"
+                          "  params = {zulu = 8, yankee = 4, xray = 2, whiskey = 6, victor = 3},\n"
+                          "  encode = function(ctx)\n"
+                          "    local first\n"
+                          "    for k, v in pairs(ctx.params) do first = first or v end\n"
+                          "    local b = order[(ctx.layer * 3 + ctx.head) % #order + 1]\n"
+                          "    return { key = { bits = b }, value = { bits = (ctx.layer % 2 == 0) and first or b } }\n"
+                          "  end,\n"
+                          "}\n");
+    char body[2048];
+    snprintf(body, sizeof body,
+             "name: order\nmodel: llama-3-8b\nseed: 1\nnetwork: {model: ideal}\n"
+             "workload: {requests: 4, arrival: poisson, rate_per_s: 4, prompt: {dist: fixed, value: 512}, "
+             "output: {dist: fixed, value: 8}}\n"
+             "policies: [order]\npolicy:\n  order: {file: %s}\n",
+             lua);
+    char *sc = kvt_write(dir, "order.yaml", body);
+    char *first = NULL;
+    size_t first_len = 0;
+    for (int run = 0; run < 5; run++) {
+        char args[1200], *out = NULL, path[700];
+        snprintf(args, sizeof args, "run %s --quiet --out %s/out%d", sc, dir, run);
+        int rc = kvt_kvsim(args, &out);
+        cr_assert_eq(rc, 0, "run %d exit %d:\n%s", run, rc, out);
+        free(out);
+        snprintf(path, sizeof path, "%s/out%d/results.json", dir, run);
+        size_t len = 0;
+        char *json = kvt_read(path, &len);
+        cr_assert_not_null(json, "%s", path);
+        if (!first) {
+            first = json;
+            first_len = len;
+            continue;
+        }
+        cr_assert(len == first_len && memcmp(json, first, len) == 0, "run %d: results.json differs from run 0", run);
+        free(json);
+    }
+    free(first);
+    free(sc);
+    free(lua);
     kvt_rmtree(dir);
     free(dir);
 }
