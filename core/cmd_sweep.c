@@ -6,6 +6,16 @@
  * and GNU parallel scripts run. A point that fails (non-zero exit, a signal,
  * or no results.json) is reported with the tail of its stderr; the others go
  * on. The exit code is 1 when any point failed.
+ *
+ * Before any point runs (or a job script is written, or --dry-run prints), every point is loaded as
+ * `kvsim validate` loads it (kv_sweep_validate): a mistake stops the sweep with exit 2.
+ *
+ * SIGINT, SIGTERM and SIGHUP (those not ignored) are blocked while workers run and taken with
+ * sigtimedwait, with SIGCHLD, so the sweep needs no handler and no global state. On one, the sweep
+ * sends it to every running worker (kvsim run removes its staging folder and exits), waits for them
+ * (SIGKILL after STOP_GRACE_S, or at a second signal), removes temporaries they left, and exits
+ * 128 + the signal. Workers are tracked by pid; they stay in the sweep's process group, so a
+ * terminal's Ctrl-C or Ctrl-Z reaches them as well.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -18,6 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/afile.h"
 #include "core/alloc.h"
 #include "core/commands.h"
 #include "core/plot.h"
@@ -153,6 +164,8 @@ static int collect(const char *dir, int plot)
 
 /* ---- Running points --------------------------------------------------------------------------- */
 
+enum { STOP_GRACE_S = 10 }; /* seconds a worker gets to exit after the stop signal, before SIGKILL */
+
 typedef struct worker {
     pid_t pid;
     size_t point;
@@ -163,11 +176,24 @@ typedef struct run_state {
     const kv_sweep *sw;
     const char *self;     /* the binary to exec */
     int tty;              /* stderr is a terminal: draw the progress line */
-    size_t total, skipped, ran, failed, launched;
+    size_t total, skipped, ran, failed, launched, stopped;
     size_t todo;          /* points to run this time */
     double start_s, last_draw_s;
     int line_drawn;
+    sigset_t waited;      /* SIGCHLD and the stop signals not ignored: blocked, taken by sigtimedwait */
+    sigset_t child_mask;  /* the mask a worker starts with (the sweep's own before blocking) */
+    int stopping;         /* the stop signal, once one came */
 } run_state;
+
+static int is_stop_signal(int sig)
+{
+    return sig == SIGINT || sig == SIGTERM || sig == SIGHUP;
+}
+
+static const char *stop_signal_name(int sig)
+{
+    return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP";
+}
 
 static void clear_line(run_state *st)
 {
@@ -201,7 +227,9 @@ static pid_t launch(run_state *st, size_t i)
     pid_t pid = fork();
     if (pid != 0)
         return pid;
-    /* Child: stderr to the point's file, stdout to nothing (the run is --quiet), then this binary. */
+    /* Child: the signals the sweep blocked are unblocked again (kvsim run handles them), stderr to
+       the point's file, stdout to nothing (the run is --quiet), then this binary. */
+    sigprocmask(SIG_SETMASK, &st->child_mask, NULL);
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd >= 0) {
         dup2(fd, 2);
@@ -263,7 +291,12 @@ static void finished(run_state *st, const worker *w, int status)
     int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0 && have_results;
     double secs = wall_s() - w->start_s;
     clear_line(st);
-    if (ok) {
+    if (!ok && st->stopping) {
+        /* Stopped by the sweep: not a failure of the point (its stderr.txt says nothing); it runs
+           again on resume. */
+        st->stopped++;
+        printf("%s stopped (%.1f s)\n", p->name, secs);
+    } else if (ok) {
         st->ran++;
         if (stat(errpath, &sb) == 0 && sb.st_size == 0)
             unlink(errpath);
@@ -288,6 +321,109 @@ static void finished(run_state *st, const worker *w, int status)
         print_tail(errpath, 6);
     }
     fflush(stdout);
+}
+
+/* A stop signal that is pending (blocked, not taken yet), taken now; 0 if none. */
+static int take_pending_stop(const run_state *st)
+{
+    sigset_t pending;
+    if (sigpending(&pending) != 0)
+        return 0;
+    const int stops[] = {SIGINT, SIGTERM, SIGHUP};
+    for (size_t i = 0; i < sizeof stops / sizeof stops[0]; i++) {
+        if (sigismember(&st->waited, stops[i]) == 1 && sigismember(&pending, stops[i]) == 1) {
+            sigset_t one;
+            sigemptyset(&one);
+            sigaddset(&one, stops[i]);
+            struct timespec zero = {0, 0};
+            if (sigtimedwait(&one, NULL, &zero) == stops[i])
+                return stops[i];
+        }
+    }
+    return 0;
+}
+
+/* Reaps every worker that has exited, without blocking. Returns how many; -1 on a waitpid error.
+   A worker that a stop signal ended (a terminal's Ctrl-C reaches the workers too) while that
+   signal waits for the sweep starts the stop here, so the point counts as stopped, not failed. */
+static int reap(run_state *st, worker *workers, int jobs, size_t *running)
+{
+    int n = 0;
+    while (*running > 0) {
+        int status = 0;
+        pid_t pid = waitpid(-1, &status, WNOHANG);
+        if (pid == 0)
+            return n;
+        if (pid < 0) {
+            if (errno == EINTR)
+                continue;
+            fprintf(stderr, "kvsim sweep: waitpid: %s\n", strerror(errno));
+            return -1;
+        }
+        int by_stop = (WIFSIGNALED(status) && is_stop_signal(WTERMSIG(status))) ||
+                      (WIFEXITED(status) && WEXITSTATUS(status) > 128 && is_stop_signal(WEXITSTATUS(status) - 128));
+        if (by_stop && !st->stopping)
+            st->stopping = take_pending_stop(st);
+        for (int k = 0; k < jobs; k++) {
+            if (workers[k].pid == pid) {
+                finished(st, &workers[k], status);
+                workers[k].pid = 0;
+                (*running)--;
+                n++;
+                break;
+            }
+        }
+    }
+    return n;
+}
+
+/* Waits up to `seconds` for a signal of st->waited; returns it, or 0 on timeout. */
+static int next_signal(const run_state *st, double seconds)
+{
+    struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    for (;;) {
+        int sig = sigtimedwait(&st->waited, NULL, &ts);
+        if (sig >= 0)
+            return sig;
+        if (errno != EINTR)
+            return 0; /* EAGAIN: the time is up */
+    }
+}
+
+/* The stop: the signal to every running worker, wait (SIGKILL after the grace time or at a second
+   signal), then the temporaries of the stopped points, whose pids are dead now. */
+static void stop_workers(run_state *st, worker *workers, int jobs, size_t *running)
+{
+    size_t *points = kv_calloc((size_t)jobs, sizeof *points);
+    size_t n_points = 0;
+    for (int k = 0; k < jobs; k++) {
+        if (workers[k].pid > 0) {
+            kill(workers[k].pid, st->stopping);
+            points[n_points++] = workers[k].point;
+        }
+    }
+    double deadline = wall_s() + STOP_GRACE_S;
+    int killed = 0;
+    while (*running > 0) {
+        if (reap(st, workers, jobs, running) < 0)
+            break;
+        if (*running == 0)
+            break;
+        double left = deadline - wall_s();
+        int sig = next_signal(st, left > 0.2 ? 0.2 : (left > 0 ? left : 0.01));
+        if (!killed && (wall_s() >= deadline || is_stop_signal(sig))) {
+            for (int k = 0; k < jobs; k++)
+                if (workers[k].pid > 0)
+                    kill(workers[k].pid, SIGKILL);
+            killed = 1;
+        }
+    }
+    for (size_t i = 0; i < n_points; i++) {
+        kv_error err = {0};
+        if (kv_stale_reap(kv_sweep_out_dir(st->sw), kv_sweep_point_get(st->sw, points[i])->name, NULL, &err))
+            fprintf(stderr, "kvsim sweep: %s\n", err.msg);
+    }
+    kv_free(points);
 }
 
 static int run_points(run_state *st, const int *pending, int jobs)
@@ -321,30 +457,30 @@ static int run_points(run_state *st, const int *pending, int jobs)
             break;
         if (st->tty && wall_s() - st->last_draw_s > 0.5)
             draw_line(st, running);
-        int status = 0;
-        pid_t pid = waitpid(-1, &status, st->tty ? WNOHANG : 0);
-        if (pid == 0) {
-            struct timespec ts = {0, 100 * 1000 * 1000};
-            nanosleep(&ts, NULL);
-            continue;
-        }
-        if (pid < 0) {
-            if (errno == EINTR)
-                continue;
-            fprintf(stderr, "kvsim sweep: waitpid: %s\n", strerror(errno));
+        int reaped = reap(st, workers, jobs, &running);
+        if (reaped < 0) {
             rc = 1;
             break;
         }
-        for (int k = 0; k < jobs; k++) {
-            if (workers[k].pid == pid) {
-                finished(st, &workers[k], status);
-                workers[k].pid = 0;
-                running--;
-                break;
-            }
+        int sig = st->stopping;
+        if (reaped > 0 && !sig) {
+            if (st->tty)
+                draw_line(st, running);
+            continue;
         }
-        if (st->tty)
-            draw_line(st, running);
+        /* SIGCHLD wakes this up when a worker exits; the time limit redraws the progress line and
+           covers a SIGCHLD merged with one already taken. */
+        if (!sig)
+            sig = next_signal(st, st->tty ? 0.5 : 1.0);
+        if (is_stop_signal(sig)) {
+            st->stopping = sig;
+            clear_line(st);
+            printf("sweep %s: %s: stopping %zu running point%s\n", kv_sweep_name(st->sw), stop_signal_name(sig),
+                   running, running == 1 ? "" : "s");
+            fflush(stdout);
+            stop_workers(st, workers, jobs, &running);
+            break;
+        }
     }
     clear_line(st);
     kv_free(workers);
@@ -385,6 +521,12 @@ int kv_cmd_sweep(int argc, char **argv)
     kv_free(a.sets);
     if (rc) {
         fprintf(stderr, "kvsim sweep: %s\n", err.msg);
+        return rc;
+    }
+    rc = kv_sweep_validate(sw, &err);
+    if (rc) {
+        fprintf(stderr, "kvsim sweep: %s\n", err.msg);
+        kv_sweep_destroy(sw);
         return rc;
     }
     size_t n = kv_sweep_point_count(sw);
@@ -441,6 +583,21 @@ int kv_cmd_sweep(int argc, char **argv)
     }
     run_state st = {.sw = sw, .self = self, .tty = kv_progress_is_terminal(stderr), .total = n, .skipped = skipped,
                     .todo = n - skipped, .start_s = wall_s()};
+    /* The stop signals (unless ignored: nohup) and SIGCHLD are taken by sigtimedwait from now on. */
+    sigemptyset(&st.waited);
+    sigaddset(&st.waited, SIGCHLD);
+    const int stops[] = {SIGINT, SIGTERM, SIGHUP};
+    for (size_t i = 0; i < sizeof stops / sizeof stops[0]; i++) {
+        struct sigaction old;
+        if (sigaction(stops[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN)
+            sigaddset(&st.waited, stops[i]);
+    }
+    if (sigprocmask(SIG_BLOCK, &st.waited, &st.child_mask) != 0) {
+        fprintf(stderr, "kvsim sweep: sigprocmask: %s\n", strerror(errno));
+        kv_free(pending);
+        kv_sweep_destroy(sw);
+        return 1;
+    }
     printf("sweep %s: %zu points, %zu finished before (skipped), %d worker%s, folder %s\n", kv_sweep_name(sw), n,
            skipped, a.jobs, a.jobs == 1 ? "" : "s", kv_sweep_out_dir(sw));
     if (stale)
@@ -451,6 +608,18 @@ int kv_cmd_sweep(int argc, char **argv)
     fflush(stdout);
     int run_rc = run_points(&st, pending, a.jobs);
     kv_free(pending);
+    if (st.stopping) {
+        /* The signal was taken, not delivered: exit as a process it ended would (130, 143, 129), with
+           the stop signals still blocked so a second one cannot cut this short. */
+        printf("sweep %s: stopped by %s: %zu ran, %zu failed, %zu stopped (they run again on resume); sweep.csv "
+               "not rewritten (kvsim sweep --collect %s)\n",
+               kv_sweep_name(sw), stop_signal_name(st.stopping), st.ran, st.failed, st.stopped, kv_sweep_out_dir(sw));
+        fflush(stdout);
+        rc = 128 + st.stopping;
+        kv_sweep_destroy(sw);
+        return rc;
+    }
+    sigprocmask(SIG_SETMASK, &st.child_mask, NULL);
     kv_sweep_totals t;
     rc = kv_sweep_collect(kv_sweep_out_dir(sw), &t, &err);
     if (rc) {

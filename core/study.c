@@ -136,10 +136,11 @@ static int load_policy(kv_study *st, size_t i, kv_error *err)
     return rc;
 }
 
-int kv_study_prepare(const kv_scenario *s, kv_study **out, kv_error *err)
+/* A study with its workload built and every policy loaded: what needs no measurement. */
+static int study_inputs(const kv_scenario *s, kv_study **out, kv_error *err)
 {
-    *out = NULL;
     kv_study *st = kv_calloc(1, sizeof *st);
+    *out = st;
     st->s = s;
     st->n = s->policies.count;
     st->policies = kv_calloc(st->n, sizeof *st->policies);
@@ -153,6 +154,22 @@ int kv_study_prepare(const kv_scenario *s, kv_study **out, kv_error *err)
         rc = kv_engine_check_network(s, strcmp(s->net_model, "ideal") == 0 ? KV_NET_IDEAL : KV_NET_SIMGRID, err);
     for (size_t i = 0; !rc && i < st->n; i++)
         rc = load_policy(st, i, err);
+    return rc;
+}
+
+int kv_study_check(const kv_scenario *s, kv_error *err)
+{
+    kv_study *st = NULL;
+    int rc = study_inputs(s, &st, err);
+    kv_study_destroy(st);
+    return rc;
+}
+
+int kv_study_prepare(const kv_scenario *s, kv_study **out, kv_error *err)
+{
+    *out = NULL;
+    kv_study *st = NULL;
+    int rc = study_inputs(s, &st, err);
     size_t n_req = st->workload ? kv_workload_count(st->workload) : 0;
     int first_prompt = n_req ? kv_workload_get(st->workload, 0)->prompt_tokens : 1;
     for (size_t i = 0; !rc && i < st->n; i++)

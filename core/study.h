@@ -15,6 +15,9 @@ typedef struct kv_study kv_study;
    that all bad input is found before anything runs. The scenario must outlive the study. */
 int kv_study_prepare(const kv_scenario *s, kv_study **out, kv_error *err);
 void kv_study_destroy(kv_study *st); /* NULL is fine */
+/* The checks of kv_study_prepare that measure nothing (the workload, the network, every policy
+   loaded with its parameters), for kvsim sweep's validation of each point. */
+int kv_study_check(const kv_scenario *s, kv_error *err);
 size_t kv_study_request_count(const kv_study *st);
 
 /* Runs every policy on the same workload. */

@@ -16,6 +16,8 @@
 #include "core/alloc.h"
 #include "core/json.h"
 #include "core/jsonread.h"
+#include "core/scenario.h"
+#include "core/study.h"
 #include "core/ytree.h"
 
 struct kv_sweep {
@@ -33,46 +35,102 @@ struct kv_sweep {
     size_t n_points;
     char ***argv;          /* [n_points] NULL-terminated argv of each point */
     char **commands;       /* [n_points] shell lines */
+    /* Where each input came from, for kv_sweep_validate's messages ("file:line:col"). */
+    char *base_where;      /* the base: value */
+    char *matrix_where;    /* matrix:, or NULL without one */
+    char **key_where;      /* [n_keys] each matrix key */
+    char ***item_where;    /* [n_keys][n_items(k)] each matrix value (one item for a key that is not a list) */
+    size_t *n_items;       /* [n_keys] */
+    size_t *choice;        /* [n_points * n_keys] the item index of each key at each point */
+    char **fixed_where;    /* [n_fixed] the set: key, or NULL for an extra --set */
 };
 
 static const char *const sweep_keys[] = {"name", "description", "base", "set", "mode", "matrix", "out"};
 
 /* ---- Small string helpers -------------------------------------------------------------------- */
 
+/* Whether s holds a control byte (0x01-0x1f or 0x7f): newline, tab, CR, ESC, DEL. */
+static int has_control(const char *s)
+{
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        if (*p < 0x20 || *p == 0x7f)
+            return 1;
+    return 0;
+}
+
+/* s for a message: control bytes as '?', at most size - 1 bytes. Returns buf. */
+static const char *shown(const char *s, char *buf, size_t size)
+{
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p && n + 1 < size; p++)
+        buf[n++] = *p < 0x20 || *p == 0x7f ? '?' : (char)*p;
+    buf[n] = '\0';
+    return buf;
+}
+
 static int needs_yaml_quotes(const char *s)
 {
     if (!s[0])
         return 1;
+    if (has_control(s))
+        return 1;
     for (const char *p = s; *p; p++)
-        if (strchr(",[]{}:#'\"&*!|>%@`\n\t", *p))
+        if (strchr(",[]{}:#'\"&*!|>%@`", *p))
             return 1;
     /* "- x" and "? x" start block syntax; "-5" is a number. */
     return s[0] == ' ' || ((s[0] == '-' || s[0] == '?') && (s[1] == ' ' || s[1] == '\0')) || s[strlen(s) - 1] == ' ';
+}
+
+/* Writes a scalar as YAML flow text. Text with a control byte is double-quoted with escapes
+   ("a\nb", "\x1b"): on one line, and read back byte for byte (a single-quoted YAML scalar would
+   fold its line breaks into spaces). Other text that needs quotes is single-quoted. */
+static void yaml_scalar(FILE *out, const char *s, int quoted)
+{
+    if (has_control(s)) {
+        fputc('"', out);
+        for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+            if (*p == '"' || *p == '\\')
+                fprintf(out, "\\%c", *p);
+            else if (*p == '\n')
+                fputs("\\n", out);
+            else if (*p == '\t')
+                fputs("\\t", out);
+            else if (*p == '\r')
+                fputs("\\r", out);
+            else if (*p < 0x20 || *p == 0x7f)
+                fprintf(out, "\\x%02x", *p);
+            else
+                fputc(*p, out);
+        }
+        fputc('"', out);
+    } else if (quoted || (needs_yaml_quotes(s) && s[0])) {
+        fputc('\'', out);
+        for (const char *p = s; *p; p++) {
+            if (*p == '\'')
+                fputc('\'', out);
+            fputc(*p, out);
+        }
+        fputc('\'', out);
+    } else {
+        fputs(s, out);
+    }
 }
 
 /* Writes a node as YAML flow text: what --set parses back into the same node. */
 static void yaml_flow(FILE *out, const kv_ynode *n)
 {
     if (n->kind == KV_YSCALAR) {
-        if (n->quoted || (needs_yaml_quotes(n->value) && n->value[0])) {
-            fputc('\'', out);
-            for (const char *p = n->value; *p; p++) {
-                if (*p == '\'')
-                    fputc('\'', out);
-                fputc(*p, out);
-            }
-            fputc('\'', out);
-        } else {
-            fputs(n->value, out);
-        }
+        yaml_scalar(out, n->value, n->quoted);
         return;
     }
     fputc(n->kind == KV_YSEQ ? '[' : '{', out);
     for (size_t i = 0; i < n->count; i++) {
         if (i)
             fputs(", ", out);
-        if (n->kind == KV_YMAP)
-            fprintf(out, "%s: ", n->keys[i]);
+        if (n->kind == KV_YMAP) {
+            yaml_scalar(out, n->keys[i], n->keys[i][0] == '\0');
+            fputs(": ", out);
+        }
         yaml_flow(out, n->items[i]);
     }
     fputc(n->kind == KV_YSEQ ? ']' : '}', out);
@@ -100,15 +158,22 @@ static char *join3(const char *a, const char *b, const char *c)
     return s;
 }
 
-void kv_sweep_shell_quote(FILE *out, const char *word)
+int kv_sweep_shell_quote(FILE *out, const char *word)
 {
+    if (has_control(word))
+        return -1; /* no one-line quoting for these in POSIX sh (dash has no $'...') */
     int safe = word[0] != '\0';
     for (const char *p = word; *p && safe; p++)
         safe = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
                strchr("_@%+=:,./-", *p) != NULL;
+    if (safe && ((word[0] >= 'a' && word[0] <= 'z') || (word[0] >= 'A' && word[0] <= 'Z') || word[0] == '_')) {
+        /* NAME=... as a command's first word is an assignment, not the command: quote it. */
+        size_t name = strspn(word, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_");
+        safe = word[name] != '=';
+    }
     if (safe) {
         fputs(word, out);
-        return;
+        return 0;
     }
     fputc('\'', out);
     for (const char *p = word; *p; p++) {
@@ -118,6 +183,7 @@ void kv_sweep_shell_quote(FILE *out, const char *word)
             fputc(*p, out);
     }
     fputc('\'', out);
+    return 0;
 }
 
 /* The part of a point's folder name for one key=value: last key component, value made file-safe. */
@@ -186,14 +252,49 @@ static int resolve_base(kv_sweep *sw, const kv_ynode *node, kv_error *err)
     kv_free(tmp);
     char *joined = node->value[0] == '/' ? kv_strdup(node->value) : join3(dir, "/", node->value);
     kv_free(dir);
-    char resolved[PATH_MAX];
+    char resolved[PATH_MAX], show[300];
+    struct stat st;
     int rc = KV_OK;
-    if (!realpath(joined, resolved))
+    if (!node->value[0])
+        rc = bad(err, node, "base: empty; name the scenario every point starts from, e.g. base: ../lynx.yaml");
+    else if (has_control(node->value))
+        rc = bad(err, node, "base: '%s': a control character (newline, tab, ...) in the path; a job script "
+                 "cannot carry it on one line", shown(node->value, show, sizeof show));
+    else if (!realpath(joined, resolved))
         rc = bad(err, node, "base: '%s' not found (a path relative to the sweep file's folder)", node->value);
+    else if (stat(resolved, &st) != 0)
+        rc = bad(err, node, "base: '%s': %s", node->value, strerror(errno));
+    else if (!S_ISREG(st.st_mode))
+        rc = bad(err, node, "base: '%s' is %s, not a scenario file", node->value,
+                 S_ISDIR(st.st_mode) ? "a folder" : "a device or other special file");
+    else if (has_control(resolved))
+        rc = bad(err, node, "base: '%s' resolves to '%s': a control character (newline, tab, ...) in the path; "
+                 "a job script cannot carry it on one line", node->value, shown(resolved, show, sizeof show));
     else
         sw->base = kv_strdup(resolved);
     kv_free(joined);
     return rc;
+}
+
+/* The first path on the way to dir (dir itself, or a folder above it) that exists and is not a
+   folder, or NULL (owned by the caller). */
+static char *non_folder_on_way(const char *dir)
+{
+    char *p = kv_strdup(dir);
+    for (;;) {
+        struct stat st;
+        if (stat(p, &st) == 0) {
+            if (S_ISDIR(st.st_mode))
+                break;
+            return p;
+        }
+        char *slash = strrchr(p, '/');
+        if (!slash || slash == p)
+            break;
+        *slash = '\0';
+    }
+    kv_free(p);
+    return NULL;
 }
 
 static int resolve_out(kv_sweep *sw, const char *out)
@@ -212,9 +313,16 @@ static int resolve_out(kv_sweep *sw, const char *out)
     return KV_OK;
 }
 
-static void add_fixed(kv_sweep *sw, size_t *cap, char *kv)
+/* Adds "key=value" (adopted) for every point; where is its set: key's position, or NULL. */
+static void add_fixed(kv_sweep *sw, size_t *cap, char *kv, const char *where)
 {
+    size_t old = *cap;
     kv_grow((void **)&sw->fixed, sizeof *sw->fixed, cap, sw->n_fixed + 1);
+    if (*cap != old) {
+        size_t c = old;
+        kv_grow((void **)&sw->fixed_where, sizeof *sw->fixed_where, &c, *cap);
+    }
+    sw->fixed_where[sw->n_fixed] = where ? kv_strdup(where) : NULL;
     sw->fixed[sw->n_fixed++] = kv;
 }
 
@@ -251,6 +359,7 @@ static int expand(kv_sweep *sw, const kv_ynode *matrix, kv_error *err)
     if (!rc) {
         sw->n_points = total;
         sw->points = kv_calloc(total, sizeof *sw->points);
+        sw->choice = kv_calloc(total * (n ? n : 1), sizeof *sw->choice);
         int width = 2;
         for (size_t t = total > 0 ? total - 1 : 0; t >= 100; t /= 10)
             width++;
@@ -265,6 +374,7 @@ static int expand(kv_sweep *sw, const kv_ynode *matrix, kv_error *err)
                     rest /= lengths[kk];
                 const kv_ynode *v = lists[kk];
                 p->values[kk] = flow_text(v->kind == KV_YSEQ ? v->items[at] : v);
+                sw->choice[i * n + kk] = v->kind == KV_YSEQ ? at : 0;
             }
             char *buf = NULL;
             size_t len = 0;
@@ -285,8 +395,11 @@ static int expand(kv_sweep *sw, const kv_ynode *matrix, kv_error *err)
     return rc;
 }
 
-static void build_commands(kv_sweep *sw)
+/* Every point's argv and its shell line. KV_EINPUT if a word cannot be quoted (kv_sweep_load
+   refuses such inputs before, so this is the last line of defence). */
+static int build_commands(kv_sweep *sw, kv_error *err)
 {
+    int rc = KV_OK;
     sw->argv = kv_calloc(sw->n_points ? sw->n_points : 1, sizeof *sw->argv);
     sw->commands = kv_calloc(sw->n_points ? sw->n_points : 1, sizeof *sw->commands);
     for (size_t i = 0; i < sw->n_points; i++) {
@@ -317,15 +430,25 @@ static void build_commands(kv_sweep *sw)
         char *buf = NULL;
         size_t len = 0;
         FILE *f = open_memstream(&buf, &len);
-        for (size_t k = 0; argv[k]; k++) {
+        if (!f)
+            return kv_error_set(err, KV_EFAIL, "sweep: out of memory writing point %zu's command", i);
+        for (size_t k = 0; argv[k] && !rc; k++) {
             if (k)
                 fputc(' ', f);
-            kv_sweep_shell_quote(f, argv[k]);
+            if (kv_sweep_shell_quote(f, argv[k]) != 0) {
+                char show[300];
+                rc = kv_error_set(err, KV_EINPUT, "%s: point %s: argument '%s' has a control character (newline, "
+                                  "tab, ...) that no job script can carry on one line", sw->path, p->name,
+                                  shown(argv[k], show, sizeof show));
+            }
         }
         fclose(f);
         sw->commands[i] = kv_strdup(buf);
         free(buf);
+        if (rc)
+            return rc;
     }
+    return KV_OK;
 }
 
 int kv_sweep_load(const char *path, const char *const *extra_sets, int n_extra, const char *out_dir,
@@ -360,8 +483,12 @@ int kv_sweep_load(const char *path, const char *const *extra_sets, int n_extra, 
     const kv_ynode *mode = rc ? NULL : kv_ytree_get(tree, "mode", NULL);
     const kv_ynode *matrix = rc ? NULL : kv_ytree_get(tree, "matrix", NULL);
     const kv_ynode *outn = rc ? NULL : kv_ytree_get(tree, "out", NULL);
+    char show[300];
     if (!rc && name && name->kind != KV_YSCALAR)
         rc = bad(err, name, "name: expected text");
+    if (!rc && name && has_control(name->value))
+        rc = bad(err, name, "name: '%s': a control character (newline, tab, ...) in the name; the name goes into "
+                 "job scripts' headers, one line each", shown(name->value, show, sizeof show));
     if (!rc) {
         if (name && name->value[0]) {
             sw->name = kv_strdup(name->value);
@@ -375,6 +502,9 @@ int kv_sweep_load(const char *path, const char *const *extra_sets, int n_extra, 
                 len -= 4;
             sw->name = kv_strndup(b, len);
             kv_free(tmp);
+            if (has_control(sw->name))
+                rc = kv_error_set(err, KV_EINPUT, "%s: name: the sweep file's name has a control character (newline, "
+                                  "tab, ...); give the sweep a name: line", shown(path, show, sizeof show));
         }
     }
     if (!rc && !base)
@@ -384,6 +514,9 @@ int kv_sweep_load(const char *path, const char *const *extra_sets, int n_extra, 
         rc = bad(err, base, "base: expected a path to a scenario");
     if (!rc)
         rc = resolve_base(sw, base, err);
+    char where[512];
+    if (!rc)
+        sw->base_where = kv_strdup(kv_ytree_where(base, where, sizeof where));
     if (!rc && mode) {
         if (mode->kind != KV_YSCALAR || (strcmp(mode->value, "cartesian") != 0 && strcmp(mode->value, "zip") != 0))
             rc = bad(err, mode, "mode: expected cartesian or zip");
@@ -394,26 +527,53 @@ int kv_sweep_load(const char *path, const char *const *extra_sets, int n_extra, 
         if (set->kind != KV_YMAP)
             rc = bad(err, set, "set: expected a mapping of scenario keys to values, e.g. {workload.requests: 16}");
         for (size_t i = 0; !rc && i < set->count; i++) {
+            snprintf(where, sizeof where, "%s:%d:%d", set->file, set->key_lines[i], set->key_cols[i]);
+            if (has_control(set->keys[i])) {
+                rc = kv_error_set(err, KV_EINPUT, "%s: set.%s: a control character (newline, tab, ...) in a key",
+                                  where, shown(set->keys[i], show, sizeof show));
+                break;
+            }
             char *v = flow_text(set->items[i]);
-            add_fixed(sw, &cap_fixed, join3(set->keys[i], "=", v));
+            add_fixed(sw, &cap_fixed, join3(set->keys[i], "=", v), where);
             kv_free(v);
         }
     }
     for (int i = 0; !rc && i < n_extra; i++) {
         if (!strchr(extra_sets[i], '='))
-            rc = kv_error_set(err, KV_EINPUT, "--set %s: expected key.path=value", extra_sets[i]);
+            rc = kv_error_set(err, KV_EINPUT, "--set %s: expected key.path=value", shown(extra_sets[i], show,
+                                                                                         sizeof show));
+        else if (has_control(extra_sets[i]))
+            rc = kv_error_set(err, KV_EINPUT, "--set %s: a control character (newline, tab, ...); write it as a "
+                              "YAML escape in double quotes, e.g. --set 'name=\"a\\nb\"'",
+                              shown(extra_sets[i], show, sizeof show));
         else
-            add_fixed(sw, &cap_fixed, kv_strdup(extra_sets[i]));
+            add_fixed(sw, &cap_fixed, kv_strdup(extra_sets[i]), NULL);
     }
     if (!rc && matrix && matrix->kind != KV_YMAP)
         rc = bad(err, matrix, "matrix: expected a mapping of scenario keys to lists of values, e.g. "
                  "{network.nic_bandwidth_gbps: [10, 25, 100]}");
     if (!rc && matrix) {
+        sw->matrix_where = kv_strdup(kv_ytree_where(matrix, where, sizeof where));
         sw->n_keys = matrix->count;
         sw->keys = kv_calloc(matrix->count ? matrix->count : 1, sizeof *sw->keys);
+        sw->item_where = kv_calloc(matrix->count ? matrix->count : 1, sizeof *sw->item_where);
+        sw->key_where = kv_calloc(matrix->count ? matrix->count : 1, sizeof *sw->key_where);
+        sw->n_items = kv_calloc(matrix->count ? matrix->count : 1, sizeof *sw->n_items);
         for (size_t k = 0; k < matrix->count; k++) {
             sw->keys[k] = kv_strdup(matrix->keys[k]);
+            snprintf(where, sizeof where, "%s:%d:%d", matrix->file, matrix->key_lines[k], matrix->key_cols[k]);
+            sw->key_where[k] = kv_strdup(where);
             const kv_ynode *v = matrix->items[k];
+            size_t items = v->kind == KV_YSEQ ? v->count : 1;
+            sw->n_items[k] = items;
+            sw->item_where[k] = kv_calloc(items ? items : 1, sizeof *sw->item_where[k]);
+            for (size_t j = 0; j < items; j++)
+                sw->item_where[k][j] = kv_strdup(kv_ytree_where(v->kind == KV_YSEQ ? v->items[j] : v, where,
+                                                                sizeof where));
+            if (!rc && has_control(matrix->keys[k]))
+                rc = kv_error_set(err, KV_EINPUT, "%s:%d:%d: matrix.%s: a control character (newline, tab, ...) in "
+                                  "a key", matrix->file, matrix->key_lines[k], matrix->key_cols[k],
+                                  shown(matrix->keys[k], show, sizeof show));
             if (!rc && v->kind == KV_YMAP)
                 rc = bad(err, v, "matrix.%s: expected a list of values; write nested keys with dots "
                          "(network.nic_bandwidth_gbps: [10, 25])", matrix->keys[k]);
@@ -431,13 +591,38 @@ int kv_sweep_load(const char *path, const char *const *extra_sets, int n_extra, 
             snprintf(deflt, sizeof deflt, "out/sweeps/%s", sw->name);
             o = deflt;
         }
+        /* How to name where the folder came from in a message. */
+        char origin[700];
+        if (out_dir && out_dir[0])
+            snprintf(origin, sizeof origin, "--out");
+        else if (outn)
+            snprintf(origin, sizeof origin, "%s: out", kv_ytree_where(outn, where, sizeof where));
+        else
+            snprintf(origin, sizeof origin, "%s: out (default, from the name)", path);
+        if (!rc && has_control(o))
+            rc = kv_error_set(err, KV_EINPUT, "%s: '%s': a control character (newline, tab, ...) in the folder's "
+                              "path; a job script cannot carry it on one line", origin, shown(o, show, sizeof show));
         if (!rc)
             rc = resolve_out(sw, o);
+        char *blocker = rc ? NULL : non_folder_on_way(sw->out_dir);
+        if (blocker) {
+            char show2[300];
+            if (strcmp(blocker, sw->out_dir) == 0)
+                rc = kv_error_set(err, KV_EINPUT, "%s: '%s' is a file, not a folder (the sweep's folder holds one "
+                                  "folder per point)", origin, shown(o, show, sizeof show));
+            else
+                rc = kv_error_set(err, KV_EINPUT, "%s: '%s': '%s' on its way is a file, not a folder", origin,
+                                  shown(o, show, sizeof show), shown(blocker, show2, sizeof show2));
+            kv_free(blocker);
+        }
     }
+    if (!rc && has_control(sw->kvsim))
+        rc = kv_error_set(err, KV_EINPUT, "--kvsim %s: a control character (newline, tab, ...) in the binary's path; "
+                          "a job script cannot carry it on one line", shown(sw->kvsim, show, sizeof show));
     if (!rc)
         rc = expand(sw, matrix ? matrix : tree, err);
     if (!rc)
-        build_commands(sw);
+        rc = build_commands(sw, err);
     kv_ytree_free(tree);
     if (rc) {
         kv_sweep_destroy(sw);
@@ -475,6 +660,22 @@ void kv_sweep_destroy(kv_sweep *sw)
     for (size_t k = 0; k < sw->n_fixed; k++)
         kv_free(sw->fixed[k]);
     kv_free(sw->fixed);
+    kv_free(sw->choice);
+    for (size_t k = 0; k < sw->n_keys && sw->item_where; k++) {
+        for (size_t j = 0; j < sw->n_items[k] && sw->item_where[k]; j++)
+            kv_free(sw->item_where[k][j]);
+        kv_free(sw->item_where[k]);
+    }
+    kv_free(sw->item_where);
+    kv_free(sw->n_items);
+    for (size_t k = 0; k < sw->n_keys && sw->key_where; k++)
+        kv_free(sw->key_where[k]);
+    kv_free(sw->key_where);
+    for (size_t k = 0; k < sw->n_fixed; k++)
+        kv_free(sw->fixed_where[k]);
+    kv_free(sw->fixed_where);
+    kv_free(sw->base_where);
+    kv_free(sw->matrix_where);
     kv_free(sw->path);
     kv_free(sw->name);
     kv_free(sw->base);
@@ -492,6 +693,78 @@ size_t kv_sweep_point_count(const kv_sweep *sw) { return sw->n_points; }
 const kv_sweep_point *kv_sweep_point_get(const kv_sweep *sw, size_t i) { return &sw->points[i]; }
 char *const *kv_sweep_point_argv(const kv_sweep *sw, size_t i) { return sw->argv[i]; }
 const char *kv_sweep_point_command(const kv_sweep *sw, size_t i) { return sw->commands[i]; }
+
+/* ---- Validation ------------------------------------------------------------------------------ */
+
+/* Whether a scenario error came from the value of `--set KEY` (ytree names such values "--set KEY"). */
+static int names_set(const char *msg, const char *key, size_t key_len)
+{
+    for (const char *at = strstr(msg, "--set "); at; at = strstr(at + 1, "--set "))
+        if (strncmp(at + 6, key, key_len) == 0 && at[6 + key_len] == ':')
+            return 1;
+    return 0;
+}
+
+/* Turns point i's scenario error into one that says where in the sweep file it comes from. */
+static int blame(const kv_sweep *sw, size_t i, const kv_error *e, kv_error *err)
+{
+    const kv_sweep_point *p = &sw->points[i];
+    for (size_t k = 0; k < sw->n_keys; k++) {
+        if (!names_set(e->msg, sw->keys[k], strlen(sw->keys[k])))
+            continue;
+        if (strstr(e->msg, "unknown key")) /* the key is wrong, not this value: point at the key */
+            return kv_error_set(err, KV_EINPUT, "%s: matrix.%s: %s", sw->key_where[k], sw->keys[k], e->msg);
+        return kv_error_set(err, KV_EINPUT, "%s: matrix.%s: %s (point %s): %s",
+                            sw->item_where[k][sw->choice[i * sw->n_keys + k]], sw->keys[k], p->values[k], p->name,
+                            e->msg);
+    }
+    for (size_t f = 0; f < sw->n_fixed; f++) {
+        const char *eq = strchr(sw->fixed[f], '=');
+        size_t len = eq ? (size_t)(eq - sw->fixed[f]) : strlen(sw->fixed[f]);
+        if (!names_set(e->msg, sw->fixed[f], len))
+            continue;
+        if (sw->fixed_where[f])
+            return kv_error_set(err, KV_EINPUT, "%s: set.%.*s (every point): %s", sw->fixed_where[f], (int)len,
+                                sw->fixed[f], e->msg);
+        return kv_error_set(err, KV_EINPUT, "%s: --set %s (every point): %s", sw->path, sw->fixed[f], e->msg);
+    }
+    /* Nothing swept is named: the base itself, or a combination of values. */
+    kv_scenario *s = NULL;
+    kv_error base_err = {0};
+    int base_rc = kv_scenario_load(sw->base, NULL, 0, &s, &base_err);
+    kv_scenario_destroy(s);
+    if (base_rc)
+        return kv_error_set(err, KV_EINPUT, "%s: base: '%s' does not load as a scenario: %s", sw->base_where,
+                            sw->base, base_err.msg);
+    return kv_error_set(err, KV_EINPUT, "%s: point %s: %s", sw->matrix_where ? sw->matrix_where : sw->base_where,
+                        p->name, e->msg);
+}
+
+int kv_sweep_validate(const kv_sweep *sw, kv_error *err)
+{
+    for (size_t i = 0; i < sw->n_points; i++) {
+        /* Exactly the --set values of the point's command, in its order. */
+        char *const *argv = sw->argv[i];
+        size_t n = 0;
+        while (argv[n])
+            n++;
+        const char **sets = kv_calloc(n ? n : 1, sizeof *sets);
+        int n_sets = 0;
+        for (size_t a = 0; a + 1 < n; a++)
+            if (strcmp(argv[a], "--set") == 0)
+                sets[n_sets++] = argv[++a];
+        kv_scenario *s = NULL;
+        kv_error e = {0};
+        int rc = kv_scenario_load(sw->base, sets, n_sets, &s, &e);
+        if (!rc)
+            rc = kv_study_check(s, &e);
+        kv_scenario_destroy(s);
+        kv_free(sets);
+        if (rc)
+            return blame(sw, i, &e, err);
+    }
+    return KV_OK;
+}
 
 /* ---- Folders, manifest, state ---------------------------------------------------------------- */
 
@@ -634,21 +907,47 @@ int kv_sweep_point_state(const kv_sweep *sw, size_t i, int *stale, int *interrup
 
 /* ---- Job scripts ----------------------------------------------------------------------------- */
 
-/* One point as a self-contained shell command: skip if finished, else run, stderr to the point folder. */
-static void job_line(FILE *f, const kv_sweep *sw, size_t i)
+/* One point as a self-contained shell command on one line: skip if finished, else run, stderr to
+   the point folder. Every word is quoted (the command too: build_commands). -1 if a path cannot be. */
+static int job_line(FILE *f, const kv_sweep *sw, size_t i)
 {
     const kv_sweep_point *p = &sw->points[i];
     char *results = join3(p->dir, "/", "results.json");
     char *stderr_path = join3(p->dir, "/", "stderr.txt");
+    int rc = 0;
     fputs("mkdir -p ", f);
-    kv_sweep_shell_quote(f, p->dir);
+    rc |= kv_sweep_shell_quote(f, p->dir);
     fputs(" && { test -f ", f);
-    kv_sweep_shell_quote(f, results);
+    rc |= kv_sweep_shell_quote(f, results);
     fprintf(f, " || %s 2> ", sw->commands[i]);
-    kv_sweep_shell_quote(f, stderr_path);
+    rc |= kv_sweep_shell_quote(f, stderr_path);
     fputs("; }", f);
     kv_free(results);
     kv_free(stderr_path);
+    return rc;
+}
+
+/* Text for an #SBATCH line: sbatch splits those lines at blanks, reads quotes, backslashes and
+   '#' itself, and expands %x patterns in file names; only [A-Za-z0-9._+-] pass, the rest is '_'. */
+static void sbatch_word(FILE *f, const char *s, size_t max)
+{
+    for (size_t n = 0; s[n] && n < max; n++) {
+        char c = s[n];
+        fputc((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || strchr("._+-", c)
+                  ? c
+                  : '_',
+              f);
+    }
+}
+
+/* Whether a path can stand in an #SBATCH line as it is (the characters of sbatch_word, and '/'). */
+static int sbatch_safe_path(const char *s)
+{
+    for (const char *p = s; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+              strchr("._+-/", *p)))
+            return 0;
+    return s[0] != '\0';
 }
 
 int kv_sweep_emit(const kv_sweep *sw, const char *kind, char **written, kv_error *err)
@@ -665,29 +964,50 @@ int kv_sweep_emit(const kv_sweep *sw, const char *kind, char **written, kv_error
         return rc;
     }
     FILE *f = a.f;
+    /* Every byte that comes from the sweep goes through kv_sweep_shell_quote (commands, paths in
+       comments) or sbatch_word (#SBATCH lines); the name has no control character (kv_sweep_load),
+       so a comment stays one line. */
+    int bad_word = 0;
+    size_t last = sw->n_points ? sw->n_points - 1 : 0;
     if (slurm) {
-        fprintf(f, "#!/bin/bash\n"
-                   "# kvsim sweep %s: %zu points, one Slurm array task each.\n"
-                   "# Submit:   sbatch %s\n"
-                   "#           (at most 16 at a time: sbatch --array=0-%zu%%16 %s)\n"
-                   "# Collect:  kvsim sweep --collect %s\n"
-                   "# A task whose point already has results.json does nothing, so resubmitting resumes.\n",
-                sw->name, sw->n_points, path, sw->n_points ? sw->n_points - 1 : 0, path, sw->out_dir);
-        fprintf(f, "#SBATCH --job-name=kvsim-%s\n#SBATCH --array=0-%zu\n#SBATCH --cpus-per-task=1\n"
-                   "#SBATCH --output=%s/slurm-%%A_%%a.out\n\n"
-                   "case \"$SLURM_ARRAY_TASK_ID\" in\n",
-                sw->name, sw->n_points ? sw->n_points - 1 : 0, sw->out_dir);
+        fprintf(f, "#!/bin/bash\n# kvsim sweep ");
+        bad_word |= kv_sweep_shell_quote(f, sw->name);
+        fprintf(f, ": %zu points, one Slurm array task each.\n# Submit:   sbatch ", sw->n_points);
+        bad_word |= kv_sweep_shell_quote(f, path);
+        fprintf(f, "\n#           (at most 16 at a time: sbatch --array=0-%zu%%16 ", last);
+        bad_word |= kv_sweep_shell_quote(f, path);
+        fputs(")\n# Collect:  kvsim sweep --collect ", f);
+        bad_word |= kv_sweep_shell_quote(f, sw->out_dir);
+        fputs("\n# A task whose point already has results.json does nothing, so resubmitting resumes.\n", f);
+        fputs("#SBATCH --job-name=kvsim-", f);
+        sbatch_word(f, sw->name, 100);
+        fprintf(f, "\n#SBATCH --array=0-%zu\n#SBATCH --cpus-per-task=1\n", last);
+        if (sbatch_safe_path(sw->out_dir)) {
+            fputs("#SBATCH --output=", f);
+            fputs(sw->out_dir, f); /* sbatch_safe_path: only [A-Za-z0-9._+-/] */
+            fputs("/slurm-%A_%a.out\n", f);
+        } else {
+            fputs("# (no #SBATCH --output: the folder's path has characters an #SBATCH line cannot carry;\n"
+                  "#  Slurm writes slurm-JOB_TASK.out in the folder sbatch is run from)\n", f);
+        }
+        fputs("\ncase \"$SLURM_ARRAY_TASK_ID\" in\n", f);
         for (size_t i = 0; i < sw->n_points; i++) {
             fprintf(f, "%zu) ", i);
-            job_line(f, sw, i);
+            bad_word |= job_line(f, sw, i);
             fputs(" ;;\n", f);
         }
         fputs("*) echo \"kvsim sweep: no point $SLURM_ARRAY_TASK_ID\" >&2; exit 2 ;;\nesac\n", f);
     } else {
         for (size_t i = 0; i < sw->n_points; i++) {
-            job_line(f, sw, i);
+            bad_word |= job_line(f, sw, i);
             fputc('\n', f);
         }
+    }
+    if (bad_word) {
+        kv_afile_abort(&a);
+        kv_free(path);
+        return kv_error_set(err, KV_EINPUT, "%s: a path or name of the sweep has a control character (newline, "
+                            "tab, ...) that no job script can carry on one line", sw->path);
     }
     rc = kv_afile_commit(&a, err);
     if (!rc && slurm)

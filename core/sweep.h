@@ -33,13 +33,18 @@ typedef struct kv_sweep_point {
     size_t index;   /* 0-based, in expansion order */
     char *name;     /* folder name under the sweep's out folder, e.g. "p03-nic_bandwidth_gbps=100" */
     char *dir;      /* out folder + "/" + name */
-    char **values;  /* [n_keys] each swept key's value as --set text (YAML flow) */
+    char **values;  /* [n_keys] each swept key's value as --set text (YAML flow; control characters
+                       as double-quoted escapes, "a\nb", so the text is one line and --set parses it
+                       back to the same bytes) */
 } kv_sweep_point;
 
 /* Loads and expands a sweep file. extra_sets ("key=value") are added to the
    file's `set:`; out_dir (may be NULL) replaces its `out:`. kvsim is the binary
    the point commands run (an absolute path is best). KV_EINPUT with
-   file:line:col on bad input. */
+   file:line:col on bad input, including: a base that is not a regular file; an out folder (or a
+   folder on its way) that exists and is not a folder; a control character (newline, tab, ...) in
+   the sweep's name, a key, the base, out or kvsim path or an extra set (none can be written on one
+   line of a job script). */
 int kv_sweep_load(const char *path, const char *const *extra_sets, int n_extra, const char *out_dir,
                   const char *kvsim, kv_sweep **out, kv_error *err);
 void kv_sweep_destroy(kv_sweep *sw); /* NULL is fine */
@@ -58,8 +63,21 @@ char *const *kv_sweep_point_argv(const kv_sweep *sw, size_t i);
 /* The same command as one shell line (every argument quoted where needed), owned by the sweep. */
 const char *kv_sweep_point_command(const kv_sweep *sw, size_t i);
 
-/* Writes one shell word, single-quoted unless it only holds safe characters. */
-void kv_sweep_shell_quote(FILE *out, const char *word);
+/* Writes one POSIX shell word on one line: bare when it only holds characters no shell gives a
+   meaning (letters, digits, _@%+=:,./- and not NAME=... , which starts an assignment), else in
+   single quotes (' as '\''). A word with a control byte (newline, tab, CR, ESC, DEL: 0x01-0x1f,
+   0x7f) cannot be written on one line of a POSIX sh script or a GNU parallel job list: nothing is
+   written and -1 returned (kv_sweep_load refuses such paths and keys first; values are written as
+   YAML escapes, see kv_sweep_point). Returns 0 otherwise. Every byte kvsim sweep writes into a
+   command, job list or script goes through here or is one of its own fixed texts. */
+int kv_sweep_shell_quote(FILE *out, const char *word);
+
+/* Loads every point's scenario as `kvsim validate` does (kv_scenario_load: the base, the --set
+   values, the cards; kv_study_check: the workload, the network, the policies), without measuring
+   or simulating. The first point that fails
+   gives KV_EINPUT with the sweep file's file:line:col of the matrix value, set: key or base
+   responsible, the key and the point. */
+int kv_sweep_validate(const kv_sweep *sw, kv_error *err);
 
 /* Creates the out folder and every point folder, writes OUT/points.json and
    OUT/POINT/command.txt (the point's shell command). */

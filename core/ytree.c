@@ -78,7 +78,8 @@ static void append(kv_ynode *parent, kv_ynode *child, char *key, int line, int c
     parent->count = cap + 1;
 }
 
-static int build_node(builder *b, yaml_event_t *ev, int depth, kv_ynode **out);
+/* key: the mapping key whose value this is, for messages (NULL for list items and the root). */
+static int build_node(builder *b, yaml_event_t *ev, int depth, const char *key, kv_ynode **out);
 
 /* Builds the children of a mapping or sequence until its end event. */
 static int build_children(builder *b, kv_ynode *n, int depth)
@@ -94,7 +95,7 @@ static int build_children(builder *b, kv_ynode *n, int depth)
         }
         if (n->kind == KV_YSEQ) {
             kv_ynode *child = NULL;
-            rc = build_node(b, &ev, depth + 1, &child);
+            rc = build_node(b, &ev, depth + 1, NULL, &child);
             yaml_event_delete(&ev);
             if (rc)
                 return rc;
@@ -108,8 +109,13 @@ static int build_children(builder *b, kv_ynode *n, int depth)
             return kv_error_set(b->err, KV_EINPUT, "%s:%d:%d: mapping keys must be plain scalars", b->file, line,
                                 col);
         }
-        char *key = kv_strdup((const char *)ev.data.scalar.value);
         int kline = (int)ev.start_mark.line + 1, kcol = (int)ev.start_mark.column + 1;
+        if (memchr(ev.data.scalar.value, '\0', ev.data.scalar.length)) {
+            yaml_event_delete(&ev);
+            return kv_error_set(b->err, KV_EINPUT, "%s:%d:%d: a key holds a NUL character (\\0); keys and values "
+                                "are text without NUL", b->file, kline, kcol);
+        }
+        char *key = kv_strdup((const char *)ev.data.scalar.value);
         yaml_event_delete(&ev);
         if (kv_ytree_get(n, key, NULL)) {
             rc = kv_error_set(b->err, KV_EINPUT, "%s:%d:%d: duplicate key '%s'", b->file, kline, kcol, key);
@@ -122,7 +128,7 @@ static int build_children(builder *b, kv_ynode *n, int depth)
             return rc;
         }
         kv_ynode *child = NULL;
-        rc = build_node(b, &ev, depth + 1, &child);
+        rc = build_node(b, &ev, depth + 1, key, &child);
         yaml_event_delete(&ev);
         if (rc) {
             kv_free(key);
@@ -132,7 +138,7 @@ static int build_children(builder *b, kv_ynode *n, int depth)
     }
 }
 
-static int build_node(builder *b, yaml_event_t *ev, int depth, kv_ynode **out)
+static int build_node(builder *b, yaml_event_t *ev, int depth, const char *key, kv_ynode **out)
 {
     *out = NULL;
     int line = (int)ev->start_mark.line + 1, col = (int)ev->start_mark.column + 1;
@@ -141,6 +147,9 @@ static int build_node(builder *b, yaml_event_t *ev, int depth, kv_ynode **out)
                             KV_YTREE_MAX_DEPTH);
     switch (ev->type) {
     case YAML_SCALAR_EVENT: {
+        if (memchr(ev->data.scalar.value, '\0', ev->data.scalar.length))
+            return kv_error_set(b->err, KV_EINPUT, "%s:%d:%d: %s%sa value holds a NUL character (\\0); keys and "
+                                "values are text without NUL", b->file, line, col, key ? key : "", key ? ": " : "");
         kv_ynode *n = node_new(KV_YSCALAR, b->file, &ev->start_mark);
         n->value = kv_strndup((const char *)ev->data.scalar.value, ev->data.scalar.length);
         n->quoted = ev->data.scalar.style == YAML_SINGLE_QUOTED_SCALAR_STYLE ||
@@ -189,7 +198,7 @@ static int build_document(builder *b, kv_ynode **out)
         }
         if (type == YAML_SCALAR_EVENT || type == YAML_MAPPING_START_EVENT || type == YAML_SEQUENCE_START_EVENT ||
             type == YAML_ALIAS_EVENT) {
-            rc = build_node(b, &ev, 0, &root);
+            rc = build_node(b, &ev, 0, NULL, &root);
             yaml_event_delete(&ev);
             if (rc)
                 return rc;

@@ -189,11 +189,13 @@ static int marked(const char *path)
     return yes;
 }
 
-/* Three points; the middle one has a bandwidth the scenario rejects. */
+/* Three points; the middle one loads (so validation lets it through) but fails when it runs: the
+   model's weights do not fit in 1% of the decode GPU's memory. (A value the scenario rejects stops
+   the whole sweep before anything runs: test_safety_sweep.) */
 static const char *crash_sweep = "name: crashy\n"
                                  "base: base.yaml\n"
                                  "matrix:\n"
-                                 "  network.nic_bandwidth_gbps: [10, -5, 100]\n";
+                                 "  cluster.decode.memory_fraction: [0.9, 0.01, 0.8]\n";
 
 Test(sweep_run, crashed_point_reported_others_finish_and_resume_skips)
 {
@@ -205,22 +207,22 @@ Test(sweep_run, crashed_point_reported_others_finish_and_resume_skips)
     snprintf(args, sizeof args, "sweep %s -j 2 --out %s", sweep, out_dir);
     int rc = kvt_kvsim(args, &out);
     cr_expect_eq(rc, 1, "a failed point makes the sweep exit 1; output:\n%s", out);
-    cr_expect(strstr(out, "p01-nic_bandwidth_gbps=-5 FAILED: exit status 2") != NULL, "got:\n%s", out);
-    cr_expect(strstr(out, "nic_bandwidth_gbps") && strstr(out, "    | "), "the tail of stderr is shown:\n%s", out);
+    cr_expect(strstr(out, "p01-memory_fraction=0.01 FAILED: exit status 2") != NULL, "got:\n%s", out);
+    cr_expect(strstr(out, "cluster.decode") && strstr(out, "    | "), "the tail of stderr is shown:\n%s", out);
     cr_expect(strstr(out, "2 ran, 0 skipped, 1 failed") != NULL, "got:\n%s", out);
     free(out);
 
-    char *ok0 = path_in(out_dir, "p00-nic_bandwidth_gbps=10/results.json");
-    char *ok2 = path_in(out_dir, "p02-nic_bandwidth_gbps=100/results.json");
-    char *bad = path_in(out_dir, "p01-nic_bandwidth_gbps=-5/results.json");
-    char *bad_err = path_in(out_dir, "p01-nic_bandwidth_gbps=-5/stderr.txt");
+    char *ok0 = path_in(out_dir, "p00-memory_fraction=0.9/results.json");
+    char *ok2 = path_in(out_dir, "p02-memory_fraction=0.8/results.json");
+    char *bad = path_in(out_dir, "p01-memory_fraction=0.01/results.json");
+    char *bad_err = path_in(out_dir, "p01-memory_fraction=0.01/stderr.txt");
     cr_assert(access(ok0, F_OK) == 0 && access(ok2, F_OK) == 0, "the other points finished");
     cr_expect(access(bad, F_OK) != 0);
     char *err_text = kvt_read(bad_err, NULL);
     cr_assert_not_null(err_text, "the failed point keeps its stderr");
-    cr_expect(strstr(err_text, "network.nic_bandwidth_gbps") && strstr(err_text, "exit status 2"), "%s", err_text);
+    cr_expect(strstr(err_text, "cluster.decode") && strstr(err_text, "exit status 2"), "%s", err_text);
     free(err_text);
-    char *ok_err = path_in(out_dir, "p00-nic_bandwidth_gbps=10/stderr.txt");
+    char *ok_err = path_in(out_dir, "p00-memory_fraction=0.9/stderr.txt");
     cr_expect(access(ok_err, F_OK) != 0, "an empty stderr.txt of a good point is removed");
 
     /* sweep.csv: header + 2 points x 2 policies + 1 row for the failed point. */
@@ -228,11 +230,11 @@ Test(sweep_run, crashed_point_reported_others_finish_and_resume_skips)
     char *csv = kvt_read(csv_path, NULL);
     cr_assert_not_null(csv);
     cr_expect_eq(count_lines(csv), 1 + 2 * 2 + 1, "got:\n%s", csv);
-    cr_expect(strncmp(csv, "point,dir,status,network.nic_bandwidth_gbps,policy,", 51) == 0, "header: %.200s", csv);
-    cr_expect(strstr(csv, "\n0,p00-nic_bandwidth_gbps=10,ok,10,bf16,") != NULL, "%s", csv);
-    cr_expect(strstr(csv, "\n0,p00-nic_bandwidth_gbps=10,ok,10,lynx,") != NULL, "%s", csv);
-    cr_expect(strstr(csv, "\n1,p01-nic_bandwidth_gbps=-5,failed,-5,") != NULL, "%s", csv);
-    cr_expect(strstr(csv, "\n2,p02-nic_bandwidth_gbps=100,ok,100,lynx,") != NULL, "%s", csv);
+    cr_expect(strncmp(csv, "point,dir,status,cluster.decode.memory_fraction,policy,", 55) == 0, "header: %.200s", csv);
+    cr_expect(strstr(csv, "\n0,p00-memory_fraction=0.9,ok,0.9,bf16,") != NULL, "%s", csv);
+    cr_expect(strstr(csv, "\n0,p00-memory_fraction=0.9,ok,0.9,lynx,") != NULL, "%s", csv);
+    cr_expect(strstr(csv, "\n1,p01-memory_fraction=0.01,failed,0.01,") != NULL, "%s", csv);
+    cr_expect(strstr(csv, "\n2,p02-memory_fraction=0.8,ok,0.8,lynx,") != NULL, "%s", csv);
     cr_expect(strstr(csv, ",mean_ttft_ms,") != NULL, "metrics are columns");
 
     /* Resume: the finished points are not run again (their results.json is the same file). */
