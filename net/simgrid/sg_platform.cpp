@@ -253,6 +253,8 @@ void apply_options(const kv_net_config* cfg)
     xbt_log_control_set("root.thres:critical");
     sg4::Engine::set_config("network/model:CM02");
     sg4::Engine::set_config("network/crosstraffic:0");
+    if (cfg->priority != KV_PRIO_NONE)
+        sg4::Engine::set_config("maxmin/precision:1e-10"); /* room for the classes (sg_child.cpp) */
     for (int i = 0; i < cfg->n_options; i++) {
         std::string key = cfg->option_key[i], value = cfg->option_value[i];
         if (key == "log")
