@@ -95,3 +95,106 @@ Test(safety_net, more_flows_on_one_link_than_the_class_cap_fail_cleanly, .timeou
     cr_assert_eq(done, 0);
     kv_net_destroy(net);
 }
+
+/* ---- 2. platform files: their SimGrid options and link values ---- */
+
+/* A two-host platform; `config` goes before the zone, `ab` is the link's bandwidth and latency attributes. */
+static char *platform(const char *dir, const char *config, const char *ab)
+{
+    char xml[2048];
+    snprintf(xml, sizeof xml,
+             "<?xml version='1.0'?>\n"
+             "<!DOCTYPE platform SYSTEM \"https://simgrid.org/simgrid.dtd\">\n"
+             "<platform version=\"4.1\">\n"
+             "%s"
+             "  <zone id=\"lab\" routing=\"Full\">\n"
+             "    <host id=\"gpu-a\" speed=\"1Gf\"/>\n"
+             "    <host id=\"gpu-b\" speed=\"1Gf\"/>\n"
+             "    <!-- <link id=\"ab\" bandwidth=\"0Bps\" latency=\"1s\"/> -->\n"
+             "    <link id=\"ab\" %s/>\n"
+             "    <route src=\"gpu-a\" dst=\"gpu-b\"><link_ctn id=\"ab\"/></route>\n"
+             "  </zone>\n"
+             "</platform>\n",
+             config, ab);
+    return kvt_write(dir, "lab.xml", xml);
+}
+
+/* Creating a network on the platform must fail with bad input, naming every |-separated word. */
+static void expect_bad_platform(const char *config, const char *ab, const char *want)
+{
+    char *dir = kvt_tempdir();
+    char *path = platform(dir, config, ab);
+    kv_net_config cfg = nett_star(KV_NET_SIMGRID, 2, 100.0, 1e-6);
+    cfg.topology = KV_TOPO_PLATFORM;
+    cfg.platform_file = path;
+    nett_rec r = {0};
+    kv_net *net = NULL;
+    kv_error err;
+    kv_error_clear(&err);
+    int rc = kv_net_create(&cfg, nett_done, &r, &net, &err);
+    if (rc != KV_OK && strstr(err.msg, "not built"))
+        cr_skip_test("skipped: SimGrid is not built into this kvsim");
+    if (rc == KV_OK) { /* the old code: show what the run gives */
+        kv_flow_id id = nett_start(net, 0, 1, 1000000, 0, 0, 0);
+        (void)id;
+        double t = 0;
+        rc = kv_net_advance(net, INFINITY, &t, &err);
+        kv_net_destroy(net);
+        cr_assert_fail("%s / %s: accepted; the run gave %d at t = %g: %s", config, ab, rc, t, rc ? err.msg : "");
+    }
+    cr_assert_eq(rc, KV_EINPUT, "%s / %s: got %d: %s", config, ab, rc, err.msg);
+    char words[512];
+    snprintf(words, sizeof words, "%s", want);
+    for (char *w = strtok(words, "|"); w; w = strtok(NULL, "|"))
+        cr_assert(strstr(err.msg, w), "'%s' not in: %s", w, err.msg);
+    cr_assert(strstr(err.msg, path), "no platform path in: %s", err.msg);
+    free(path);
+    kvt_rmtree(dir);
+    free(dir);
+}
+
+#define GOOD_LINK "bandwidth=\"10GBps\" latency=\"3us\""
+
+Test(safety_net, platform_config_props_go_through_the_option_table, .timeout = 60)
+{
+    /* Ran to exit 0 with absurd times. */
+    expect_bad_platform("  <config>\n    <prop id=\"network/latency-factor\" value=\"1e300\"/>\n  </config>\n",
+                        GOOD_LINK, "lab.xml:5:|network/latency-factor|<= 1000");
+    expect_bad_platform("  <config>\n    <prop id=\"network/TCP-gamma\" value=\"0\"/>\n  </config>\n", GOOD_LINK,
+                        "lab.xml:5:|network/TCP-gamma|> 0");
+    /* Made SimGrid abort. */
+    expect_bad_platform("  <config>\n\n    <prop id=\"maxmin/precision\" value=\"1\"/>\n  </config>\n", GOOD_LINK,
+                        "lab.xml:6:|maxmin/precision");
+    expect_bad_platform("  <config>\n    <prop id=\"network/bandwidth-factor\" value='0'/>\n  </config>\n",
+                        GOOD_LINK, "lab.xml:5:|network/bandwidth-factor");
+    expect_bad_platform("  <config>\n    <prop id=\"contexts/stack-size\" value=\"1\"/>\n  </config>\n", GOOD_LINK,
+                        "lab.xml:5:|contexts/stack-size|not a SimGrid option kvsim passes through");
+}
+
+Test(safety_net, platform_props_in_range_still_apply, .timeout = 60)
+{
+    char *dir = kvt_tempdir();
+    char *path = platform(dir, "  <config>\n    <prop id=\"network/latency-factor\" value=\"2\"/>\n  </config>\n",
+                          "bandwidth=\"1GBps\" latency=\"10us\"");
+    kv_net_config cfg = nett_star(KV_NET_SIMGRID, 2, 100.0, 1e-6);
+    cfg.topology = KV_TOPO_PLATFORM;
+    cfg.platform_file = path;
+    nett_rec r = {0};
+    kv_net *net = nett_create(&cfg, &r);
+    nett_start(net, 0, 1, 1000, 0, 0, 0);
+    double t = nett_drain(net);
+    cr_assert(t > 19e-6 && t < 30e-6, "latency-factor 2 on 10 us: %g s", t);
+    kv_net_destroy(net);
+    free(path);
+    kvt_rmtree(dir);
+    free(dir);
+}
+
+Test(safety_net, platform_links_with_absurd_values_are_refused_at_load, .timeout = 60)
+{
+    expect_bad_platform("", "bandwidth=\"infGbps\" latency=\"3us\"", "lab.xml:8:|link 'ab'|bandwidth");
+    expect_bad_platform("", "bandwidth=\"1e-300Bps\" latency=\"3us\"", "lab.xml:8:|link 'ab'|bandwidth");
+    expect_bad_platform("", "bandwidth=\"10GBps\" latency=\"infs\"", "lab.xml:8:|link 'ab'|latency");
+    expect_bad_platform("", "bandwidth=\"10GBps\" latency=\"nans\"", "lab.xml:8:|link 'ab'|latency");
+    expect_bad_platform("", "bandwidth=\"10GBps\" latency=\"1e6s\"", "lab.xml:8:|link 'ab'|latency");
+}
