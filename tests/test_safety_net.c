@@ -198,3 +198,49 @@ Test(safety_net, platform_links_with_absurd_values_are_refused_at_load, .timeout
     expect_bad_platform("", "bandwidth=\"10GBps\" latency=\"nans\"", "lab.xml:8:|link 'ab'|latency");
     expect_bad_platform("", "bandwidth=\"10GBps\" latency=\"1e6s\"", "lab.xml:8:|link 'ab'|latency");
 }
+
+/* ---- 3. caps: every size the schema accepts builds in seconds ---- */
+
+static void run_lynx(const char *sets, int want, const char *words)
+{
+    char *dir = kvt_tempdir();
+    char *scen = kvt_source("scenarios/lynx.yaml");
+    char args[2048];
+    snprintf(args, sizeof args, "run %s %s --set 'policies=[int8]' --set 'policy={}' --set workload.requests=2 "
+             "--quiet --out %s/out", scen, sets, dir);
+    expect_kvsim(args, want, words);
+    free(scen);
+    kvt_rmtree(dir);
+    free(dir);
+}
+
+/* [1000, 1000] was exactly the documented cap and stalled SimGrid while building. */
+Test(safety_net, a_torus_beyond_the_cap_is_refused_at_once, .timeout = 30)
+{
+    run_lynx("--set network.topology=torus --set 'network.torus_dims=[1000, 1000]'", 2,
+             "network.torus_dims|at most 2048");
+    run_lynx("--set network.topology=torus --set 'network.torus_dims=[2049]'", 2, "network.torus_dims");
+    run_lynx("--set network.topology=dragonfly --set network.dragonfly.groups=46 --set network.dragonfly.chassis=1 "
+             "--set network.dragonfly.routers=46 --set network.dragonfly.nodes=1", 2, "network.dragonfly|at most 2048");
+    run_lynx("--set network.topology=fat-tree --set network.hosts_per_leaf=1 --set network.fat_tree.leaves=256 "
+             "--set network.fat_tree.spines=512 --set network.oversubscription=0.001953125", 2,
+             "network.fat_tree|at most 65536");
+}
+
+/* 100,000 + 100,000 nodes (the old maximum) held 3.5 GB after 60 s. */
+Test(safety_net, node_counts_beyond_the_cap_are_refused, .timeout = 30)
+{
+    run_lynx("--set cluster.prefill.nodes=100000 --set cluster.decode.nodes=100000", 2, "cluster.prefill.nodes|2048");
+    run_lynx("--set cluster.decode.nodes=2049", 2, "cluster.decode.nodes|2048");
+}
+
+/* The largest shapes the caps allow build and run (about 1-3 s each here). */
+Test(safety_net, the_largest_allowed_shapes_run, .timeout = 240)
+{
+    run_lynx("--set network.topology=torus --set 'network.torus_dims=[32, 64]'", 0, NULL);
+    run_lynx("--set network.topology=dragonfly --set network.dragonfly.groups=45 --set network.dragonfly.chassis=1 "
+             "--set network.dragonfly.routers=45 --set network.dragonfly.nodes=1", 0, NULL);
+    run_lynx("--set network.topology=fat-tree --set network.hosts_per_leaf=1 --set network.fat_tree.leaves=256 "
+             "--set network.fat_tree.spines=256 --set network.oversubscription=0.00390625", 0, NULL);
+    run_lynx("--set cluster.prefill.nodes=2048 --set cluster.decode.nodes=2048", 0, NULL);
+}

@@ -39,7 +39,12 @@
 #include "net/net.h"
 #include "net/simgrid/sg_proto.h"
 
-#define SG_MAX_SLOTS 1000000 /* topology positions we agree to build */
+/* Topology sizes SimGrid builds in a few seconds and bounded memory (measured, docs/network.md):
+   its torus and dragonfly zones cost about quadratic time / ~100 KB per position. */
+#define SG_MAX_FAT_TREE_SLOTS 8192
+#define SG_MAX_FAT_TREE_UPLINKS 65536 /* leaves x spines */
+#define SG_MAX_TORUS_SLOTS 2048
+#define SG_MAX_DRAGONFLY_SLOTS 2048
 #define SG_MAX_WEIGHT_RATIO 1e6
 
 typedef struct sg_net {
@@ -130,8 +135,16 @@ static long topology_slots(const kv_net_config *cfg, const char *src, kv_error *
                      cfg->hosts);
             return bad(err, src, "the fat-tree is too small for the hosts", "fat_tree_leaves", detail), -1;
         }
-        if (leaves > SG_MAX_SLOTS / cfg->hosts_per_leaf)
-            return bad(err, src, "more than 1,000,000 host positions", "fat_tree_leaves", NULL), -1;
+        if (leaves > SG_MAX_FAT_TREE_SLOTS / cfg->hosts_per_leaf) {
+            snprintf(detail, sizeof detail, " (%ld leaves x %d hosts per leaf)", leaves, cfg->hosts_per_leaf);
+            return bad(err, src, "a fat-tree has at most 8192 host positions", "fat_tree_leaves", detail), -1;
+        }
+        long spines = cfg->fat_tree_spines > 0 ? cfg->fat_tree_spines
+                      : (long)floor(ideal / (cfg->oversubscription > 0 ? cfg->oversubscription : 1.0) + 0.5);
+        if (spines > SG_MAX_FAT_TREE_UPLINKS / leaves) {
+            snprintf(detail, sizeof detail, " (%ld leaves x %ld spines)", leaves, spines);
+            return bad(err, src, "a fat-tree has at most 65536 leaf-spine links", "fat_tree_spines", detail), -1;
+        }
         return leaves * cfg->hosts_per_leaf;
     }
     case KV_TOPO_TORUS: {
@@ -142,8 +155,9 @@ static long topology_slots(const kv_net_config *cfg, const char *src, kv_error *
                 return bad(err, src, "dimensions must be >= 0 (0: unused)", "torus_dims", NULL), -1;
             if (cfg->torus_dims[i] > 0) {
                 used++;
-                if (n > SG_MAX_SLOTS / cfg->torus_dims[i])
-                    return bad(err, src, "more than 1,000,000 host positions", "torus_dims", NULL), -1;
+                if (n > SG_MAX_TORUS_SLOTS / cfg->torus_dims[i])
+                    return bad(err, src, "a torus has at most 2048 host positions (the product of its dimensions)",
+                               "torus_dims", NULL), -1;
                 n *= cfg->torus_dims[i];
             }
         }
@@ -163,8 +177,9 @@ static long topology_slots(const kv_net_config *cfg, const char *src, kv_error *
         for (int i = 0; i < 4; i++) {
             if (v[i] < 1)
                 return bad(err, src, "must be >= 1 for a dragonfly", k[i], NULL), -1;
-            if (n > SG_MAX_SLOTS / v[i])
-                return bad(err, src, "more than 1,000,000 host positions", k[i], NULL), -1;
+            if (n > SG_MAX_DRAGONFLY_SLOTS / v[i])
+                return bad(err, src, "a dragonfly has at most 2048 host positions (groups x chassis x routers x "
+                           "nodes)", k[i], NULL), -1;
             n *= v[i];
         }
         if (cfg->dragonfly_groups > cfg->dragonfly_routers)
