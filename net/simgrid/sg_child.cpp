@@ -18,10 +18,26 @@
  *   SimGrid enables it with its own (shadowed) penalty; the driver therefore sets
  *   the class penalty from Engine::on_time_advance, the first moment the latency
  *   is paid and before the solver runs again. Strict classes are penalty ratios
- *   of 1e9^(1/c_max) per class, c_max the highest class seen so far (a lower
+ *   of range^(1/c_max) per class, c_max the highest class seen so far (a lower
  *   class still gets that fraction of a higher one's share where both are
  *   bottlenecked: the documented error);
  *   weighted classes are the weight ratios, exact up to the solver's precision.
+ * - The solver's precision bounds the classes. SimGrid's max-min solver (3.32,
+ *   lmm/maxmin.cpp) drops a link from the solve once what is left of it is below
+ *   maxmin/precision x its bandwidth, or the sum of 1/penalty over its unsaturated
+ *   flows is below maxmin/precision; a flow still unsaturated there gets rate 0,
+ *   and the next solve aborts ("The Impossible Did Happen" in the lazy update, or a
+ *   boost list assertion). What a link keeps for its unsaturated flows is at least
+ *   (C_min / C_max) x w_min / (n x spread) of its bandwidth, n the flows on the
+ *   busiest link, spread the largest penalty ratio between two flows in flight, w_min
+ *   the smallest consumption weight (0.05 with network/crosstraffic), so the driver
+ *   keeps spread x n x precision x kSafety <= (C_min / C_max) x w_min:
+ *   the strict range shrinks from 1e9 as flows pile up on one link (never below
+ *   kMinStrictRange), weighted classes keep their ratio, and a flow that would break
+ *   the bound (or pass kMaxFlowsPerLink, where the solver's own sums of 1/penalty
+ *   round to more than its precision) fails the run at its start instead of
+ *   crashing SimGrid. With classes kvsim sets maxmin/precision to 1e-10 (the
+ *   scenario may set it) and scales penalties so class 0 has 1/penalty ~ 1.
  * Invariants (numbers as in net.h): the driver's time `now_` never decreases (1),
  * is never beyond the ADVANCE limit (2), every started flow is answered once or
  * cancelled (3), and everything iterated is a vector whose order depends only on
@@ -57,12 +73,15 @@ using simgrid::kernel::resource::Model;
 
 namespace {
 
-/* Strict classes c = 0..c_max get penalties kPenaltyScale * ratio^c with ratio^c_max =
-   kStrictRange: 1/penalty stays within [1e-3, 1e6], where the solver's absolute
-   precision (maxmin/precision, 1e-5) still resolves the lowest class and sums over
-   thousands of class-0 flows still round to well below it. */
+/* Strict classes c = 0..c_max get penalties kPenaltyScale * ratio^c with ratio^c_max = the
+   strict range: kStrictRange while few flows share a link, less as they pile up (see the
+   design notes). */
 constexpr double kStrictRange = 1e9;
-constexpr double kPenaltyScale = 1e-6; /* class-0 penalty of the reference flow (SimGrid's usual scale) */
+constexpr double kMinStrictRange = 100;  /* below, a lower class gets over 1% of a higher one's share */
+constexpr double kSafety = 4;            /* margin on the precision bound */
+constexpr double kPenaltyScale = 1.0;    /* class-0 penalty of the reference flow: 1/penalty ~ 1 */
+constexpr double kMaxBaseRatio = 2.0;    /* a flow's RTT penalty within [1/2, 2] x the reference flow's */
+constexpr int kMaxFlowsPerLink = 2048;   /* with classes: flows crossing one link at once */
 
 /* Full reads and writes on the socket; any failure means the parent is gone. */
 void read_all(int fd, void* buf, size_t n)
@@ -150,6 +169,23 @@ public:
             return KV_EINPUT;
         }
         weight_s_ = simgrid::config::get_value<double>("network/weight-S");
+        precision_ = simgrid::config::get_value<double>("maxmin/precision");
+        double c_lo = 0, c_hi = 0;
+        for (const sg4::Link* l : platform_.links) {
+            double c = l->get_bandwidth();
+            c_lo = c_lo == 0 ? c : std::min(c_lo, c);
+            c_hi = std::max(c_hi, c);
+        }
+        double w_min = simgrid::config::get_value<bool>("network/crosstraffic") ? 0.05 : 1.0;
+        headroom_ = (c_hi > 0 ? c_lo / c_hi : 1.0) * w_min / (precision_ * kSafety);
+        strict_range_ = std::min(kStrictRange, headroom_);
+        if (cfg_->priority == KV_PRIO_STRICT && strict_range_ < kMinStrictRange) {
+            *msg = "network.priority: strict classes need maxmin/precision x " + std::to_string((int)kSafety) +
+                   " x " + std::to_string((int)kMinStrictRange) + " <= (slowest / fastest link bandwidth) x " +
+                   (w_min < 1 ? "0.05 (network/crosstraffic)" : "1") + "; maxmin/precision is " +
+                   std::to_string(precision_);
+            return KV_EINPUT;
+        }
         sg4::Engine::on_time_advance_cb([this](double) { apply_pending_penalties(); });
         return KV_OK;
     }
@@ -170,6 +206,12 @@ private:
     double weight_s_ = 0;                     /* network/weight-S of the model */
     double reference_base_ = 0;               /* base penalty of the first prioritised flow */
     int max_class_ = 1;                       /* strict: highest class seen (at least 1) */
+    double precision_ = 1e-5;                 /* maxmin/precision in force */
+    double headroom_ = 1;                     /* (C_min / C_max) x w_min / (precision x kSafety) */
+    double base_lo_ = 1, base_hi_ = 1;        /* smallest and largest base_ratio seen */
+    double n_bucket_ = 1;                     /* power of two >= the most flows seen on one link */
+    double strict_range_ = kStrictRange;      /* strict: penalty ratio of class c_max to class 0 */
+    bool classes_moved_ = false;              /* class factors changed: reweight the running flows */
     double now_ = 0;                          /* kvsim's time of this network */
     int error_code_ = KV_OK;                  /* first error of an unanswered request */
     std::string error_;
@@ -230,7 +272,7 @@ private:
     double class_factor(int priority) const
     {
         if (cfg_->priority == KV_PRIO_STRICT)
-            return std::pow(kStrictRange, (double)priority / max_class_);
+            return std::pow(strict_range_, (double)priority / max_class_);
         double w_max = 0;
         for (double w : cfg_->class_weight)
             w_max = std::max(w_max, w > 0 ? w : 1.0);
@@ -253,7 +295,10 @@ private:
     }
 
     double penalty(const Flow* f) const { return f->base_ratio * kPenaltyScale * class_factor(f->priority); }
-    void set_priority(Flow* f, double route_latency_s);
+    double weight_spread() const;
+    bool admit(const Flow* f, int busiest, const std::string& link);
+    double base_ratio(const Flow* f, double route_latency_s);
+    void set_priority(Flow* f);
     void start(const kv_sg_request& rq);
     void cancel(const kv_sg_request& rq);
     void advance(double t_limit);
@@ -283,9 +328,79 @@ bool Driver::wait_until(double t)
     return true;
 }
 
-void Driver::set_priority(Flow* f, double route_latency_s)
+/* The largest penalty ratio between two flows in flight (or about to be). */
+double Driver::weight_spread() const
 {
-    /* SimGrid's CM02 penalty of this flow, which orders flows inside one class. */
+    double classes = 1;
+    if (cfg_->priority == KV_PRIO_STRICT) {
+        classes = strict_range_;
+    } else {
+        double w_lo = std::numeric_limits<double>::infinity(), w_hi = 0;
+        for (double w : cfg_->class_weight) {
+            w = w > 0 ? w : 1.0;
+            w_lo = std::min(w_lo, w);
+            w_hi = std::max(w_hi, w);
+        }
+        classes = w_hi / w_lo;
+    }
+    return classes * base_hi_ / base_lo_;
+}
+
+/* Whether f (its base_ratio set, its links not yet counted) keeps the solver's precision
+   bound; `busiest` is the most flows one of its links will carry with it, `link` that
+   link's name. Strict classes are spread again over a smaller range when needed. */
+bool Driver::admit(const Flow* f, int busiest, const std::string& link)
+{
+    char msg[600];
+    if (busiest > kMaxFlowsPerLink) {
+        std::snprintf(msg, sizeof msg,
+                      "net simgrid: flow %llu would be flow %d on link '%s' at once; with network priority classes "
+                      "kvsim allows at most %d (SimGrid's solver rounds sums over more flows beyond its precision)",
+                      (unsigned long long)f->id, busiest, link.c_str(), kMaxFlowsPerLink);
+        fail(KV_EFAIL, msg);
+        return false;
+    }
+    double lo = std::min(base_lo_, f->base_ratio), hi = std::max(base_hi_, f->base_ratio);
+    double bucket = n_bucket_;
+    while (bucket < busiest)
+        bucket *= 2;
+    if (cfg_->priority == KV_PRIO_STRICT) {
+        double range = std::min(strict_range_, headroom_ / (bucket * hi / lo));
+        if (range < kMinStrictRange) {
+            std::snprintf(msg, sizeof msg,
+                          "net simgrid: flow %llu would be flow %d on link '%s' at once; strict priority classes "
+                          "would then be less than %g apart in SimGrid's solver (its maxmin/precision %g)",
+                          (unsigned long long)f->id, busiest, link.c_str(), kMinStrictRange, precision_);
+            fail(KV_EFAIL, msg);
+            return false;
+        }
+        if (range < strict_range_) {
+            strict_range_ = range;
+            classes_moved_ = true;
+        }
+    } else {
+        double spread = weight_spread() / (base_hi_ / base_lo_) * (hi / lo);
+        if (spread * bucket > headroom_) {
+            std::snprintf(msg, sizeof msg,
+                          "net simgrid: flow %llu would be flow %d on link '%s' at once; network.class_weights "
+                          "%g apart (x %g for path latencies) are then beyond SimGrid's solver precision "
+                          "(maxmin/precision %g): at most %g flows per link",
+                          (unsigned long long)f->id, busiest, link.c_str(), spread / (hi / lo), hi / lo,
+                          precision_, std::floor(headroom_ / spread));
+            fail(KV_EFAIL, msg);
+            return false;
+        }
+    }
+    base_lo_ = lo;
+    base_hi_ = hi;
+    n_bucket_ = bucket;
+    return true;
+}
+
+/* SimGrid's CM02 penalty of a flow relative to the reference (first) flow's, which orders
+   flows inside one class; kept within [1/kMaxBaseRatio, kMaxBaseRatio]. */
+double Driver::base_ratio(const Flow* f, double route_latency_s)
+{
     double base = route_latency_s;
     if (weight_s_ > 0)
         for (int l : f->links)
@@ -294,7 +409,11 @@ void Driver::set_priority(Flow* f, double route_latency_s)
         base = 1.0;
     if (reference_base_ == 0)
         reference_base_ = base;
-    f->base_ratio = base / reference_base_;
+    return std::min(kMaxBaseRatio, std::max(1.0 / kMaxBaseRatio, base / reference_base_));
+}
+
+void Driver::set_priority(Flow* f)
+{
     /* The action was created by this request; it is the newest one of the model. */
     auto* set = model_->get_started_action_set();
     const void* impl = f->comm->get_impl();
@@ -312,9 +431,13 @@ void Driver::set_priority(Flow* f, double route_latency_s)
     if (cfg_->priority == KV_PRIO_STRICT && f->priority > max_class_) {
         /* A new lowest class: spread the classes again over the whole range. */
         max_class_ = f->priority;
+        classes_moved_ = true;
+    }
+    if (classes_moved_) {
         for (const Flow* g : active_)
             if (g != f && g->action && !g->latency_due)
                 updates.emplace_back(g->action, penalty(g));
+        classes_moved_ = false;
     }
     if (f->action->get_type() == ActionHeap::Type::latency) {
         f->latency_due = true;
@@ -331,6 +454,8 @@ void Driver::set_priority(Flow* f, double route_latency_s)
 
 void Driver::start(const kv_sg_request& rq)
 {
+    if (error_code_ != KV_OK)
+        return; /* the run already failed; the next answer says why */
     if (!wait_until(rq.t_s)) {
         fail(KV_EFAIL, "net simgrid: flow " + std::to_string(rq.id) +
                            " starts after a completion that was not reported; advance to its start time first");
@@ -347,12 +472,25 @@ void Driver::start(const kv_sg_request& rq)
     std::vector<sg4::Link*> route;
     double latency = 0;
     src->route_to(dst, route, &latency);
+    int busiest = 0;
+    std::string busiest_name;
     for (const sg4::Link* l : route) {
         auto it = link_index_.find(l);
         if (it == link_index_.end())
             continue; /* not a link kvsim reports (none expected) */
         f->links.push_back(it->second);
-        LinkUse& u = uses_[(size_t)it->second];
+        if (uses_[(size_t)it->second].flows + 1 > busiest) {
+            busiest = uses_[(size_t)it->second].flows + 1;
+            busiest_name = l->get_name();
+        }
+    }
+    if (cfg_->priority != KV_PRIO_NONE) {
+        f->base_ratio = base_ratio(f, latency);
+        if (!admit(f, busiest, busiest_name))
+            return; /* never handed to SimGrid; the run fails with the next answer */
+    }
+    for (int l : f->links) {
+        LinkUse& u = uses_[(size_t)l];
         if (u.flows++ == 0)
             u.since_s = now_;
     }
@@ -367,7 +505,7 @@ void Driver::start(const kv_sg_request& rq)
     comms_.push_back(f->comm);
     flows_.emplace(f->id, std::move(owned));
     if (cfg_->priority != KV_PRIO_NONE)
-        set_priority(f, latency);
+        set_priority(f);
 }
 
 /* Removes f from the active set, closes its link intervals at time t, frees it. */
@@ -431,6 +569,10 @@ void Driver::collect_done(std::vector<Flow*>* done)
 void Driver::advance(double t_limit)
 {
     std::vector<Flow*> done;
+    if (error_code_ != KV_OK) {
+        reply_status(0, nullptr, 0); /* a request failed: the run stops here */
+        return;
+    }
     if (t_limit > now_) {
         if (comms_.empty()) {
             if (std::isfinite(t_limit))

@@ -39,7 +39,12 @@
 #include "net/net.h"
 #include "net/simgrid/sg_proto.h"
 
-#define SG_MAX_SLOTS 1000000 /* topology positions we agree to build */
+/* Topology sizes SimGrid builds in a few seconds and bounded memory (measured, docs/network.md):
+   its torus and dragonfly zones cost about quadratic time / ~100 KB per position. */
+#define SG_MAX_FAT_TREE_SLOTS 8192
+#define SG_MAX_FAT_TREE_UPLINKS 65536 /* leaves x spines */
+#define SG_MAX_TORUS_SLOTS 2048
+#define SG_MAX_DRAGONFLY_SLOTS 2048
 #define SG_MAX_WEIGHT_RATIO 1e6
 
 typedef struct sg_net {
@@ -130,8 +135,16 @@ static long topology_slots(const kv_net_config *cfg, const char *src, kv_error *
                      cfg->hosts);
             return bad(err, src, "the fat-tree is too small for the hosts", "fat_tree_leaves", detail), -1;
         }
-        if (leaves > SG_MAX_SLOTS / cfg->hosts_per_leaf)
-            return bad(err, src, "more than 1,000,000 host positions", "fat_tree_leaves", NULL), -1;
+        if (leaves > SG_MAX_FAT_TREE_SLOTS / cfg->hosts_per_leaf) {
+            snprintf(detail, sizeof detail, " (%ld leaves x %d hosts per leaf)", leaves, cfg->hosts_per_leaf);
+            return bad(err, src, "a fat-tree has at most 8192 host positions", "fat_tree_leaves", detail), -1;
+        }
+        long spines = cfg->fat_tree_spines > 0 ? cfg->fat_tree_spines
+                      : (long)floor(ideal / (cfg->oversubscription > 0 ? cfg->oversubscription : 1.0) + 0.5);
+        if (spines > SG_MAX_FAT_TREE_UPLINKS / leaves) {
+            snprintf(detail, sizeof detail, " (%ld leaves x %ld spines)", leaves, spines);
+            return bad(err, src, "a fat-tree has at most 65536 leaf-spine links", "fat_tree_spines", detail), -1;
+        }
         return leaves * cfg->hosts_per_leaf;
     }
     case KV_TOPO_TORUS: {
@@ -142,8 +155,9 @@ static long topology_slots(const kv_net_config *cfg, const char *src, kv_error *
                 return bad(err, src, "dimensions must be >= 0 (0: unused)", "torus_dims", NULL), -1;
             if (cfg->torus_dims[i] > 0) {
                 used++;
-                if (n > SG_MAX_SLOTS / cfg->torus_dims[i])
-                    return bad(err, src, "more than 1,000,000 host positions", "torus_dims", NULL), -1;
+                if (n > SG_MAX_TORUS_SLOTS / cfg->torus_dims[i])
+                    return bad(err, src, "a torus has at most 2048 host positions (the product of its dimensions)",
+                               "torus_dims", NULL), -1;
                 n *= cfg->torus_dims[i];
             }
         }
@@ -163,8 +177,9 @@ static long topology_slots(const kv_net_config *cfg, const char *src, kv_error *
         for (int i = 0; i < 4; i++) {
             if (v[i] < 1)
                 return bad(err, src, "must be >= 1 for a dragonfly", k[i], NULL), -1;
-            if (n > SG_MAX_SLOTS / v[i])
-                return bad(err, src, "more than 1,000,000 host positions", k[i], NULL), -1;
+            if (n > SG_MAX_DRAGONFLY_SLOTS / v[i])
+                return bad(err, src, "a dragonfly has at most 2048 host positions (groups x chassis x routers x "
+                           "nodes)", k[i], NULL), -1;
             n *= v[i];
         }
         if (cfg->dragonfly_groups > cfg->dragonfly_routers)
@@ -262,10 +277,9 @@ static int is_word(const char *words, const char *v)
     return 0;
 }
 
-static int check_option(const kv_net_config *cfg, int i, kv_error *err)
+/* Checks SimGrid option key = v against sg_options; `where` prefixes the messages. */
+static int check_option_value(const char *key, const char *v, const char *where, kv_error *err)
 {
-    char w[700];
-    const char *key = cfg->option_key[i], *v = cfg->option_value[i];
     const sg_option *o = NULL;
     for (size_t k = 0; k < SG_N_OPTIONS && !o; k++)
         if (strcmp(sg_options[k].key, key) == 0)
@@ -275,7 +289,7 @@ static int check_option(const kv_net_config *cfg, int i, kv_error *err)
         for (size_t k = 0; k < SG_N_OPTIONS; k++)
             snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", k ? ", " : "", sg_options[k].key);
         return kv_error_set(err, KV_EINPUT, "%s: not a SimGrid option kvsim passes through (it takes: %s)",
-                            option_where(cfg, i, w, sizeof w), known);
+                            where, known);
     }
     switch (o->kind) {
     case SG_OPT_FREE:
@@ -283,14 +297,13 @@ static int check_option(const kv_net_config *cfg, int i, kv_error *err)
     case SG_OPT_WORD:
         if (is_word(o->words, v))
             return KV_OK;
-        return kv_error_set(err, KV_EINPUT, "%s: unknown value '%s' (%s)", option_where(cfg, i, w, sizeof w), v,
-                            o->words);
+        return kv_error_set(err, KV_EINPUT, "%s: unknown value '%s' (%s)", where, v, o->words);
     case SG_OPT_BOOL: {
         static const char *const yes_no = "0, 1, no, yes, off, on, false, true";
         if (is_word(yes_no, v))
             return KV_OK;
         return kv_error_set(err, KV_EINPUT, "%s: expected a boolean (%s), got '%s'",
-                            option_where(cfg, i, w, sizeof w), yes_no, v);
+                            where, yes_no, v);
     }
     case SG_OPT_NUMBER:
     case SG_OPT_WHOLE: {
@@ -302,15 +315,21 @@ static int check_option(const kv_net_config *cfg, int i, kv_error *err)
             ok = x == floor(x);
         if (!ok)
             return kv_error_set(err, KV_EINPUT, "%s: expected a finite %snumber, got '%s'",
-                                option_where(cfg, i, w, sizeof w), o->kind == SG_OPT_WHOLE ? "whole " : "", v);
+                                where, o->kind == SG_OPT_WHOLE ? "whole " : "", v);
         if (x < o->lo || (o->lo_open && x == o->lo) || x > o->hi)
             return kv_error_set(err, KV_EINPUT, "%s: must be %s %g and <= %g %s, got %s",
-                                option_where(cfg, i, w, sizeof w), o->lo_open ? ">" : ">=", o->lo, o->hi, o->unit,
+                                where, o->lo_open ? ">" : ">=", o->lo, o->hi, o->unit,
                                 v);
         return KV_OK;
     }
     }
     return KV_OK;
+}
+
+static int check_option(const kv_net_config *cfg, int i, kv_error *err)
+{
+    char w[700];
+    return check_option_value(cfg->option_key[i], cfg->option_value[i], option_where(cfg, i, w, sizeof w), err);
 }
 
 static int check_options(const kv_net_config *cfg, const char *src, kv_error *err)
@@ -349,6 +368,228 @@ static int check_options(const kv_net_config *cfg, const char *src, kv_error *er
     return KV_OK;
 }
 
+/* ---- the platform file, before SimGrid reads it ---- */
+
+#define SG_XML_MAX_BYTES (256L << 20) /* platform files kvsim reads */
+#define SG_XML_MAX_ATTRS 16
+
+/* One start tag of an XML file: its name, attributes (pointers into a scratch copy) and line. */
+typedef struct sg_xml_tag {
+    char name[32];
+    int line;
+    int closing;                 /* </name> */
+    int self_closing;            /* <name .../> */
+    int n;
+    char key[SG_XML_MAX_ATTRS][32];
+    char val[SG_XML_MAX_ATTRS][512];
+} sg_xml_tag;
+
+/* Reads the next tag from text at *pos (comments, declarations and processing
+   instructions skipped); 0 at the end. *line counts newlines. */
+static int xml_next_tag(const char *text, size_t *pos, int *line, sg_xml_tag *tag)
+{
+    size_t i = *pos;
+    for (;;) {
+        while (text[i] && text[i] != '<') {
+            if (text[i] == '\n')
+                ++*line;
+            i++;
+        }
+        if (!text[i])
+            return 0;
+        const char *skip_to = NULL;
+        if (strncmp(text + i, "<!--", 4) == 0)
+            skip_to = "-->";
+        else if (strncmp(text + i, "<![CDATA[", 9) == 0)
+            skip_to = "]]>";
+        else if (text[i + 1] == '?')
+            skip_to = "?>";
+        else if (text[i + 1] == '!')
+            skip_to = ">";
+        if (!skip_to)
+            break;
+        const char *end = strstr(text + i, skip_to);
+        size_t stop = end ? (size_t)(end - text) + strlen(skip_to) : strlen(text);
+        for (; i < stop; i++)
+            if (text[i] == '\n')
+                ++*line;
+    }
+    memset(tag, 0, sizeof *tag);
+    tag->line = *line;
+    i++;
+    if (text[i] == '/') {
+        tag->closing = 1;
+        i++;
+    }
+    size_t k = 0;
+    while (text[i] && !strchr(" \t\r\n/>", text[i])) {
+        if (k + 1 < sizeof tag->name)
+            tag->name[k++] = text[i];
+        i++;
+    }
+    for (;;) {
+        while (text[i] && strchr(" \t\r\n", text[i])) {
+            if (text[i] == '\n')
+                ++*line;
+            i++;
+        }
+        if (!text[i])
+            break;
+        if (text[i] == '>') {
+            i++;
+            break;
+        }
+        if (text[i] == '/') {
+            tag->self_closing = 1;
+            i++;
+            continue;
+        }
+        char key[32] = "";
+        k = 0;
+        while (text[i] && !strchr(" \t\r\n=/>", text[i])) {
+            if (k + 1 < sizeof key)
+                key[k++] = text[i];
+            i++;
+        }
+        while (text[i] && strchr(" \t\r\n", text[i])) {
+            if (text[i] == '\n')
+                ++*line;
+            i++;
+        }
+        if (text[i] != '=') {
+            if (k == 0 && text[i])
+                i++; /* stray character */
+            continue;
+        }
+        i++;
+        while (text[i] && strchr(" \t\r\n", text[i])) {
+            if (text[i] == '\n')
+                ++*line;
+            i++;
+        }
+        char quote = text[i];
+        if (quote != '"' && quote != '\'')
+            continue;
+        i++;
+        char val[512] = "";
+        k = 0;
+        while (text[i] && text[i] != quote) {
+            if (text[i] == '\n')
+                ++*line;
+            if (k + 1 < sizeof val)
+                val[k++] = text[i];
+            i++;
+        }
+        if (text[i])
+            i++;
+        if (tag->n < SG_XML_MAX_ATTRS) {
+            snprintf(tag->key[tag->n], sizeof tag->key[0], "%s", key);
+            snprintf(tag->val[tag->n], sizeof tag->val[0], "%s", val);
+            tag->n++;
+        }
+    }
+    *pos = i;
+    return 1;
+}
+
+static const char *xml_attr(const sg_xml_tag *tag, const char *key)
+{
+    for (int i = 0; i < tag->n; i++)
+        if (strcmp(tag->key[i], key) == 0)
+            return tag->val[i];
+    return NULL;
+}
+
+/* The platform file's text (free it), or NULL with *err set. */
+static char *xml_read(const char *path, const char *src, kv_error *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        kv_error_set(err, KV_EINPUT, "%s: network.platform_file: cannot read '%s': %s", src, path, strerror(errno));
+        return NULL;
+    }
+    char *text = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (n + 65536 + 1 > cap)
+            kv_grow((void **)&text, 1, &cap, n + 65536 + 1);
+        size_t got = fread(text + n, 1, 65536, f);
+        n += got;
+        if (got == 0 || (long)n > SG_XML_MAX_BYTES)
+            break;
+    }
+    int failed = ferror(f);
+    fclose(f);
+    if (failed || (long)n > SG_XML_MAX_BYTES) {
+        kv_free(text);
+        kv_error_set(err, KV_EINPUT, "%s: network.platform_file: '%s': %s", src, path,
+                     failed ? "read error" : "larger than 256 MiB");
+        return NULL;
+    }
+    text[n] = 0;
+    return text;
+}
+
+/* SimGrid applies a platform's <config><prop id= value=/></config> while it loads the file,
+   after kvsim's own settings: the same table as network.simgrid applies to them. */
+static int check_platform_file(const kv_net_config *cfg, const char *src, kv_error *err)
+{
+    char *text = xml_read(cfg->platform_file, src, err);
+    if (!text)
+        return KV_EINPUT;
+    size_t pos = 0;
+    int line = 1, in_config = 0, rc = KV_OK;
+    sg_xml_tag *tag = kv_calloc(1, sizeof *tag);
+    while (rc == KV_OK && xml_next_tag(text, &pos, &line, tag)) {
+        if (strcmp(tag->name, "config") == 0) {
+            in_config = !tag->closing && !tag->self_closing;
+            continue;
+        }
+        if (!in_config || tag->closing || strcmp(tag->name, "prop") != 0)
+            continue;
+        const char *id = xml_attr(tag, "id"), *value = xml_attr(tag, "value");
+        char where[1200];
+        snprintf(where, sizeof where, "%s:%d: <config> prop '%s' (network.platform_file of %s)", cfg->platform_file,
+                 tag->line, id ? id : "", src);
+        if (!id || !value)
+            rc = kv_error_set(err, KV_EINPUT, "%s: needs id and value", where);
+        else
+            rc = check_option_value(id, value, where, err);
+    }
+    kv_free(tag);
+    kv_free(text);
+    return rc;
+}
+
+int kv_sg_platform_line(const char *path, const char *link)
+{
+    kv_error err;
+    char *text = xml_read(path, "", &err);
+    if (!text)
+        return 0;
+    size_t pos = 0, best_len = 0;
+    int line = 1, best = 0;
+    sg_xml_tag *tag = kv_calloc(1, sizeof *tag);
+    while (xml_next_tag(text, &pos, &line, tag)) {
+        const char *id = xml_attr(tag, "id");
+        if (tag->closing || !id || !id[0])
+            continue;
+        if (strcmp(tag->name, "link") == 0 && strcmp(id, link) == 0) {
+            best = tag->line;
+            break;
+        }
+        /* Links a <cluster> (or <backbone>...) makes carry its id as a prefix. */
+        size_t n = strlen(id);
+        if (strcmp(tag->name, "link") != 0 && n > best_len && strncmp(link, id, n) == 0) {
+            best = tag->line;
+            best_len = n;
+        }
+    }
+    kv_free(tag);
+    kv_free(text);
+    return best;
+}
+
 static int check_config(const kv_net_config *cfg, kv_error *err)
 {
     const char *src = cfg->source ? cfg->source : "network";
@@ -368,6 +609,8 @@ static int check_config(const kv_net_config *cfg, kv_error *err)
         return kv_error_set(err, KV_EINPUT, "%s: network.oversubscription: must be a positive ratio (0: 1:1)", src);
     long slots = topology_slots(cfg, src, err);
     if (slots < 0)
+        return KV_EINPUT;
+    if (cfg->topology == KV_TOPO_PLATFORM && check_platform_file(cfg, src, err) != KV_OK)
         return KV_EINPUT;
     if (cfg->host_slot && cfg->topology != KV_TOPO_PLATFORM) {
         unsigned char *seen = kv_calloc((size_t)slots, 1);

@@ -12,6 +12,7 @@
  * SimGrid bandwidths are bytes/s: gbps * 1e9 / 8 (exact for the usual values).
  */
 #include "net/simgrid/sg_platform.hpp"
+#include "net/simgrid/sg_proto.h"
 
 #include <xbt/log.h>
 
@@ -25,6 +26,11 @@ using simgrid::kernel::routing::NetPoint;
 namespace kvsg {
 
 namespace {
+
+/* What a platform file's links may have (SimGrid units: bytes/s, s). */
+constexpr double kMinLinkBandwidth = 125.0;  /* 1 kbit/s */
+constexpr double kMaxLinkBandwidth = 1.25e17; /* 1e9 Gbit/s, network.switch_bandwidth_gbps's maximum */
+constexpr double kMaxLinkLatency = 1000.0;    /* s, network.nic_latency_us's maximum */
 
 double bytes_per_s(double gbps)
 {
@@ -221,13 +227,24 @@ void build_from_file(const kv_net_config* cfg, sg4::Engine& engine, std::vector<
             what = file + ": " + what;
         throw std::invalid_argument("network.platform_file: " + what);
     }
-    /* SimGrid accepts these and dies later in the run. */
+    /* SimGrid accepts these and dies later in the run (inf, 1e-300 B/s, NaN latencies...). */
     for (const sg4::Link* l : engine.get_all_links()) {
-        if (!(l->get_bandwidth() > 0) || !(l->get_latency() >= 0))
-            throw std::invalid_argument("network.platform_file: " + file + ": link '" + l->get_name() +
-                                        "' needs a positive bandwidth and a latency >= 0 (it has " +
-                                        std::to_string(l->get_bandwidth()) + " B/s, " +
-                                        std::to_string(l->get_latency()) + " s)");
+        if (l->get_name() == "__loopback__")
+            continue;
+        double bw = l->get_bandwidth(), lat = l->get_latency();
+        const char* what = nullptr;
+        if (!(bw >= kMinLinkBandwidth && bw <= kMaxLinkBandwidth))
+            what = "bandwidth must be within 1 kbit/s (125 B/s) and 1e9 Gbit/s (1.25e17 B/s)";
+        else if (!(lat >= 0 && lat <= kMaxLinkLatency))
+            what = "latency must be within 0 and 1000 s";
+        if (what == nullptr)
+            continue;
+        int line = kv_sg_platform_line(cfg->platform_file, l->get_cname());
+        char msg[900];
+        std::snprintf(msg, sizeof msg, "network.platform_file: %s%s%s: link '%s': %s, got %g B/s and %g s",
+                      cfg->platform_file, line > 0 ? ":" : "", line > 0 ? std::to_string(line).c_str() : "",
+                      l->get_cname(), what, bw, lat);
+        throw std::invalid_argument(msg);
     }
     if (cfg->host_names) {
         for (int i = 0; i < cfg->hosts; i++) {
@@ -253,6 +270,8 @@ void apply_options(const kv_net_config* cfg)
     xbt_log_control_set("root.thres:critical");
     sg4::Engine::set_config("network/model:CM02");
     sg4::Engine::set_config("network/crosstraffic:0");
+    if (cfg->priority != KV_PRIO_NONE)
+        sg4::Engine::set_config("maxmin/precision:1e-10"); /* room for the classes (sg_child.cpp) */
     for (int i = 0; i < cfg->n_options; i++) {
         std::string key = cfg->option_key[i], value = cfg->option_value[i];
         if (key == "log")

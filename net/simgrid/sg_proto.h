@@ -61,6 +61,10 @@ extern "C" {
    parent goes away. Never returns (ends with _exit). */
 void kv_sg_child_main(const kv_net_config *cfg, int fd);
 
+/* The line of link `link` in the platform file at path: its <link id=...>, or the element
+   (a <cluster>...) whose id starts its name; 0 when not found (sg_net.c). */
+int kv_sg_platform_line(const char *path, const char *link);
+
 #ifdef __cplusplus
 }
 #endif
