@@ -283,6 +283,19 @@ static int bind_value(const kv_ynode *n, const kv_key_spec *k, void *base, kv_er
     return KV_OK;
 }
 
+/* Whether an unknown key looks like a key name and may be quoted in a message. A file that is not of
+   the expected kind (a model card path naming /etc/shadow, say) parses as YAML keys made of its
+   lines: those are never echoed. */
+static bool key_name_like(const char *key)
+{
+    size_t n = 0;
+    for (const char *p = key; *p; p++, n++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '_' ||
+              *p == '-' || *p == '.'))
+            return false;
+    return n > 0 && n <= 64;
+}
+
 /* Binds every key of mapping `map`, whose dotted path is `prefix` ("" at the root). */
 static int bind_map(const kv_schema *s, const kv_ynode *map, const char *prefix, void *base, bool *seen,
                     kv_error *err)
@@ -310,12 +323,15 @@ static int bind_map(const kv_schema *s, const kv_ynode *map, const char *prefix,
                 if (!strchr(rest, '.'))
                     cands[nc++] = rest;
             }
-            const char *hint = kv_did_you_mean(map->keys[i], cands, nc);
             const kv_ynode *v = map->items[i];
             if (strncmp(v->file, "--set", 5) == 0) /* added from the command line */
                 snprintf(w, sizeof w, "%s", v->file);
             else
                 snprintf(w, sizeof w, "%s:%d:%d", map->file, map->key_lines[i], map->key_cols[i]);
+            if (!key_name_like(map->keys[i]))
+                return kv_error_set(err, KV_EINPUT, "%s: unknown key in %s, and not a key name (is this file a %s?)",
+                                    w, prefix[0] ? prefix : s->what, s->what);
+            const char *hint = kv_did_you_mean(map->keys[i], cands, nc);
             if (hint)
                 return kv_error_set(err, KV_EINPUT, "%s: unknown key '%s' in %s (did you mean '%s'?)", w, path,
                                     prefix[0] ? prefix : s->what, hint);
