@@ -243,31 +243,32 @@ static int bind_value(const kv_ynode *n, const kv_key_spec *k, void *base, kv_er
             return kv_error_set(err, KV_EINPUT, "%s: %s: expected a list, e.g. [a, b]", where(n, w, sizeof w),
                                 k->path);
         free_value(k, base);
+        /* Sized once from the list (a realloc per item is quadratic where realloc copies). */
+        if (n->count && k->type == KV_KEY_STRLIST)
+            ((kv_strlist *)f)->items = kv_calloc(n->count, sizeof(char *));
+        else if (n->count && k->type == KV_KEY_INTLIST)
+            ((kv_intlist *)f)->items = kv_calloc(n->count, sizeof(int));
+        else if (n->count)
+            ((kv_doublelist *)f)->items = kv_calloc(n->count, sizeof(double));
         for (size_t i = 0; i < n->count && !rc; i++) {
             const kv_ynode *it = n->items[i];
             if (k->type == KV_KEY_STRLIST) {
                 kv_strlist *l = f;
                 rc = need_scalar(it, k->path, "a string", err);
-                if (!rc) {
-                    l->items = kv_realloc(l->items, (l->count + 1) * sizeof *l->items);
+                if (!rc)
                     l->items[l->count++] = kv_strdup(it->value);
-                }
             } else if (k->type == KV_KEY_INTLIST) {
                 kv_intlist *l = f;
                 long long v;
                 rc = kv_ynode_int(it, k->path, (long long)k->min, (long long)k->max, &v, err);
-                if (!rc) {
-                    l->items = kv_realloc(l->items, (l->count + 1) * sizeof *l->items);
+                if (!rc)
                     l->items[l->count++] = (int)v;
-                }
             } else {
                 kv_doublelist *l = f;
                 double v;
                 rc = bind_number(it, k, &v, err);
-                if (!rc) {
-                    l->items = kv_realloc(l->items, (l->count + 1) * sizeof *l->items);
+                if (!rc)
                     l->items[l->count++] = v;
-                }
             }
         }
         return rc;
