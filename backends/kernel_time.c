@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "core/alloc.h"
+#include "core/infile.h"
 
 double kv_kernel_now_s(void)
 {
@@ -473,21 +474,13 @@ struct kv_kernel_calib {
 int kv_kernel_calib_load(const char *path, const char *backend, kv_kernel_calib **out, kv_error *err)
 {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return kv_error_set(err, KV_EINPUT, "%s: cannot open the calibration file", path);
-    size_t cap = 4096, n = 0, got;
-    char *text = kv_malloc(cap);
-    while ((got = fread(text + n, 1, cap - n - 1, f)) > 0) {
-        n += got;
-        if (cap - n < 2)
-            kv_grow((void **)&text, 1, &cap, cap * 2);
-    }
-    fclose(f);
-    text[n] = '\0';
+    char *text = NULL;
+    int rc = kv_input_read_all(path, "the calibration file", KV_INPUT_MAX_TEXT, &text, NULL, err);
+    if (rc)
+        return rc;
     jparser p = {text, path, 0, err, 0};
     jval root;
-    int rc = jparse(&p, &root);
+    rc = jparse(&p, &root);
     if (!rc) {
         jskip(&p);
         if (p.s[p.at])

@@ -31,6 +31,7 @@
 #include "core/afile.h"
 #include "core/alloc.h"
 #include "core/commands.h"
+#include "core/infile.h"
 #include "core/plot.h"
 #include "core/progress.h"
 #include "core/sweep.h"
@@ -249,7 +250,8 @@ static pid_t launch(run_state *st, size_t i)
 /* Prints the last lines of a point's stderr.txt, indented. */
 static void print_tail(const char *path, int lines)
 {
-    FILE *f = fopen(path, "rb");
+    kv_error quiet = {0};
+    FILE *f = kv_input_fopen(path, "stderr.txt", KV_INPUT_NO_CAP, &quiet); /* a FIFO there must not block */
     if (!f)
         return;
     fseek(f, 0, SEEK_END);

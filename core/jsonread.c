@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/infile.h"
 
 typedef struct parser {
     const unsigned char *p, *end;
@@ -410,22 +411,11 @@ int kv_jread_parse(const char *text, size_t len, const char *origin, kv_jvalue *
 int kv_jread_file(const char *path, kv_jvalue **out, kv_error *err)
 {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return kv_error_set(err, KV_EINPUT, "%s: cannot open: %s", path, strerror(errno));
-    size_t cap = 1 << 16, n = 0;
-    char *buf = kv_malloc(cap);
-    for (;;) {
-        if (n == cap)
-            kv_grow((void **)&buf, 1, &cap, cap * 2);
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (got == 0)
-            break;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    int rc = bad ? kv_error_set(err, KV_EFAIL, "%s: read error", path) : kv_jread_parse(buf, n, path, out, err);
+    char *buf = NULL;
+    size_t n = 0;
+    int rc = kv_input_read_all(path, "JSON file", KV_INPUT_MAX_JSON, &buf, &n, err);
+    if (!rc)
+        rc = kv_jread_parse(buf, n, path, out, err);
     kv_free(buf);
     return rc;
 }

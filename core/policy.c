@@ -34,6 +34,7 @@
 #include <lua.h>
 
 #include "core/alloc.h"
+#include "core/infile.h"
 #include "core/policy_internal.h"
 #include "core/policy_sandbox.h"
 
@@ -796,29 +797,18 @@ static int setup_body(lua_State *L)
     return 0;
 }
 
+/* Reads the policy source: a regular file of at most KV_INPUT_MAX_TEXT bytes (infile.h). */
 static char *read_file(const char *path, size_t *len, kv_error *err, const char *name)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        kv_error_set(err, KV_EINPUT, "%s: policy '%s': cannot open the policy file: %s", path, name, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 8192, n = 0, got;
-    char *buf = kv_malloc(cap);
-    while ((got = fread(buf + n, 1, cap - n, f)) > 0) {
-        n += got;
-        if (n == cap)
-            buf = kv_realloc(buf, cap *= 2);
-    }
-    int bad_read = ferror(f);
-    fclose(f);
-    if (bad_read) {
-        kv_free(buf);
-        kv_error_set(err, KV_EINPUT, "%s: policy '%s': cannot read the policy file", path, name);
-        return NULL;
-    }
-    *len = n;
-    return buf;
+    char *text = NULL;
+    kv_error local = {0};
+    if (kv_input_read_all(path, "the policy file", KV_INPUT_MAX_TEXT, &text, len, &local) == KV_OK)
+        return text;
+    /* "PATH: cannot open the policy file: ..." -> "PATH: policy 'NAME': cannot open the policy file: ..." */
+    size_t plen = strlen(path);
+    const char *rest = strncmp(local.msg, path, plen) == 0 && local.msg[plen] == ':' ? local.msg + plen + 2 : local.msg;
+    kv_error_set(err, local.code, "%s: policy '%s': %s", path, name, rest);
+    return NULL;
 }
 
 /* The name used when none is given: the file's base name without ".lua". */
@@ -889,7 +879,7 @@ int kv_policy_load(const char *name, const char *path, const kv_policy_param *pa
     char *text = read_file(path, &len, err, p->name);
     if (!text) {
         kv_policy_destroy(p);
-        return KV_EINPUT;
+        return err ? err->code : KV_EINPUT;
     }
     char msg[512];
     if (kv_sandbox_open(&p->sb, p->name, &lim, msg, sizeof msg) != 0) {

@@ -12,6 +12,7 @@
 #include <sys/types.h>
 
 #include "core/alloc.h"
+#include "core/infile.h"
 
 /* One measured point of a surface: the mean of its rows. */
 typedef struct point {
@@ -379,9 +380,10 @@ int kv_profile_load(const char *path, const char *model, const char *hardware, i
 {
     *out = NULL;
     const char *at = where ? where : path;
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return kv_error_set(err, KV_EINPUT, "%s: cannot open profile table %s: %s", at, path, strerror(errno));
+    kv_error open_err = {0};
+    FILE *f = kv_input_fopen(path, "profile table", KV_INPUT_MAX_TEXT, &open_err);
+    if (!f) /* "PATH: cannot open profile table: why", placed after the scenario key's position */
+        return kv_error_set(err, open_err.code, "%s: %s", at, open_err.msg);
     kv_profile *p = kv_calloc(1, sizeof *p);
     char combos[512] = "";
     int rc = read_table(f, path, model, hardware, tp, p, combos, sizeof combos, err);

@@ -123,7 +123,8 @@ static const kv_key_spec scenario_keys[] = {
     {"workload.trace.time_scale", KV_KEY_POSITIVE, S(trace_time_scale), "1", 0, 1e9, NULL,
      "multiply trace times by this (0.5 = twice the rate)"},
     {"workload.trace.repeat", KV_KEY_INT, S(trace_repeat), "1", 1, 1000000, NULL,
-     "tile the trace this many times end to end"},
+     "tile the trace this many times end to end (each copy one mean gap after the last; workload.requests "
+     "caps the rows of all copies)"},
 
     {"timing", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "where operation times come from"},
     {"timing.source", KV_KEY_ENUM, S(timing_source), "model", 0, 0, "model|measured|profile",
@@ -319,17 +320,44 @@ static int apply_override(kv_ynode *tree, const char *text, kv_error *err)
     return rc;
 }
 
+static int compare_names(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* The policy names, sorted (for the duplicate check and the policy.<name> lookups): kv_free it. */
+static const char **sorted_policies(const kv_scenario *s)
+{
+    const char **sorted = kv_calloc(s->policies.count + 1, sizeof *sorted);
+    for (size_t i = 0; i < s->policies.count; i++)
+        sorted[i] = s->policies.items[i];
+    qsort(sorted, s->policies.count, sizeof *sorted, compare_names);
+    return sorted;
+}
+
+static int check_policy_settings(const kv_scenario *s, const char **sorted, kv_error *err);
+
 static int check(kv_scenario *s, kv_error *err)
 {
     char w[512];
     if (s->policies.count == 0)
         return kv_error_set(err, KV_EINPUT, "%s: policies: name at least one policy to compare",
                             kv_scenario_where(s, "policies", w, sizeof w));
-    for (size_t i = 0; i < s->policies.count; i++)
-        for (size_t j = 0; j < i; j++)
-            if (strcmp(s->policies.items[i], s->policies.items[j]) == 0)
-                return kv_error_set(err, KV_EINPUT, "%s: policies: '%s' is listed twice",
-                                    kv_scenario_where(s, "policies", w, sizeof w), s->policies.items[i]);
+    if (s->policies.count > KV_SCENARIO_MAX_POLICIES)
+        return kv_error_set(err, KV_EINPUT, "%s: policies: %zu policies, at most %d can be compared in one run",
+                            kv_scenario_where(s, "policies", w, sizeof w), s->policies.count,
+                            KV_SCENARIO_MAX_POLICIES);
+    const char **sorted = sorted_policies(s);
+    int rc = KV_OK;
+    for (size_t i = 1; !rc && i < s->policies.count; i++)
+        if (strcmp(sorted[i], sorted[i - 1]) == 0)
+            rc = kv_error_set(err, KV_EINPUT, "%s: policies: '%s' is listed twice",
+                              kv_scenario_where(s, "policies", w, sizeof w), sorted[i]);
+    if (!rc)
+        rc = check_policy_settings(s, sorted, err);
+    kv_free(sorted);
+    if (rc)
+        return rc;
     if (s->prompt.min > s->prompt.max)
         return kv_error_set(err, KV_EINPUT, "%s: workload.prompt: min (%d) is larger than max (%d)",
                             kv_scenario_where(s, "workload.prompt", w, sizeof w), s->prompt.min, s->prompt.max);
@@ -373,24 +401,28 @@ static int check(kv_scenario *s, kv_error *err)
     if (s->torus_dims.count > 3)
         return kv_error_set(err, KV_EINPUT, "%s: network.torus_dims: at most 3 dimensions",
                             kv_scenario_where(s, "network.torus_dims", w, sizeof w));
-    if (s->policy_settings && s->policy_settings->kind == KV_YMAP) {
-        /* Settings for a policy that is not compared are almost always a typo. */
-        const kv_ynode *ps = s->policy_settings;
-        for (size_t i = 0; i < ps->count; i++) {
-            bool listed = false;
-            for (size_t j = 0; j < s->policies.count; j++)
-                listed |= strcmp(ps->keys[i], s->policies.items[j]) == 0;
-            if (!listed) {
-                const char *hint = kv_did_you_mean(ps->keys[i], (const char *const *)s->policies.items,
-                                                   s->policies.count);
-                return kv_error_set(err, KV_EINPUT, "%s:%d:%d: policy.%s: '%s' is not in policies [...]%s%s%s",
-                                    ps->file, ps->key_lines[i], ps->key_cols[i], ps->keys[i], ps->keys[i],
-                                    hint ? " (did you mean '" : "", hint ? hint : "", hint ? "'?)" : "");
-            }
-            if (ps->items[i]->kind != KV_YMAP)
-                return kv_error_set(err, KV_EINPUT, "%s:%d:%d: policy.%s: expected a mapping of settings",
-                                    ps->file, ps->key_lines[i], ps->key_cols[i], ps->keys[i]);
+    return KV_OK;
+}
+
+/* policy.<name> must name a compared policy and hold a mapping; sorted: the policy names, sorted. */
+static int check_policy_settings(const kv_scenario *s, const char **sorted, kv_error *err)
+{
+    if (!s->policy_settings || s->policy_settings->kind != KV_YMAP)
+        return KV_OK;
+    /* Settings for a policy that is not compared are almost always a typo. */
+    const kv_ynode *ps = s->policy_settings;
+    for (size_t i = 0; i < ps->count; i++) {
+        const char *key = ps->keys[i];
+        if (!bsearch(&key, sorted, s->policies.count, sizeof *sorted, compare_names)) {
+            const char *hint = kv_did_you_mean(ps->keys[i], (const char *const *)s->policies.items,
+                                               s->policies.count);
+            return kv_error_set(err, KV_EINPUT, "%s:%d:%d: policy.%s: '%s' is not in policies [...]%s%s%s",
+                                ps->file, ps->key_lines[i], ps->key_cols[i], ps->keys[i], ps->keys[i],
+                                hint ? " (did you mean '" : "", hint ? hint : "", hint ? "'?)" : "");
         }
+        if (ps->items[i]->kind != KV_YMAP)
+            return kv_error_set(err, KV_EINPUT, "%s:%d:%d: policy.%s: expected a mapping of settings",
+                                ps->file, ps->key_lines[i], ps->key_cols[i], ps->keys[i]);
     }
     return KV_OK;
 }

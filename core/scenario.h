@@ -11,6 +11,9 @@
 #include "core/schema.h"
 #include "core/ytree.h"
 
+/* Policies one scenario may compare (each is a Lua state and a whole simulation). */
+#define KV_SCENARIO_MAX_POLICIES 256
+
 typedef struct kv_pool_config {
     int nodes;             /* nodes in the pool */
     char *device;          /* device profile name or path */

@@ -243,31 +243,32 @@ static int bind_value(const kv_ynode *n, const kv_key_spec *k, void *base, kv_er
             return kv_error_set(err, KV_EINPUT, "%s: %s: expected a list, e.g. [a, b]", where(n, w, sizeof w),
                                 k->path);
         free_value(k, base);
+        /* Sized once from the list (a realloc per item is quadratic where realloc copies). */
+        if (n->count && k->type == KV_KEY_STRLIST)
+            ((kv_strlist *)f)->items = kv_calloc(n->count, sizeof(char *));
+        else if (n->count && k->type == KV_KEY_INTLIST)
+            ((kv_intlist *)f)->items = kv_calloc(n->count, sizeof(int));
+        else if (n->count)
+            ((kv_doublelist *)f)->items = kv_calloc(n->count, sizeof(double));
         for (size_t i = 0; i < n->count && !rc; i++) {
             const kv_ynode *it = n->items[i];
             if (k->type == KV_KEY_STRLIST) {
                 kv_strlist *l = f;
                 rc = need_scalar(it, k->path, "a string", err);
-                if (!rc) {
-                    l->items = kv_realloc(l->items, (l->count + 1) * sizeof *l->items);
+                if (!rc)
                     l->items[l->count++] = kv_strdup(it->value);
-                }
             } else if (k->type == KV_KEY_INTLIST) {
                 kv_intlist *l = f;
                 long long v;
                 rc = kv_ynode_int(it, k->path, (long long)k->min, (long long)k->max, &v, err);
-                if (!rc) {
-                    l->items = kv_realloc(l->items, (l->count + 1) * sizeof *l->items);
+                if (!rc)
                     l->items[l->count++] = (int)v;
-                }
             } else {
                 kv_doublelist *l = f;
                 double v;
                 rc = bind_number(it, k, &v, err);
-                if (!rc) {
-                    l->items = kv_realloc(l->items, (l->count + 1) * sizeof *l->items);
+                if (!rc)
                     l->items[l->count++] = v;
-                }
             }
         }
         return rc;
@@ -281,6 +282,19 @@ static int bind_value(const kv_ynode *n, const kv_key_spec *k, void *base, kv_er
         break;
     }
     return KV_OK;
+}
+
+/* Whether an unknown key looks like a key name and may be quoted in a message. A file that is not of
+   the expected kind (a model card path naming /etc/shadow, say) parses as YAML keys made of its
+   lines: those are never echoed. */
+static bool key_name_like(const char *key)
+{
+    size_t n = 0;
+    for (const char *p = key; *p; p++, n++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '_' ||
+              *p == '-' || *p == '.'))
+            return false;
+    return n > 0 && n <= 64;
 }
 
 /* Binds every key of mapping `map`, whose dotted path is `prefix` ("" at the root). */
@@ -310,12 +324,15 @@ static int bind_map(const kv_schema *s, const kv_ynode *map, const char *prefix,
                 if (!strchr(rest, '.'))
                     cands[nc++] = rest;
             }
-            const char *hint = kv_did_you_mean(map->keys[i], cands, nc);
             const kv_ynode *v = map->items[i];
             if (strncmp(v->file, "--set", 5) == 0) /* added from the command line */
                 snprintf(w, sizeof w, "%s", v->file);
             else
                 snprintf(w, sizeof w, "%s:%d:%d", map->file, map->key_lines[i], map->key_cols[i]);
+            if (!key_name_like(map->keys[i]))
+                return kv_error_set(err, KV_EINPUT, "%s: unknown key in %s, and not a key name (is this file a %s?)",
+                                    w, prefix[0] ? prefix : s->what, s->what);
+            const char *hint = kv_did_you_mean(map->keys[i], cands, nc);
             if (hint)
                 return kv_error_set(err, KV_EINPUT, "%s: unknown key '%s' in %s (did you mean '%s'?)", w, path,
                                     prefix[0] ? prefix : s->what, hint);

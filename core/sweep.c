@@ -14,6 +14,7 @@
 
 #include "core/afile.h"
 #include "core/alloc.h"
+#include "core/infile.h"
 #include "core/json.h"
 #include "core/jsonread.h"
 #include "core/scenario.h"
@@ -855,22 +856,12 @@ int kv_sweep_prepare(const kv_sweep *sw, kv_error *err)
     return rc;
 }
 
+/* A point's command.txt, or NULL if it is missing or not a regular file of at most 16 MiB. */
 static char *read_small(const char *path)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 4096, n = 0;
-    char *buf = kv_malloc(cap);
-    size_t got;
-    while ((got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
-        n += got;
-        if (cap - n < 2)
-            kv_grow((void **)&buf, 1, &cap, cap * 2);
-    }
-    fclose(f);
-    buf[n] = '\0';
-    return buf;
+    char *buf = NULL;
+    kv_error quiet = {0};
+    return kv_input_read_all(path, "command file", KV_INPUT_MAX_TEXT, &buf, NULL, &quiet) == KV_OK ? buf : NULL;
 }
 
 int kv_sweep_point_state(const kv_sweep *sw, size_t i, int *stale, int *interrupted)

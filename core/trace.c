@@ -8,6 +8,12 @@
  * a UTF-8 byte-order mark and blank lines at the end of the file are accepted;
  * a blank line followed by more data is not.
  *
+ * Ranges (workload.h): a time is at most KV_TRACE_MAX_TIME_S after the first row
+ * (also after time_scale), a token count at most KV_TRACE_MAX_TOKENS, a trace at
+ * most KV_WORKLOAD_MAX_REQUESTS rows; the file is a regular file of at most
+ * KV_INPUT_MAX_TRACE bytes (infile.h). A header that does not match is reported
+ * without quoting it: the file may not be a trace at all.
+ *
  * Times come back relative to the first row, so a sample cut from the middle of
  * a long trace starts at 0 s like one cut from its start.
  */
@@ -22,10 +28,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/stat.h>
-#include <sys/types.h>
 
 #include "core/alloc.h"
+#include "core/infile.h"
 
 /* One field of a CSV line: a span of the line buffer (quotes stripped). */
 typedef struct csv_field {
@@ -49,6 +54,7 @@ typedef struct trace_reader {
     size_t n_rows, rows_cap;
     double first_t;      /* raw time of the first accepted row */
     double prev_t;       /* raw time of the previous accepted row */
+    long last_row_line;  /* line of the last accepted row */
     kv_error *err;
 } trace_reader;
 
@@ -216,8 +222,8 @@ static int parse_tokens(trace_reader *r, const char *s, size_t n, int col, const
         if (s[i] < '0' || s[i] > '9')
             return trace_fail(r, col, field, "%s is not a whole number of tokens", shown);
         v = v * 10 + (s[i] - '0');
-        if (v > INT_MAX)
-            return trace_fail(r, col, field, "%s is too large (at most %d tokens)", shown, INT_MAX);
+        if (v > KV_TRACE_MAX_TOKENS)
+            return trace_fail(r, col, field, "%s is too large (at most %d tokens)", shown, KV_TRACE_MAX_TOKENS);
     }
     if (v == 0 && !zero_ok)
         return trace_fail(r, col, field, "0 tokens (a request needs at least 1)");
@@ -277,6 +283,14 @@ static int add_row(trace_reader *r, double t, int col, const char *field, int pr
     if (r->n_rows > 0 && t < r->prev_t)
         return trace_fail(r, col, field, "time goes backwards, %.9g s before the previous row (the trace "
                           "must be sorted by time)", r->prev_t - t);
+    /* t is >= 0 and finite (parse_time); past the cap, simulated times would lose their microseconds. */
+    if (t > KV_TRACE_MAX_TIME_S || (r->n_rows > 0 && t - r->first_t > KV_TRACE_MAX_TIME_S))
+        return trace_fail(r, col, field, "time %.9g s is past the %.0e s (about 31 years) kvsim keeps exact",
+                          r->n_rows > 0 ? t - r->first_t : t, KV_TRACE_MAX_TIME_S);
+    if (r->n_rows >= KV_WORKLOAD_MAX_REQUESTS)
+        return trace_fail(r, 1, NULL, "more than %d rows (set workload.requests to read fewer)",
+                          KV_WORKLOAD_MAX_REQUESTS);
+    r->last_row_line = r->line_no;
     if (r->n_rows == 0)
         r->first_t = t;
     r->prev_t = t;
@@ -406,11 +420,9 @@ static int read_azure(trace_reader *r, int max_rows, int *status)
     if (rc)
         return rc;
     if (r->n_fields != 3 || !field_is(&r->fields[0], "TIMESTAMP") || !field_is(&r->fields[1], "ContextTokens") ||
-        !field_is(&r->fields[2], "GeneratedTokens")) {
-        char shown[64];
-        quote_field(shown, sizeof shown, r->line, r->line_len);
-        return trace_fail(r, 1, NULL, "header is %s, expected '%s' (Azure LLM inference trace)", shown, azure_header);
-    }
+        !field_is(&r->fields[2], "GeneratedTokens"))
+        return trace_fail(r, 1, NULL, "the first line is not the header '%s' (Azure LLM inference trace)",
+                          azure_header);
     azure_time first = {0, 0.0};
     while (max_rows == 0 || r->n_rows < (size_t)max_rows) {
         got = next_data_line(r, status);
@@ -828,14 +840,9 @@ int kv_trace_read(kv_trace_format fmt, const char *path, int max_rows, double ti
         return kv_error_set(err, KV_EINPUT, "%s: time_scale %g must be a positive number", path, time_scale);
 
     trace_reader r = {.path = path, .err = err};
-    r.file = fopen(path, "rb");
+    r.file = kv_input_fopen(path, "trace", KV_INPUT_MAX_TRACE, err);
     if (!r.file)
-        return kv_error_set(err, KV_EINPUT, "%s: cannot open trace: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(r.file), &st) == 0 && S_ISDIR(st.st_mode)) {
-        fclose(r.file);
-        return kv_error_set(err, KV_EINPUT, "%s: cannot open trace: is a directory", path);
-    }
+        return err ? err->code : KV_EINPUT;
 
     int status = KV_OK;
     int rc = fmt == KV_TRACE_AZURE      ? read_azure(&r, max_rows, &status)
@@ -854,6 +861,13 @@ int kv_trace_read(kv_trace_format fmt, const char *path, int max_rows, double ti
     }
     for (size_t i = 0; i < r.n_rows; i++)
         r.rows[i].arrival_s *= time_scale;
+    if (r.rows[r.n_rows - 1].arrival_s > KV_TRACE_MAX_TIME_S) {
+        double span = r.rows[r.n_rows - 1].arrival_s;
+        kv_free(r.rows);
+        return kv_error_set(err, KV_EINPUT, "%s:%ld: time_scale %g makes this row arrive %.9g s after the first, "
+                            "past the %.0e s kvsim keeps exact", path, r.last_row_line, time_scale, span,
+                            KV_TRACE_MAX_TIME_S);
+    }
     *out = r.rows;
     *count = r.n_rows;
     return KV_OK;

@@ -175,27 +175,46 @@ static kv_request_spec *tile_trace(const kv_request_spec *rows, size_t n, size_t
 static int make_from_trace(const kv_workload_config *cfg, kv_request_spec **reqs, size_t *count, kv_error *err)
 {
     if (!cfg->trace_path)
-        return kv_error_set(err, KV_EINPUT, "workload.trace_path: a trace workload needs a file");
+        return kv_error_set(err, KV_EINPUT, "workload.trace.path: a trace workload needs a file");
     if (cfg->requests < 0)
         return kv_error_set(err, KV_EINPUT, "workload.requests: must be >= 0 (got %d)", cfg->requests);
     if (!isfinite(cfg->time_scale) || !(cfg->time_scale >= 0.0))
-        return kv_error_set(err, KV_EINPUT, "workload.time_scale: must be > 0 (got %g)", cfg->time_scale);
-    if (cfg->repeat != 0 && cfg->repeat != 1)
-        return kv_error_set(err, KV_EINPUT, "workload.repeat: must be 0 or 1 (got %d)", cfg->repeat);
-    if (cfg->repeat && cfg->requests == 0)
-        return kv_error_set(err, KV_EINPUT, "workload.repeat: needs workload.requests > 0 (how many to make)");
-    int rc = kv_trace_read(cfg->trace_format, cfg->trace_path, cfg->repeat ? 0 : cfg->requests, cfg->time_scale,
+        return kv_error_set(err, KV_EINPUT, "workload.trace.time_scale: must be > 0 (got %g)", cfg->time_scale);
+    if (cfg->repeat < 0 || cfg->repeat > KV_WORKLOAD_MAX_COPIES)
+        return kv_error_set(err, KV_EINPUT, "workload.trace.repeat: must be 1 to %d copies (got %d)",
+                            KV_WORKLOAD_MAX_COPIES, cfg->repeat);
+    size_t copies = cfg->repeat > 1 ? (size_t)cfg->repeat : 1;
+    /* One copy: read only the rows asked for. Several: the whole trace, whose span sets the period. */
+    int rc = kv_trace_read(cfg->trace_format, cfg->trace_path, copies == 1 ? cfg->requests : 0, cfg->time_scale,
                            reqs, count, err);
     if (rc)
         return rc;
-    size_t want = (size_t)cfg->requests;
-    if (cfg->repeat && want < *count) {
-        *count = want; /* more rows than asked for: keep the first ones */
-    } else if (cfg->repeat && want > *count) {
-        kv_request_spec *tiled = tile_trace(*reqs, *count, want);
+    size_t n = *count, want = n * copies; /* n <= KV_WORKLOAD_MAX_REQUESTS: no overflow */
+    if (cfg->requests > 0 && want > (size_t)cfg->requests)
+        want = (size_t)cfg->requests; /* workload.requests caps the rows of all copies */
+    if (want > KV_WORKLOAD_MAX_REQUESTS) {
+        kv_free(*reqs);
+        *reqs = NULL;
+        *count = 0;
+        return kv_error_set(err, KV_EINPUT, "workload.trace.repeat: %zu copies of the trace's %zu rows are more "
+                            "than %d requests (set workload.requests to cap them)", copies, n,
+                            KV_WORKLOAD_MAX_REQUESTS);
+    }
+    if (want < n) {
+        *count = want;
+    } else if (want > n) {
+        kv_request_spec *tiled = tile_trace(*reqs, n, want);
         kv_free(*reqs);
         *reqs = tiled;
         *count = want;
+        if (tiled[want - 1].arrival_s > KV_TRACE_MAX_TIME_S) {
+            double last = tiled[want - 1].arrival_s;
+            kv_free(*reqs);
+            *reqs = NULL;
+            *count = 0;
+            return kv_error_set(err, KV_EINPUT, "workload.trace.repeat: the last of %zu tiled requests arrives at "
+                                "%.9g s, past the %.0e s kvsim keeps exact", want, last, KV_TRACE_MAX_TIME_S);
+        }
     }
     return KV_OK;
 }
@@ -210,7 +229,7 @@ int kv_workload_create(const kv_workload_config *cfg, kv_rng *rng, kv_workload *
     size_t count = 0;
     if (cfg->trace_format != KV_TRACE_NONE || cfg->trace_path) {
         if (cfg->trace_format == KV_TRACE_NONE)
-            return kv_error_set(err, KV_EINPUT, "workload.trace_format: a trace file needs its format "
+            return kv_error_set(err, KV_EINPUT, "workload.trace.format: a trace file needs its format "
                                 "(azure, mooncake or burstgpt)");
         int rc = make_from_trace(cfg, &reqs, &count, err);
         if (rc)

@@ -57,6 +57,13 @@ typedef struct kv_length_dist {
     size_t n_samples;     /* KV_LEN_EMPIRICAL: >= 1 */
 } kv_length_dist;
 
+/* Ranges every trace row is checked against (docs/design-notes.md, "What kvsim guarantees about
+   its inputs"). A double holds times up to 1e9 s to about 0.12 us. */
+#define KV_TRACE_MAX_TIME_S 1e9            /* arrival after the first row, seconds (after time_scale) */
+#define KV_TRACE_MAX_TOKENS (1 << 24)      /* prompt or output tokens of one row (the cards' max_context) */
+#define KV_WORKLOAD_MAX_REQUESTS 100000000 /* requests in one list (workload.requests' maximum) */
+#define KV_WORKLOAD_MAX_COPIES 1000000     /* workload.trace.repeat's maximum */
+
 typedef enum kv_trace_format {
     KV_TRACE_NONE = 0,
     KV_TRACE_AZURE = 1,    /* CSV: TIMESTAMP,ContextTokens,GeneratedTokens */
@@ -65,7 +72,8 @@ typedef enum kv_trace_format {
 } kv_trace_format;
 
 typedef struct kv_workload_config {
-    int requests;              /* how many to make (synthetic, >= 1), or cap on trace rows (0 = all) */
+    int requests;              /* how many to make (synthetic, >= 1), or cap on the rows of all the trace's
+                                  copies (0 = all) */
     kv_arrival_kind arrival;
     double rate_per_s;         /* requests per simulated second; > 0 (fixed: >= 0) */
     double burstiness;         /* gamma shape, > 0: 1 = Poisson, < 1 burstier, > 1 smoother */
@@ -73,9 +81,10 @@ typedef struct kv_workload_config {
     kv_trace_format trace_format;
     const char *trace_path;    /* NULL for synthetic; read only during kv_workload_create */
     double time_scale;         /* trace timestamps are multiplied by this (0 or 1 = as recorded) */
-    int repeat;                /* trace: 1 = tile the trace end to end in time until `requests`
-                                  rows (copy k shifted by k * span * n/(n-1) for n rows spanning
-                                  `span` seconds, so the mean rate is kept); 0 = stop at its end */
+    int repeat;                /* trace: copies of the trace laid end to end in time (0 or 1: the trace
+                                  once; at most KV_WORKLOAD_MAX_COPIES): copy k is shifted by
+                                  k * span * n/(n-1) for n rows spanning `span` seconds, so the mean
+                                  rate is kept; `requests` caps the rows of all copies */
     int max_prompt_tokens;     /* clamp (0 = none), e.g. to the model's context */
 } kv_workload_config;
 

@@ -1,12 +1,13 @@
 /* ytree.c — build a kv_ynode tree from libyaml's event stream. */
 #include "core/ytree.h"
 
-#include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <yaml.h>
 
 #include "core/alloc.h"
+#include "core/infile.h"
 
 /* Nesting deeper than this is rejected: scenarios are shallow, and a bound
    keeps hostile input from exhausting the stack. */
@@ -16,7 +17,11 @@ typedef struct builder {
     yaml_parser_t parser;
     const char *file;
     kv_error *err;
+    size_t nodes; /* made so far, against KV_YTREE_MAX_NODES */
 } builder;
+
+/* Mappings of more keys than this get a hash index; smaller ones are scanned. */
+#define KV_YTREE_INDEX_MIN 8
 
 static kv_ynode *node_new(kv_ynode_kind kind, const char *file, const yaml_mark_t *mark)
 {
@@ -40,6 +45,7 @@ void kv_ytree_free(kv_ynode *node)
     kv_free(node->keys);
     kv_free(node->key_lines);
     kv_free(node->key_cols);
+    kv_free(node->index);
     kv_free(node->items);
     kv_free(node->value);
     kv_free((char *)node->file);
@@ -62,20 +68,89 @@ static int next_event(builder *b, yaml_event_t *ev)
     return KV_OK;
 }
 
+/* FNV-1a of a key, for the mapping index. */
+static size_t key_hash(const char *key)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (const unsigned char *p = (const unsigned char *)key; *p; p++)
+        h = (h ^ *p) * 1099511628211ull;
+    return (size_t)h;
+}
+
+/* Puts keys[i] into the index (which has room). */
+static void index_put(kv_ynode *map, size_t i)
+{
+    size_t mask = map->index_cap - 1, at = key_hash(map->keys[i]) & mask;
+    while (map->index[at])
+        at = (at + 1) & mask;
+    map->index[at] = i + 1;
+}
+
+/* Keeps the index at most half full; builds it once the mapping is no longer small. */
+static void index_grow(kv_ynode *map)
+{
+    if (map->count <= KV_YTREE_INDEX_MIN || map->count * 2 <= map->index_cap)
+        return;
+    size_t cap = map->index_cap ? map->index_cap : 32;
+    while (map->count * 2 > cap)
+        cap *= 2;
+    kv_free(map->index);
+    map->index = kv_calloc(cap, sizeof *map->index);
+    map->index_cap = cap;
+    for (size_t i = 0; i < map->count; i++)
+        index_put(map, i);
+}
+
 static void append(kv_ynode *parent, kv_ynode *child, char *key, int line, int col)
 {
-    size_t cap = parent->count; /* exact-size growth keeps ownership simple */
-    parent->items = kv_realloc(parent->items, (cap + 1) * sizeof *parent->items);
-    parent->items[cap] = child;
-    if (parent->kind == KV_YMAP) {
-        parent->keys = kv_realloc(parent->keys, (cap + 1) * sizeof *parent->keys);
-        parent->key_lines = kv_realloc(parent->key_lines, (cap + 1) * sizeof *parent->key_lines);
-        parent->key_cols = kv_realloc(parent->key_cols, (cap + 1) * sizeof *parent->key_cols);
-        parent->keys[cap] = key;
-        parent->key_lines[cap] = line;
-        parent->key_cols[cap] = col;
+    size_t n = parent->count;
+    if (n == parent->cap) { /* geometric growth: n appends cost O(n) */
+        size_t cap = parent->cap ? parent->cap * 2 : 4;
+        parent->items = kv_realloc(parent->items, cap * sizeof *parent->items);
+        if (parent->kind == KV_YMAP) {
+            parent->keys = kv_realloc(parent->keys, cap * sizeof *parent->keys);
+            parent->key_lines = kv_realloc(parent->key_lines, cap * sizeof *parent->key_lines);
+            parent->key_cols = kv_realloc(parent->key_cols, cap * sizeof *parent->key_cols);
+        }
+        parent->cap = cap;
     }
-    parent->count = cap + 1;
+    parent->items[n] = child;
+    if (parent->kind == KV_YMAP) {
+        parent->keys[n] = key;
+        parent->key_lines[n] = line;
+        parent->key_cols[n] = col;
+    }
+    parent->count = n + 1;
+    if (parent->kind == KV_YMAP) {
+        if (parent->index && parent->count * 2 <= parent->index_cap)
+            index_put(parent, n);
+        else
+            index_grow(parent);
+    }
+}
+
+/* A scalar's text with a NUL byte in it would be cut at the NUL: refused. key: the mapping key whose
+   value this is (NULL for a key itself, a list item or the root), for the message. */
+static int check_scalar(builder *b, const yaml_event_t *ev, const char *key)
+{
+    if (!memchr(ev->data.scalar.value, '\0', ev->data.scalar.length))
+        return KV_OK;
+    return kv_error_set(b->err, KV_EINPUT, "%s:%d:%d: %s%sa NUL byte (\\0) inside a YAML string is not allowed",
+                        b->file, (int)ev->start_mark.line + 1, (int)ev->start_mark.column + 1, key ? key : "",
+                        key ? ": " : "");
+}
+
+/* Explicit tags (!include FILE, !!binary, !custom ...) have no meaning in kvsim's files: refused. */
+static int check_tag(builder *b, const yaml_event_t *ev)
+{
+    const yaml_char_t *tag = ev->type == YAML_SCALAR_EVENT           ? ev->data.scalar.tag
+                             : ev->type == YAML_MAPPING_START_EVENT  ? ev->data.mapping_start.tag
+                             : ev->type == YAML_SEQUENCE_START_EVENT ? ev->data.sequence_start.tag
+                                                                     : NULL;
+    if (!tag)
+        return KV_OK;
+    return kv_error_set(b->err, KV_EINPUT, "%s:%d:%d: YAML tags (!name before a value) are not supported",
+                        b->file, (int)ev->start_mark.line + 1, (int)ev->start_mark.column + 1);
 }
 
 /* key: the mapping key whose value this is, for messages (NULL for list items and the root). */
@@ -109,12 +184,14 @@ static int build_children(builder *b, kv_ynode *n, int depth)
             return kv_error_set(b->err, KV_EINPUT, "%s:%d:%d: mapping keys must be plain scalars", b->file, line,
                                 col);
         }
-        int kline = (int)ev.start_mark.line + 1, kcol = (int)ev.start_mark.column + 1;
-        if (memchr(ev.data.scalar.value, '\0', ev.data.scalar.length)) {
+        rc = check_scalar(b, &ev, NULL);
+        if (!rc)
+            rc = check_tag(b, &ev);
+        if (rc) {
             yaml_event_delete(&ev);
-            return kv_error_set(b->err, KV_EINPUT, "%s:%d:%d: a key holds a NUL character (\\0); keys and values "
-                                "are text without NUL", b->file, kline, kcol);
+            return rc;
         }
+        int kline = (int)ev.start_mark.line + 1, kcol = (int)ev.start_mark.column + 1;
         char *key = kv_strdup((const char *)ev.data.scalar.value);
         yaml_event_delete(&ev);
         if (kv_ytree_get(n, key, NULL)) {
@@ -145,11 +222,17 @@ static int build_node(builder *b, yaml_event_t *ev, int depth, const char *key, 
     if (depth > KV_YTREE_MAX_DEPTH)
         return kv_error_set(b->err, KV_EINPUT, "%s:%d:%d: nesting deeper than %d levels", b->file, line, col,
                             KV_YTREE_MAX_DEPTH);
+    if (++b->nodes > KV_YTREE_MAX_NODES)
+        return kv_error_set(b->err, KV_EINPUT, "%s:%d:%d: more than %d YAML values in one file", b->file, line, col,
+                            KV_YTREE_MAX_NODES);
+    int rc = check_tag(b, ev);
+    if (rc)
+        return rc;
     switch (ev->type) {
     case YAML_SCALAR_EVENT: {
-        if (memchr(ev->data.scalar.value, '\0', ev->data.scalar.length))
-            return kv_error_set(b->err, KV_EINPUT, "%s:%d:%d: %s%sa value holds a NUL character (\\0); keys and "
-                                "values are text without NUL", b->file, line, col, key ? key : "", key ? ": " : "");
+        rc = check_scalar(b, ev, key);
+        if (rc)
+            return rc;
         kv_ynode *n = node_new(KV_YSCALAR, b->file, &ev->start_mark);
         n->value = kv_strndup((const char *)ev->data.scalar.value, ev->data.scalar.length);
         n->quoted = ev->data.scalar.style == YAML_SINGLE_QUOTED_SCALAR_STYLE ||
@@ -161,7 +244,7 @@ static int build_node(builder *b, yaml_event_t *ev, int depth, const char *key, 
     case YAML_SEQUENCE_START_EVENT: {
         kv_ynode *n = node_new(ev->type == YAML_MAPPING_START_EVENT ? KV_YMAP : KV_YSEQ, b->file,
                                &ev->start_mark);
-        int rc = build_children(b, n, depth);
+        rc = build_children(b, n, depth);
         if (rc) {
             kv_ytree_free(n);
             return rc;
@@ -218,40 +301,53 @@ static int build_document(builder *b, kv_ynode **out)
     return KV_OK;
 }
 
-int kv_ytree_load_file(const char *path, kv_ynode **out, kv_error *err)
-{
-    *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return kv_error_set(err, KV_EINPUT, "%s: cannot open: %s", path, strerror(errno));
-    builder b = {.file = path, .err = err};
-    if (!yaml_parser_initialize(&b.parser)) {
-        fclose(f);
-        return kv_error_set(err, KV_EFAIL, "%s: cannot initialise the YAML parser", path);
-    }
-    yaml_parser_set_input_file(&b.parser, f);
-    int rc = build_document(&b, out);
-    yaml_parser_delete(&b.parser);
-    fclose(f);
-    return rc;
-}
-
-int kv_ytree_load_string(const char *text, const char *origin, kv_ynode **out, kv_error *err)
+/* Parses len bytes of text (not necessarily NUL-terminated). */
+static int load_text(const char *text, size_t len, const char *origin, kv_ynode **out, kv_error *err)
 {
     *out = NULL;
     builder b = {.file = origin, .err = err};
     if (!yaml_parser_initialize(&b.parser))
         return kv_error_set(err, KV_EFAIL, "%s: cannot initialise the YAML parser", origin);
-    yaml_parser_set_input_string(&b.parser, (const unsigned char *)text, strlen(text));
+    yaml_parser_set_input_string(&b.parser, (const unsigned char *)text, len);
     int rc = build_document(&b, out);
     yaml_parser_delete(&b.parser);
     return rc;
+}
+
+int kv_ytree_load_file(const char *path, kv_ynode **out, kv_error *err)
+{
+    *out = NULL;
+    char *text = NULL;
+    size_t len = 0;
+    int rc = kv_input_read_all(path, "YAML file", KV_INPUT_MAX_TEXT, &text, &len, err);
+    if (rc)
+        return rc;
+    rc = load_text(text, len, path, out, err);
+    kv_free(text);
+    return rc;
+}
+
+int kv_ytree_load_string(const char *text, const char *origin, kv_ynode **out, kv_error *err)
+{
+    return load_text(text, strlen(text), origin, out, err);
 }
 
 kv_ynode *kv_ytree_get(const kv_ynode *map, const char *key, size_t *index)
 {
     if (!map || map->kind != KV_YMAP)
         return NULL;
+    if (map->index) {
+        size_t mask = map->index_cap - 1;
+        for (size_t at = key_hash(key) & mask; map->index[at]; at = (at + 1) & mask) {
+            size_t i = map->index[at] - 1;
+            if (strcmp(map->keys[i], key) == 0) {
+                if (index)
+                    *index = i;
+                return map->items[i];
+            }
+        }
+        return NULL;
+    }
     for (size_t i = 0; i < map->count; i++) {
         if (strcmp(map->keys[i], key) == 0) {
             if (index)

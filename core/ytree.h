@@ -3,6 +3,15 @@
  * libyaml parses; this module keeps what the scenario loader needs: scalars,
  * mappings (ordered, duplicate keys rejected) and sequences, each with its
  * source position so every error can point at the exact place.
+ *
+ * Hostile input is refused with KV_EINPUT at file:line:col: a scalar (key or
+ * value) holding a NUL byte ("a\0b" would otherwise be cut silently), any
+ * explicit YAML tag (!include, !!str, ...: kvsim gives tags no meaning), aliases
+ * (*name, so nothing expands), nesting deeper than 64, more than
+ * KV_YTREE_MAX_NODES nodes, more than one document. Files are read through
+ * kv_input_read_all (infile.h): regular files of at most 16 MiB.
+ * Key lookup in a mapping is O(1) on average (a hash index built as the
+ * mapping grows), so a mapping of n keys is built and checked in O(n).
  */
 #ifndef KV_YTREE_H
 #define KV_YTREE_H
@@ -10,6 +19,9 @@
 #include <stddef.h>
 
 #include "core/error.h"
+
+/* Nodes one document may have (each costs ~100 bytes of memory). */
+#define KV_YTREE_MAX_NODES 2000000
 
 typedef enum kv_ynode_kind {
     KV_YSCALAR = 0,
@@ -27,6 +39,10 @@ struct kv_ynode {
     int *key_cols;      /* KV_YMAP: [count] column of each key */
     kv_ynode **items;   /* KV_YMAP: values [count]; KV_YSEQ: items [count] */
     size_t count;
+    size_t cap;         /* allocated entries of items (and keys, key_lines, key_cols) */
+    size_t *index;      /* KV_YMAP: open-addressing hash of key -> position + 1 (0 = empty),
+                           [index_cap], NULL for small or hand-built mappings (then a linear scan) */
+    size_t index_cap;
     const char *file;   /* source file name (owned by the tree) or "--set" */
     int line, col;      /* 1-based position of the node */
 };

@@ -167,7 +167,7 @@ typedef struct bad_case {
 static const bad_case bad_cases[] = {
     {KV_TRACE_AZURE, "bad-empty.csv", ":1:1:", "empty file"},
     {KV_TRACE_AZURE, "bad-azure-header-only.csv", ":2:", "no data rows after the header"},
-    {KV_TRACE_AZURE, "bad-azure-header.csv", ":1:1:", "header is 'timestamp,context,generated', expected"},
+    {KV_TRACE_AZURE, "bad-azure-header.csv", ":1:1:", "the first line is not the header 'TIMESTAMP,ContextTokens,GeneratedTokens'"},
     {KV_TRACE_AZURE, "bad-azure-missing-field.csv", ":3:1:", "2 fields, expected 3"},
     {KV_TRACE_AZURE, "bad-azure-text-number.csv", ":3:29:", "ContextTokens: 'abc' is not a whole number"},
     {KV_TRACE_AZURE, "bad-azure-negative.csv", ":3:29:", "ContextTokens: negative token count '-5'"},
@@ -204,7 +204,7 @@ static const bad_case bad_cases[] = {
     {KV_TRACE_BURSTGPT, "bad-burstgpt-fields.csv", ":2:1:", "5 fields, the header has 6"},
     {KV_TRACE_BURSTGPT, "bad-burstgpt-quote.csv", ":2:3:", "unterminated quoted field"},
     /* a wrong format for a good file is caught by the header / JSON checks */
-    {KV_TRACE_AZURE, "burstgpt-handwritten.csv", ":1:1:", "header is 'Timestamp,Model,"},
+    {KV_TRACE_AZURE, "burstgpt-handwritten.csv", ":1:1:", "the first line is not the header 'TIMESTAMP,"},
     {KV_TRACE_MOONCAKE, "burstgpt-handwritten.csv", ":1:1:", "invalid JSON: expected '{'"},
 };
 

@@ -269,10 +269,10 @@ Test(workload, trace_cap_and_time_scale)
     kv_workload_destroy(w);
 }
 
-/* What `kvsim bench sim` uses: the Azure code sample tiled to 10,000 requests. */
+/* What `kvsim bench sim` uses: the Azure code sample tiled to 10,000 requests (34 copies, capped). */
 Test(workload, trace_repeat_tiles_and_keeps_the_rate)
 {
-    kv_workload_config c = {.requests = 10000, .repeat = 1, .trace_format = KV_TRACE_AZURE,
+    kv_workload_config c = {.requests = 10000, .repeat = 34, .trace_format = KV_TRACE_AZURE,
                             .trace_path = SAMPLES "azure-code-2023-sample.csv"};
     kv_workload *w = make(&c, 0);
     check_list(w);
@@ -350,16 +350,16 @@ Test(workload, bad_configs)
         {{.requests = 5, .rate_per_s = 1, .prompt = {.kind = 7}, .output = fixed}, KV_EINPUT, "workload.prompt.kind:"},
         {{.requests = 5, .rate_per_s = 1, .prompt = fixed, .output = fixed, .max_prompt_tokens = -1}, KV_EINPUT,
          "workload.max_prompt_tokens:"},
-        {{.trace_path = SAMPLES "azure-code-2023-sample.csv"}, KV_EINPUT, "workload.trace_format:"},
-        {{.trace_format = KV_TRACE_AZURE}, KV_EINPUT, "workload.trace_path:"},
-        {{.trace_format = KV_TRACE_AZURE, .trace_path = SAMPLES "azure-code-2023-sample.csv", .repeat = 1},
-         KV_EINPUT, "workload.repeat: needs workload.requests > 0"},
-        {{.requests = 10, .trace_format = KV_TRACE_AZURE, .trace_path = SAMPLES "azure-code-2023-sample.csv",
-          .repeat = 2}, KV_EINPUT, "workload.repeat: must be 0 or 1"},
+        {{.trace_path = SAMPLES "azure-code-2023-sample.csv"}, KV_EINPUT, "workload.trace.format:"},
+        {{.trace_format = KV_TRACE_AZURE}, KV_EINPUT, "workload.trace.path:"},
+        {{.trace_format = KV_TRACE_AZURE, .trace_path = SAMPLES "azure-code-2023-sample.csv", .repeat = -1},
+         KV_EINPUT, "workload.trace.repeat: must be 1 to 1000000 copies"},
+        {{.trace_format = KV_TRACE_AZURE, .trace_path = SAMPLES "azure-code-2023-sample.csv", .repeat = 1000000},
+         KV_EINPUT, "workload.trace.repeat: 1000000 copies of the trace's 300 rows are more than"},
         {{.trace_format = KV_TRACE_AZURE, .trace_path = SAMPLES "azure-code-2023-sample.csv", .time_scale = -1},
-         KV_EINPUT, "workload.time_scale:"},
+         KV_EINPUT, "workload.trace.time_scale:"},
         {{.trace_format = KV_TRACE_AZURE, .trace_path = SAMPLES "azure-code-2023-sample.csv", .time_scale = NAN},
-         KV_EINPUT, "workload.time_scale:"},
+         KV_EINPUT, "workload.trace.time_scale:"},
         {{.trace_format = KV_TRACE_AZURE, .trace_path = SAMPLES "azure-code-2023-sample.csv", .requests = -1},
          KV_EINPUT, "workload.requests:"},
         /* trace errors come through with their file:line:col */

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/infile.h"
 #include "core/model/eval_config.h"
 #include "core/model/feedcache.h"
 #include "core/model/kvstore.h"
@@ -112,24 +113,9 @@ static void quantiles(double *v, int n, double *q)
 
 static int read_text(const char *path, char **out, size_t *len, kv_error *err)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return kv_error_set(err, KV_EINPUT, "diffkv scores: cannot open the text '%s'", path);
-    size_t cap = 1 << 16, n = 0;
-    char *buf = kv_malloc(cap + 1);
-    size_t got;
-    while ((got = fread(buf + n, 1, cap - n, f)) > 0) {
-        n += got;
-        if (n == cap) {
-            cap *= 2;
-            buf = kv_realloc(buf, cap + 1);
-        }
-    }
-    fclose(f);
-    buf[n] = '\0';
-    *out = buf;
-    *len = n;
-    return KV_OK;
+    kv_error why = {0}; /* a regular file of at most 64 MiB (infile.h) */
+    int rc = kv_input_read_all(path, "the text", (uint64_t)64 << 20, out, len, &why);
+    return rc ? kv_error_set(err, rc, "diffkv scores: %s", why.msg) : KV_OK;
 }
 
 /* The measurement proper: an exact prefill of `tokens` tokens, significance per lane. */

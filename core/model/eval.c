@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/infile.h"
 #include "core/rng.h"
 
 /* A prompt: tokens to prefill, an optional teacher-forced continuation, and
@@ -36,30 +37,13 @@ typedef struct evaluator {
 
 static int read_file(const char *path, char **out, size_t *len, kv_error *err)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return kv_error_set(err, KV_EINPUT, "accuracy.texts: cannot open '%s': %s", path, strerror(errno));
-    size_t cap = 1 << 16, n = 0;
-    char *buf = kv_malloc(cap);
-    size_t got;
-    while ((got = fread(buf + n, 1, cap - n, f)) > 0) {
-        n += got;
-        if (n == cap) {
-            if (cap >= ((size_t)64 << 20)) {
-                fclose(f);
-                kv_free(buf);
-                return kv_error_set(err, KV_EINPUT, "accuracy.texts: '%s' is larger than 64 MiB", path);
-            }
-            cap *= 2;
-            buf = kv_realloc(buf, cap);
-        }
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        kv_free(buf);
-        return kv_error_set(err, KV_EINPUT, "accuracy.texts: cannot read '%s'", path);
-    }
+    /* A regular file of at most 64 MiB (infile.h: never a FIFO or a device). */
+    kv_error why = {0};
+    char *buf = NULL;
+    size_t n = 0;
+    int rc = kv_input_read_all(path, "the text", (uint64_t)64 << 20, &buf, &n, &why);
+    if (rc)
+        return kv_error_set(err, rc, "accuracy.texts: %s", why.msg);
     if (n == 0) {
         kv_free(buf);
         return kv_error_set(err, KV_EINPUT, "accuracy.texts: '%s' is empty", path);

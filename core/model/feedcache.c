@@ -11,6 +11,7 @@
 
 #include "core/afile.h"
 #include "core/alloc.h"
+#include "core/infile.h"
 
 #define FEEDCACHE_MAGIC "kvsim feedcache 1\n"
 #define FEEDCACHE_MAX_KEY (1u << 20) /* bytes; longer keys are misuse */
@@ -78,35 +79,9 @@ static int check_args(const char *key, int n, kv_error *err)
 /* Reads the whole file (NUL-terminated); NULL when absent, unreadable or too large. */
 static char *slurp(const char *path, size_t limit, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 4096, n = 0;
-    char *buf = kv_malloc(cap);
-    for (;;) {
-        if (n + 1 >= cap) {
-            if (cap > limit) {
-                kv_free(buf);
-                fclose(f);
-                return NULL;
-            }
-            cap *= 2;
-            buf = kv_realloc(buf, cap);
-        }
-        size_t got = fread(buf + n, 1, cap - 1 - n, f);
-        n += got;
-        if (got == 0)
-            break;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        kv_free(buf);
-        return NULL;
-    }
-    buf[n] = '\0';
-    *len = n;
-    return buf;
+    char *buf = NULL;
+    kv_error quiet = {0}; /* a regular file of at most `limit` bytes (infile.h), else NULL */
+    return kv_input_read_all(path, "feed cache entry", limit, &buf, len, &quiet) == KV_OK ? buf : NULL;
 }
 
 /* Parses "WORD COUNT\n" at *p (COUNT a non-negative decimal); advances *p. */

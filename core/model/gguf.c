@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/infile.h"
 
 /* ---- ggml tensor types ---------------------------------------------------------- */
 
@@ -497,14 +498,13 @@ int kv_gguf_open_memory(const void *data, size_t bytes, const char *name, kv_ggu
 int kv_gguf_open(const char *path, kv_gguf **out, kv_error *err)
 {
     *out = NULL;
-    int fd = open(path, O_RDONLY);
+    /* Opened without blocking on a FIFO; anything but a regular file is refused (infile.h). */
+    kv_error why = {0};
+    uint64_t size = 0;
+    int fd = kv_input_open(path, "model file", KV_INPUT_NO_CAP, &size, &why);
     if (fd < 0)
-        return kv_error_set(err, KV_EINPUT, "cannot open model file '%s': %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return kv_error_set(err, KV_EINPUT, "model file '%s' is not a regular file", path);
-    }
+        return kv_error_set(err, why.code, "%s", why.msg);
+    struct stat st = {.st_size = (off_t)size};
     if (st.st_size == 0) {
         close(fd);
         return kv_error_set(err, KV_EINPUT, "model file '%s' is empty", path);

@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/infile.h"
 #include "net/net.h"
 #include "net/simgrid/sg_proto.h"
 
@@ -194,12 +195,16 @@ static long topology_slots(const kv_net_config *cfg, const char *src, kv_error *
     case KV_TOPO_PLATFORM: {
         if (!cfg->platform_file || !cfg->platform_file[0])
             return bad(err, src, "a platform topology needs a SimGrid XML file", "platform_file", NULL), -1;
-        FILE *f = fopen(cfg->platform_file, "r");
-        if (!f) {
-            snprintf(detail, sizeof detail, "'%s': %s", cfg->platform_file, strerror(errno));
+        /* A regular file of at most 16 MiB (infile.h): SimGrid would block on a FIFO or read /dev/zero forever. */
+        kv_error why = {0};
+        int fd = kv_input_open(cfg->platform_file, "platform", KV_INPUT_MAX_TEXT, NULL, &why);
+        if (fd < 0) {
+            const char *reason = strstr(why.msg, "cannot open platform: ");
+            snprintf(detail, sizeof detail, "'%s': %s", cfg->platform_file,
+                     reason ? reason + strlen("cannot open platform: ") : why.msg);
             return bad(err, src, "cannot read ", "platform_file", detail), -1;
         }
-        fclose(f);
+        close(fd);
         return cfg->hosts;
     }
     }
