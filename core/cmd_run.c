@@ -98,6 +98,11 @@ static int parse(int argc, char **argv, run_args *a, char **seed_set)
             a->sets[a->n_sets++] = *seed_set;
         } else if (strcmp(arg, "--out") == 0 && has_value && strcmp(argv[0], "run") == 0) {
             a->out_dir = argv[++i];
+            if (!a->out_dir[0]) {
+                fprintf(stderr, "kvsim %s: --out: an empty folder name (leave --out out to write no folder)\n",
+                        argv[0]);
+                return 2;
+            }
         } else if (strcmp(arg, "--quiet") == 0 && strcmp(argv[0], "run") == 0) {
             a->quiet = 1;
         } else if (strcmp(arg, "--plot") == 0 && strcmp(argv[0], "run") == 0) {

@@ -60,6 +60,10 @@ int kv_cmd_eval(int argc, char **argv)
             return 0;
         } else if (strcmp(argv[i], "--out") == 0 && i + 1 < argc) {
             out_dir = argv[++i];
+            if (!out_dir[0]) {
+                fprintf(stderr, "kvsim eval: --out: an empty folder name (leave --out out to write no folder)\n");
+                return 2;
+            }
         } else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc) {
             model_arg = argv[++i];
         } else if (strcmp(argv[i], "--quiet") == 0) {
