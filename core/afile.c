@@ -1,4 +1,4 @@
-/* afile.c — atomic file replacement, output folders published name by name, stale temporaries (design note in afile.h). */
+/* afile.c — atomic file replacement, output folders published name by name, stale temporaries (afile.h). */
 #define _GNU_SOURCE /* renameat2, syscall */
 #include "core/afile.h"
 
@@ -880,8 +880,16 @@ int kv_outdir_begin(kv_outdir *od, const char *dir, const char *const *owned, si
     /* Arm the signal registry before the folder exists, so no moment has it unnamed (I3). */
     slot_set(slot, od->tmp);
     int made = mkdirat(od->pfd, tmp_base, 0777) == 0;
-    if (!made && errno == EEXIST && staging_kind(od->pfd, tmp_base) == 'w' && kv_rmtree(od->tmp) == 0) /* a dead process with our pid */
-        made = mkdirat(od->pfd, tmp_base, 0777) == 0;
+    if (!made && errno == EEXIST) {
+        slot_set(slot, NULL); /* not ours (yet): a signal now must not remove it */
+        char sk = staging_kind(od->pfd, tmp_base); /* kvsim's, of a dead process that had our pid */
+        if ((sk == 'w' || sk == 'e') && kv_rmtree(od->tmp) == 0) {
+            slot_set(slot, od->tmp);
+            made = mkdirat(od->pfd, tmp_base, 0777) == 0;
+        }
+        else
+            errno = EEXIST;
+    }
     if (!made)
         return outdir_fail(od, err, "cannot create the staging folder %s: %s", od->tmp,
                            errno == EEXIST ? "something kvsim did not make has that name" : strerror(errno));

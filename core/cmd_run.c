@@ -170,7 +170,8 @@ static int run_or_validate(int argc, char **argv, int validate_only)
         if (!rc && to_folder)
             rc = kv_study_write(study, kv_outdir_staging(&od), &err);
         if (!rc && to_folder && a.plot) {
-            /* Figures go into the staging folder too, after what is kept from DIR (an accuracy.json). */
+            /* Figures go into the staging folder too, which first gets links to DIR's other entries (the
+               plots read an accuracy.json there). */
             rc = kv_outdir_carry(&od, &err);
             if (!rc)
                 plot_rc = kv_plot_folder(kv_outdir_staging(&od), dir, stdout, od.slot); /* it says why */

@@ -1,4 +1,4 @@
-/* test_safety_outputs.c — kvsim never removes or rewrites what it did not create: symlinked --out, mounts, special files, stale names, failed and killed publishes. */
+/* test_safety_outputs.c — kvsim never removes or rewrites what it did not create (symlinks, mounts, stale names). */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
 #include <dirent.h>
@@ -38,7 +38,8 @@ static const char *quick_text = "name: safety-outputs\n"
 
 /* A policy that fails only once the simulation runs: a run that checked --out after simulating
    would report this instead of the path. */
-static const char *boom_text = "return { name = 'boom', decode_node = function(ctx) error('the simulation ran') end }\n";
+static const char *boom_text =
+    "return { name = 'boom', decode_node = function(ctx) error('the simulation ran') end }\n";
 
 static char *path_in(const char *dir, const char *name)
 {
@@ -215,7 +216,8 @@ Test(safety_outputs, empty_out_exits_2)
     /* A sweep whose file names a folder: --out '' must not fall back to it. */
     free(kvt_write(dir, "base.yaml", quick_text));
     char sweep_text[4400];
-    snprintf(sweep_text, sizeof sweep_text, "name: st\nbase: base.yaml\nout: %s/fallback\nmatrix: {seed: [1, 2]}\n", dir);
+    snprintf(sweep_text, sizeof sweep_text, "name: st\nbase: base.yaml\nout: %s/fallback\nmatrix: {seed: [1, 2]}\n",
+             dir);
     char *sweep = kvt_write(dir, "sweep.yaml", sweep_text);
     snprintf(args, sizeof args, "sweep %s --out ''", sweep);
     rc = kvt_kvsim(args, &text);
