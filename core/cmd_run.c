@@ -98,6 +98,11 @@ static int parse(int argc, char **argv, run_args *a, char **seed_set)
             a->sets[a->n_sets++] = *seed_set;
         } else if (strcmp(arg, "--out") == 0 && has_value && strcmp(argv[0], "run") == 0) {
             a->out_dir = argv[++i];
+            if (!a->out_dir[0]) {
+                fprintf(stderr, "kvsim %s: --out: an empty folder name (leave --out out to write no folder)\n",
+                        argv[0]);
+                return 2;
+            }
         } else if (strcmp(arg, "--quiet") == 0 && strcmp(argv[0], "run") == 0) {
             a->quiet = 1;
         } else if (strcmp(arg, "--plot") == 0 && strcmp(argv[0], "run") == 0) {
@@ -165,7 +170,8 @@ static int run_or_validate(int argc, char **argv, int validate_only)
         if (!rc && to_folder)
             rc = kv_study_write(study, kv_outdir_staging(&od), &err);
         if (!rc && to_folder && a.plot) {
-            /* Figures go into the staging folder too, after what is kept from DIR (an accuracy.json). */
+            /* Figures go into the staging folder too, which first gets links to DIR's other entries (the
+               plots read an accuracy.json there). */
             rc = kv_outdir_carry(&od, &err);
             if (!rc)
                 plot_rc = kv_plot_folder(kv_outdir_staging(&od), dir, stdout, od.slot); /* it says why */

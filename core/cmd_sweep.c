@@ -102,6 +102,10 @@ static int parse(int argc, char **argv, sweep_args *a)
             a->sets[a->n_sets++] = argv[++i];
         } else if (strcmp(arg, "--out") == 0 && has_value) {
             a->out_dir = argv[++i];
+            if (!a->out_dir[0]) {
+                fprintf(stderr, "kvsim sweep: --out: an empty folder name (leave --out out for the default)\n");
+                return 2;
+            }
         } else if (strcmp(arg, "--emit") == 0 && has_value) {
             a->emit = argv[++i];
             if (strcmp(a->emit, "slurm") != 0 && strcmp(a->emit, "parallel") != 0) {
@@ -110,6 +114,10 @@ static int parse(int argc, char **argv, sweep_args *a)
             }
         } else if (strcmp(arg, "--collect") == 0 && has_value) {
             a->collect = argv[++i];
+            if (!a->collect[0]) {
+                fprintf(stderr, "kvsim sweep: --collect: an empty folder name\n");
+                return 2;
+            }
         } else if (strcmp(arg, "--kvsim") == 0 && has_value) {
             a->kvsim = argv[++i];
         } else if (strcmp(arg, "--force") == 0) {

@@ -337,7 +337,7 @@ const size_t kv_report_owned_count = sizeof kv_report_owned_names / sizeof kv_re
 
 typedef enum { OUT_JSON, OUT_CSV, OUT_TRACE } out_kind;
 
-/* Writes one file into dir. The folder is a staging folder that is published whole or removed
+/* Writes one file into dir. The folder is a staging folder that is published or removed
    (afile.h), so the file needs no temporary of its own. */
 static int write_one(const char *dir, const char *name, out_kind kind, const kv_scenario *s,
                      const kv_policy_outcome *o, size_t n, const kv_timeline *tl, kv_error *err)

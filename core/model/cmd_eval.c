@@ -60,6 +60,10 @@ int kv_cmd_eval(int argc, char **argv)
             return 0;
         } else if (strcmp(argv[i], "--out") == 0 && i + 1 < argc) {
             out_dir = argv[++i];
+            if (!out_dir[0]) {
+                fprintf(stderr, "kvsim eval: --out: an empty folder name (leave --out out to write no folder)\n");
+                return 2;
+            }
         } else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc) {
             model_arg = argv[++i];
         } else if (strcmp(argv[i], "--quiet") == 0) {
@@ -86,7 +90,7 @@ int kv_cmd_eval(int argc, char **argv)
     kv_eval_result *res = NULL;
     kv_backend *be = NULL;
     char model_path[4096];
-    static const char *const owned[] = {"accuracy.json"}; /* what eval replaces in DIR (afile.h, 3a) */
+    static const char *const owned[] = {"accuracy.json"}; /* the one name eval replaces in DIR (afile.h) */
     kv_outdir od;
     memset(&od, 0, sizeof od);
     int rc = kv_eval_scenario_load(scenario, argv[0], &sc, &err);
@@ -139,7 +143,7 @@ int kv_cmd_eval(int argc, char **argv)
             snprintf(path, sizeof path, "%s/accuracy.json", kv_outdir_staging(&od));
             rc = kv_eval_write_json(res, path, &err);
             if (!rc)
-                rc = kv_outdir_commit(&od, &err); /* DIR whole: what else it held is kept */
+                rc = kv_outdir_commit(&od, &err); /* only accuracy.json changes in DIR */
             if (!rc && !quiet)
                 fprintf(stderr, "kvsim eval: wrote %s/accuracy.json\n", out_dir);
         }
