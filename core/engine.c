@@ -1196,9 +1196,9 @@ static int setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_erro
     const kv_model_card *m = &s->model_card;
     char w[512];
     e->score_model = (kv_diffkv_score_model){
-        .kind = strcmp(s->diffkv_scores, "fixed") == 0       ? KV_DIFFKV_SCORES_FIXED
-                : strcmp(s->diffkv_scores, "lognormal") == 0 ? KV_DIFFKV_SCORES_LOGNORMAL
-                                                             : KV_DIFFKV_SCORES_MEASURED,
+        .kind = s->diffkv_scores == KV_DIFFKV_FROM_FIXED       ? KV_DIFFKV_SCORES_FIXED
+                : s->diffkv_scores == KV_DIFFKV_FROM_LOGNORMAL ? KV_DIFFKV_SCORES_LOGNORMAL
+                                                               : KV_DIFFKV_SCORES_MEASURED,
         .sigma = s->diffkv_score_sigma, .head_spread = s->diffkv_head_spread,
         .high_fraction = s->diffkv_high_fraction, .low_fraction = s->diffkv_low_fraction};
     if (e->score_model.kind == KV_DIFFKV_SCORES_MEASURED && in->diffkv_table)

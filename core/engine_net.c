@@ -4,13 +4,24 @@
 
 #include "core/engine.h"
 
+static kv_net_topology net_topology(kv_network_topology t)
+{
+    switch (t) {
+    case KV_NETWORK_FAT_TREE: return KV_TOPO_FAT_TREE;
+    case KV_NETWORK_TORUS: return KV_TOPO_TORUS;
+    case KV_NETWORK_DRAGONFLY: return KV_TOPO_DRAGONFLY;
+    case KV_NETWORK_PLATFORM: return KV_TOPO_PLATFORM;
+    case KV_NETWORK_STAR: break;
+    }
+    return KV_TOPO_STAR;
+}
+
 int kv_engine_net_config(const kv_scenario *s, int model, kv_net_config *cfg, char *platform_path, size_t size,
                          kv_error *err)
 {
     memset(cfg, 0, sizeof *cfg);
     cfg->model = (kv_net_model)model;
-    int topo = kv_net_topology_parse(s->topology);
-    cfg->topology = topo < 0 ? KV_TOPO_STAR : (kv_net_topology)topo;
+    cfg->topology = net_topology(s->topology);
     cfg->hosts = s->prefill.nodes + s->decode.nodes;
     cfg->nic_bandwidth_gbps = s->nic_bandwidth_gbps;
     cfg->nic_latency_s = s->nic_latency_us * 1e-6;

@@ -62,7 +62,7 @@ int kv_measure_costs(const kv_scenario *s, kv_policy *p, int prompt_tokens, kv_k
 {
     memset(c, 0, sizeof *c);
     char w[512];
-    if (strcmp(s->timing_source, "measured") == 0)
+    if (s->timing_source == KV_TIMING_MEASURED)
         return measured(s, p, prompt_tokens > 0 ? prompt_tokens : 1, c, err);
     if (s->timing_calibration[0]) {
         char path[4096];
@@ -95,7 +95,7 @@ static int need_key(const kv_scenario *s, const char *key, const char *value, kv
 int kv_measure_profiles(const kv_scenario *s, kv_profile **prefill, kv_profile **decode, kv_error *err)
 {
     *prefill = *decode = NULL;
-    if (strcmp(s->timing_source, "profile") != 0)
+    if (s->timing_source != KV_TIMING_PROFILE)
         return KV_OK;
     int rc = need_key(s, "timing.profile.file", s->timing_profile_file, err);
     if (!rc)

@@ -20,7 +20,7 @@ void kv_report_table(FILE *out, const kv_scenario *s, const kv_policy_outcome *o
 {
     fprintf(out, "\n%s — %s, %d prefill + %d decode x %s (tp %d), network %s %.0f Gbit/s, %zu requests, seed %d\n",
             s->name, s->model_card.name, s->prefill.nodes, s->decode.nodes, s->decode_device.name, s->decode.tp,
-            n ? o[0].run.network : s->net_model, s->nic_bandwidth_gbps, n ? o[0].run.n_requests : 0, s->seed);
+            n ? o[0].run.network : kv_network_model_names[s->net_model], s->nic_bandwidth_gbps, n ? o[0].run.n_requests : 0, s->seed);
     char ttkt[32];
     snprintf(ttkt, sizeof ttkt, "ttkt@%d", s->ttkt_k);
     fprintf(out, "%-10s %9s %6s %9s %9s %9s %9s %9s %8s %9s %8s %7s\n", "policy", "KV MB/req", "ratio", "xfer ms",
@@ -133,8 +133,8 @@ void kv_report_json(FILE *out, const kv_scenario *s, const kv_policy_outcome *o,
     jnum(out, "prefill_nodes", s->prefill.nodes, 1);
     jnum(out, "decode_nodes", s->decode.nodes, 1);
     jnum(out, "nic_bandwidth_gbps", s->nic_bandwidth_gbps, 1);
-    jstr(out, "lynx_acceptance_from", s->lynx_from, ",");
-    jstr(out, "diffkv_scores", s->diffkv_scores, "},\n");
+    jstr(out, "lynx_acceptance_from", kv_lynx_from_names[s->lynx_from], ",");
+    jstr(out, "diffkv_scores", kv_diffkv_scores_from_names[s->diffkv_scores], "},\n");
     /* Every --set override, in the order applied: {"key": ..., "value": ...} as written. */
     jkey(out, "overrides");
     fputc('[', out);

@@ -14,6 +14,23 @@
 #define KV_DATA_DIR "."
 #endif
 
+/* The names of the enum keys' values, in enum order (scenario.h). */
+const char *const kv_network_model_names[] = {"simgrid", "ideal", NULL};
+const char *const kv_network_topology_names[] = {"star", "fat-tree", "torus", "dragonfly", "platform", NULL};
+const char *const kv_workload_arrival_names[] = {"poisson", "gamma", "fixed", NULL};
+const char *const kv_workload_length_names[] = {"fixed", "uniform", "lognormal", "empirical", NULL};
+const char *const kv_workload_trace_format_names[] = {"none", "azure", "mooncake", "burstgpt", NULL};
+const char *const kv_timing_source_names[] = {"model", "measured", "profile", NULL};
+const char *const kv_lynx_from_names[] = {"reference-model", "scenario", NULL};
+const char *const kv_diffkv_scores_from_names[] = {"measured", "lognormal", "fixed", NULL};
+
+/* The schema stores an enum key as an int. */
+_Static_assert(sizeof(kv_network_model) == sizeof(int) && sizeof(kv_network_topology) == sizeof(int) &&
+                   sizeof(kv_workload_arrival) == sizeof(int) && sizeof(kv_workload_length) == sizeof(int) &&
+                   sizeof(kv_workload_trace_format) == sizeof(int) && sizeof(kv_timing_source) == sizeof(int) &&
+                   sizeof(kv_lynx_from) == sizeof(int) && sizeof(kv_diffkv_scores_from) == sizeof(int),
+               "enum keys are int-sized");
+
 #define S(f) offsetof(kv_scenario, f)
 #define BIG 1e18
 /* Every scenario key. Order is the order of the printed reference. */
@@ -49,9 +66,9 @@ static const kv_key_spec scenario_keys[] = {
      "prefill and decode on the same nodes (the decode pool), no KV transfer"},
 
     {"network", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "the cluster network (docs/network.md)"},
-    {"network.model", KV_KEY_ENUM, S(net_model), "simgrid", 0, 0, "simgrid|ideal",
+    {"network.model", KV_KEY_ENUM, S(net_model), "simgrid", 0, 0, kv_network_model_names,
      "simgrid (contention, topology) or ideal (latency + bytes/bandwidth)"},
-    {"network.topology", KV_KEY_ENUM, S(topology), "star", 0, 0, "star|fat-tree|torus|dragonfly|platform",
+    {"network.topology", KV_KEY_ENUM, S(topology), "star", 0, 0, kv_network_topology_names,
      "how hosts connect"},
     {"network.nic_bandwidth_gbps", KV_KEY_POSITIVE, S(nic_bandwidth_gbps), "100", 0, 1e7, NULL,
      "per-node NIC bandwidth, Gbit/s, each direction"},
@@ -92,13 +109,13 @@ static const kv_key_spec scenario_keys[] = {
     {"workload", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "the requests"},
     {"workload.requests", KV_KEY_INT, S(requests), "100", 0, 100000000, NULL,
      "requests to simulate (trace: cap on rows, 0 = all)"},
-    {"workload.arrival", KV_KEY_ENUM, S(arrival), "poisson", 0, 0, "poisson|gamma|fixed", "arrival process"},
+    {"workload.arrival", KV_KEY_ENUM, S(arrival), "poisson", 0, 0, kv_workload_arrival_names, "arrival process"},
     {"workload.rate_per_s", KV_KEY_DOUBLE, S(rate_per_s), "1", 0, 1e9, NULL,
      "mean arrivals per second (fixed with 0: all at time 0)"},
     {"workload.burstiness", KV_KEY_POSITIVE, S(burstiness), "1", 0, 1e6, NULL,
      "gamma shape: < 1 is burstier than Poisson"},
     {"workload.prompt", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "prompt length distribution"},
-    {"workload.prompt.dist", KV_KEY_ENUM, S(prompt.dist), "fixed", 0, 0, "fixed|uniform|lognormal|empirical",
+    {"workload.prompt.dist", KV_KEY_ENUM, S(prompt.dist), "fixed", 0, 0, kv_workload_length_names,
      "distribution"},
     {"workload.prompt.value", KV_KEY_POSITIVE, S(prompt.value), "1024", 0, 1e9, NULL,
      "fixed: the length; lognormal: the median"},
@@ -108,7 +125,7 @@ static const kv_key_spec scenario_keys[] = {
     {"workload.prompt.samples", KV_KEY_INTLIST, S(prompt.samples), "[]", 1, 1 << 30, NULL,
      "empirical: lengths drawn with equal weight"},
     {"workload.output", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "output length distribution"},
-    {"workload.output.dist", KV_KEY_ENUM, S(output.dist), "fixed", 0, 0, "fixed|uniform|lognormal|empirical",
+    {"workload.output.dist", KV_KEY_ENUM, S(output.dist), "fixed", 0, 0, kv_workload_length_names,
      "distribution"},
     {"workload.output.value", KV_KEY_POSITIVE, S(output.value), "128", 0, 1e9, NULL, "as for prompt"},
     {"workload.output.sigma", KV_KEY_DOUBLE, S(output.sigma), "0.5", 0, 100, NULL, "lognormal sigma"},
@@ -116,7 +133,7 @@ static const kv_key_spec scenario_keys[] = {
     {"workload.output.max", KV_KEY_INT, S(output.max), "1048576", 1, 1 << 30, NULL, "largest length"},
     {"workload.output.samples", KV_KEY_INTLIST, S(output.samples), "[]", 1, 1 << 30, NULL, "empirical samples"},
     {"workload.trace", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "replay a trace instead of synthetic arrivals"},
-    {"workload.trace.format", KV_KEY_ENUM, S(trace_format), "none", 0, 0, "none|azure|mooncake|burstgpt",
+    {"workload.trace.format", KV_KEY_ENUM, S(trace_format), "none", 0, 0, kv_workload_trace_format_names,
      "trace format"},
     {"workload.trace.path", KV_KEY_STRING, S(trace_path), "\"\"", 0, 0, NULL,
      "trace file (relative to the scenario or kvsim's folder)"},
@@ -127,7 +144,7 @@ static const kv_key_spec scenario_keys[] = {
      "caps the rows of all copies)"},
 
     {"timing", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "where operation times come from"},
-    {"timing.source", KV_KEY_ENUM, S(timing_source), "model", 0, 0, "model|measured|profile",
+    {"timing.source", KV_KEY_ENUM, S(timing_source), "model", 0, 0, kv_timing_source_names,
      "model: roofline over device profiles; measured: run the kernels on a backend; profile: step times from a "
      "profiled table (timing.profile)"},
     {"timing.backend", KV_KEY_STRING, S(timing_backend), "cpu", 0, 0, NULL, "backend for measured kernels"},
@@ -164,7 +181,7 @@ static const kv_key_spec scenario_keys[] = {
      "print() output per policy per run, KiB, on stderr; past it one line says further output is suppressed"},
 
     {"lynx", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "speculative decoding on anchor-only KV"},
-    {"lynx.from", KV_KEY_ENUM, S(lynx_from), "reference-model", 0, 0, "reference-model|scenario",
+    {"lynx.from", KV_KEY_ENUM, S(lynx_from), "reference-model", 0, 0, kv_lynx_from_names,
      "where acceptance rates come from: measured per policy (its own bit split) on the reference model, "
      "cached on disk (needs scripts/fetch-model.sh); scenario: the fixed lynx.acceptance"},
     {"lynx.acceptance", KV_KEY_DOUBLE, S(lynx_acceptance), "0.9", 0, 1, NULL,
@@ -180,7 +197,7 @@ static const kv_key_spec scenario_keys[] = {
 
     {"diffkv", KV_KEY_SECTION, 0, NULL, 0, 0, NULL,
      "where DiffKV's token significance comes from in the engine, which runs no attention (docs/diffkv.md)"},
-    {"diffkv.scores", KV_KEY_ENUM, S(diffkv_scores), "measured", 0, 0, "measured|lognormal|fixed",
+    {"diffkv.scores", KV_KEY_ENUM, S(diffkv_scores), "measured", 0, 0, kv_diffkv_scores_from_names,
      "measured: significance x context length drawn from its distribution per (layer, KV head) measured on "
      "the reference model (accuracy.model, cached; needs scripts/fetch-model.sh once); lognormal: drawn "
      "from a lognormal with mean 1 (score_sigma, head_spread); both: the policy's alphas decide by DiffKV's "
@@ -364,31 +381,32 @@ static int check(kv_scenario *s, kv_error *err)
     if (s->output.min > s->output.max)
         return kv_error_set(err, KV_EINPUT, "%s: workload.output: min (%d) is larger than max (%d)",
                             kv_scenario_where(s, "workload.output", w, sizeof w), s->output.min, s->output.max);
-    if (strcmp(s->prompt.dist, "empirical") == 0 && s->prompt.samples.count == 0)
+    if (s->prompt.dist == KV_WORKLOAD_LENGTH_EMPIRICAL && s->prompt.samples.count == 0)
         return kv_error_set(err, KV_EINPUT, "%s: workload.prompt.samples: empirical needs at least one sample",
                             kv_scenario_where(s, "workload.prompt", w, sizeof w));
-    if (strcmp(s->output.dist, "empirical") == 0 && s->output.samples.count == 0)
+    if (s->output.dist == KV_WORKLOAD_LENGTH_EMPIRICAL && s->output.samples.count == 0)
         return kv_error_set(err, KV_EINPUT, "%s: workload.output.samples: empirical needs at least one sample",
                             kv_scenario_where(s, "workload.output", w, sizeof w));
-    if (strcmp(s->trace_format, "none") != 0 && s->trace_path[0] == '\0')
+    if (s->trace_format != KV_WORKLOAD_TRACE_NONE && s->trace_path[0] == '\0')
         return kv_error_set(err, KV_EINPUT, "%s: workload.trace.path: a trace format needs a path",
                             kv_scenario_where(s, "workload.trace.format", w, sizeof w));
-    if (strcmp(s->trace_format, "none") == 0 && s->trace_path[0] != '\0')
+    if (s->trace_format == KV_WORKLOAD_TRACE_NONE && s->trace_path[0] != '\0')
         return kv_error_set(err, KV_EINPUT, "%s: workload.trace.format: say which format the trace is in "
                             "(azure, mooncake, burstgpt)", kv_scenario_where(s, "workload.trace.path", w, sizeof w));
-    if (strcmp(s->trace_format, "none") == 0 && s->requests == 0)
+    if (s->trace_format == KV_WORKLOAD_TRACE_NONE && s->requests == 0)
         return kv_error_set(err, KV_EINPUT, "%s: workload.requests: a synthetic workload needs at least 1 request",
                             kv_scenario_where(s, "workload.requests", w, sizeof w));
-    if (strcmp(s->arrival, "fixed") != 0 && !(s->rate_per_s > 0) && strcmp(s->trace_format, "none") == 0)
+    if (s->arrival != KV_WORKLOAD_ARRIVAL_FIXED && !(s->rate_per_s > 0) && s->trace_format == KV_WORKLOAD_TRACE_NONE)
         return kv_error_set(err, KV_EINPUT, "%s: workload.rate_per_s: %s arrivals need a rate > 0",
-                            kv_scenario_where(s, "workload.rate_per_s", w, sizeof w), s->arrival);
+                            kv_scenario_where(s, "workload.rate_per_s", w, sizeof w),
+                            kv_workload_arrival_names[s->arrival]);
     if (s->page_tokens_min > s->page_tokens_max)
         return kv_error_set(err, KV_EINPUT, "%s: memory: page_tokens_min (%d) is larger than page_tokens_max (%d)",
                             kv_scenario_where(s, "memory", w, sizeof w), s->page_tokens_min, s->page_tokens_max);
     if (s->diffkv_high_fraction + s->diffkv_low_fraction > 1.0 + 1e-12)
         return kv_error_set(err, KV_EINPUT, "%s: diffkv: high_fraction + low_fraction must not exceed 1",
                             kv_scenario_where(s, "diffkv", w, sizeof w));
-    if (strcmp(s->topology, "platform") == 0 && s->platform_file[0] == '\0')
+    if (s->topology == KV_NETWORK_PLATFORM && s->platform_file[0] == '\0')
         return kv_error_set(err, KV_EINPUT, "%s: network.platform_file: topology 'platform' needs a file",
                             kv_scenario_where(s, "network.topology", w, sizeof w));
     int hosts = s->prefill.nodes + s->decode.nodes;

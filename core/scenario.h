@@ -14,6 +14,60 @@
 /* Policies one scenario may compare (each is a Lua state and a whole simulation). */
 #define KV_SCENARIO_MAX_POLICIES 256
 
+/* The enum-valued keys, bound at load. Each value's name is kv_<enum>_names[value] (the same table
+   the schema binds with and the reference prints; outputs that echo a name take it from there). */
+typedef enum kv_network_model {
+    KV_NETWORK_SIMGRID = 0, /* contention and topology (net/simgrid) */
+    KV_NETWORK_IDEAL = 1,   /* latency + bytes / bandwidth */
+} kv_network_model;
+typedef enum kv_network_topology {
+    KV_NETWORK_STAR = 0,
+    KV_NETWORK_FAT_TREE = 1,
+    KV_NETWORK_TORUS = 2,
+    KV_NETWORK_DRAGONFLY = 3,
+    KV_NETWORK_PLATFORM = 4, /* network.platform_file */
+} kv_network_topology;
+typedef enum kv_workload_arrival {
+    KV_WORKLOAD_ARRIVAL_POISSON = 0,
+    KV_WORKLOAD_ARRIVAL_GAMMA = 1,
+    KV_WORKLOAD_ARRIVAL_FIXED = 2,
+} kv_workload_arrival;
+typedef enum kv_workload_length {
+    KV_WORKLOAD_LENGTH_FIXED = 0,
+    KV_WORKLOAD_LENGTH_UNIFORM = 1,
+    KV_WORKLOAD_LENGTH_LOGNORMAL = 2,
+    KV_WORKLOAD_LENGTH_EMPIRICAL = 3,
+} kv_workload_length;
+typedef enum kv_workload_trace_format {
+    KV_WORKLOAD_TRACE_NONE = 0, /* synthetic arrivals */
+    KV_WORKLOAD_TRACE_AZURE = 1,
+    KV_WORKLOAD_TRACE_MOONCAKE = 2,
+    KV_WORKLOAD_TRACE_BURSTGPT = 3,
+} kv_workload_trace_format;
+typedef enum kv_timing_source {
+    KV_TIMING_MODEL = 0,    /* roofline over the device profiles */
+    KV_TIMING_MEASURED = 1, /* kernels run on timing.backend */
+    KV_TIMING_PROFILE = 2,  /* step times from timing.profile */
+} kv_timing_source;
+typedef enum kv_lynx_from {
+    KV_LYNX_FROM_REFERENCE_MODEL = 0, /* acceptance measured per policy on the reference model */
+    KV_LYNX_FROM_SCENARIO = 1,        /* lynx.acceptance(_per_position) */
+} kv_lynx_from;
+typedef enum kv_diffkv_scores_from {
+    KV_DIFFKV_FROM_MEASURED = 0,  /* quantile tables measured on the reference model */
+    KV_DIFFKV_FROM_LOGNORMAL = 1, /* diffkv.score_sigma, diffkv.head_spread */
+    KV_DIFFKV_FROM_FIXED = 2,     /* diffkv.high_fraction, diffkv.low_fraction */
+} kv_diffkv_scores_from;
+
+extern const char *const kv_network_model_names[];
+extern const char *const kv_network_topology_names[];
+extern const char *const kv_workload_arrival_names[];
+extern const char *const kv_workload_length_names[];
+extern const char *const kv_workload_trace_format_names[];
+extern const char *const kv_timing_source_names[];
+extern const char *const kv_lynx_from_names[];
+extern const char *const kv_diffkv_scores_from_names[];
+
 typedef struct kv_pool_config {
     int nodes;             /* nodes in the pool */
     char *device;          /* device profile name or path */
@@ -24,7 +78,7 @@ typedef struct kv_pool_config {
 } kv_pool_config;
 
 typedef struct kv_length_config {
-    char *dist;            /* fixed | uniform | lognormal | empirical */
+    kv_workload_length dist;
     double value, sigma;
     int min, max;
     kv_intlist samples;
@@ -39,7 +93,9 @@ typedef struct kv_scenario {
     kv_pool_config prefill, decode;
     bool colocated;
 
-    char *net_model, *topology, *platform_file;
+    kv_network_model net_model;
+    kv_network_topology topology;
+    char *platform_file;
     double nic_bandwidth_gbps, nic_latency_us, switch_bandwidth_gbps, switch_latency_us, oversubscription;
     int hosts_per_leaf, fat_tree_spines, fat_tree_leaves;
     kv_intlist torus_dims;
@@ -51,14 +107,16 @@ typedef struct kv_scenario {
     double net_watchdog_s; /* seconds a SimGrid child may go without answering before kvsim kills it */
 
     int requests;
-    char *arrival;
+    kv_workload_arrival arrival;
     double rate_per_s, burstiness;
     kv_length_config prompt, output;
-    char *trace_format, *trace_path;
+    kv_workload_trace_format trace_format;
+    char *trace_path;
     double trace_time_scale;
     int trace_repeat;
 
-    char *timing_source, *timing_backend, *timing_calibration;
+    kv_timing_source timing_source;
+    char *timing_backend, *timing_calibration;
     int timing_samples;
     char *timing_profile_file;     /* timing.source: profile — the table (core/profile.h) */
     char *timing_profile_model;    /* its `model` column to use */
@@ -73,14 +131,14 @@ typedef struct kv_scenario {
     double policy_run_s;       /* policy_limits.run_s: wall-clock per policy over the run, s */
     int policy_print_kib;      /* policy_limits.print_kib: print() output per policy, KiB */
 
-    char *lynx_from;                   /* reference-model | scenario */
+    kv_lynx_from lynx_from;
     double lynx_acceptance;            /* fixed conditional acceptance (lynx.from: scenario) */
     kv_doublelist lynx_acceptance_per_position;
     int lynx_samples;                  /* speculations measured per policy (lynx.from: reference-model) */
     int lynx_max_prompt_tokens;        /* longest measured prompt, tokens */
     int ttkt_k;
 
-    char *diffkv_scores;               /* measured | lognormal | fixed (core/diffkv.h) */
+    kv_diffkv_scores_from diffkv_scores;
     int diffkv_measure_tokens;         /* measured: tokens prefilled on the reference model (0: auto) */
     double diffkv_score_sigma, diffkv_head_spread;
     double diffkv_high_fraction, diffkv_low_fraction;

@@ -145,7 +145,6 @@ static void free_value(const kv_key_spec *k, void *base)
     void *f = field(base, k);
     switch (k->type) {
     case KV_KEY_STRING:
-    case KV_KEY_ENUM:
         kv_free(*(char **)f);
         *(char **)f = NULL;
         break;
@@ -189,6 +188,16 @@ static int bind_number(const kv_ynode *n, const kv_key_spec *k, double *out, kv_
     return rc ? rc : check_range(n, k, *out, err);
 }
 
+/* An enum's names as "a|b|c", in buf. */
+static const char *join_names(const kv_key_spec *k, char *buf, size_t size)
+{
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int i = 0; k->names[i] && at < size; i++)
+        at += (size_t)snprintf(buf + at, size - at, "%s%s", i ? "|" : "", k->names[i]);
+    return buf;
+}
+
 static int bind_value(const kv_ynode *n, const kv_key_spec *k, void *base, kv_error *err)
 {
     void *f = field(base, k);
@@ -213,28 +222,24 @@ static int bind_value(const kv_ynode *n, const kv_key_spec *k, void *base, kv_er
         return rc;
     }
     case KV_KEY_STRING:
+        rc = need_scalar(n, k->path, "a string", err);
+        if (rc)
+            return rc;
+        free_value(k, base);
+        *(char **)f = kv_strdup(n->value);
+        return KV_OK;
     case KV_KEY_ENUM: {
         rc = need_scalar(n, k->path, "a string", err);
         if (rc)
             return rc;
-        if (k->type == KV_KEY_ENUM) {
-            const char *c = k->choices;
-            size_t len = strlen(n->value);
-            bool ok = false;
-            while (c && *c) {
-                const char *bar = strchr(c, '|');
-                size_t cl = bar ? (size_t)(bar - c) : strlen(c);
-                if (cl == len && strncmp(c, n->value, len) == 0)
-                    ok = true;
-                c = bar ? bar + 1 : c + cl;
+        for (int i = 0; k->names[i]; i++)
+            if (strcmp(k->names[i], n->value) == 0) {
+                *(int *)f = i;
+                return KV_OK;
             }
-            if (!ok)
-                return kv_error_set(err, KV_EINPUT, "%s: %s: '%s' is not one of %s", where(n, w, sizeof w), k->path,
-                                    n->value, k->choices);
-        }
-        free_value(k, base);
-        *(char **)f = kv_strdup(n->value);
-        return KV_OK;
+        char names[512];
+        return kv_error_set(err, KV_EINPUT, "%s: %s: '%s' is not one of %s", where(n, w, sizeof w), k->path,
+                            n->value, join_names(k, names, sizeof names));
     }
     case KV_KEY_STRLIST:
     case KV_KEY_INTLIST:
@@ -380,7 +385,7 @@ void kv_schema_free(const kv_schema *s, void *base)
         free_value(&s->keys[i], base);
 }
 
-static const char *type_name(const kv_key_spec *k)
+static const char *type_name(const kv_key_spec *k, char *buf, size_t size)
 {
     switch (k->type) {
     case KV_KEY_SECTION: return "section";
@@ -389,7 +394,7 @@ static const char *type_name(const kv_key_spec *k)
     case KV_KEY_POSITIVE: return "number > 0";
     case KV_KEY_BOOL: return "bool";
     case KV_KEY_STRING: return "string";
-    case KV_KEY_ENUM: return k->choices;
+    case KV_KEY_ENUM: return join_names(k, buf, size);
     case KV_KEY_STRLIST: return "list of strings";
     case KV_KEY_INTLIST: return "list of integers";
     case KV_KEY_DOUBLELIST: return "list of numbers";
@@ -411,7 +416,8 @@ void kv_schema_print(const kv_schema *s, FILE *out)
             fprintf(out, "%*s%s:    # %s\n", depth * 2, "", leaf, k->doc);
             continue;
         }
+        char names[512];
         fprintf(out, "%*s%s: %s    # %s; %s%s\n", depth * 2, "", leaf, k->def ? k->def : "(required)", k->doc,
-                type_name(k), k->def ? "" : ", required");
+                type_name(k, names, sizeof names), k->def ? "" : ", required");
     }
 }

@@ -22,7 +22,7 @@ typedef enum kv_key_type {
     KV_KEY_POSITIVE,    /* finite double > 0 (max inclusive) */
     KV_KEY_BOOL,        /* true/false */
     KV_KEY_STRING,      /* char * (owned by the struct; freed by kv_schema_free) */
-    KV_KEY_ENUM,        /* char *, one of `choices` ("a|b|c") */
+    KV_KEY_ENUM,        /* an int-backed C enum: the index of the value in `names` */
     KV_KEY_STRLIST,     /* kv_strlist */
     KV_KEY_INTLIST,     /* kv_intlist; each item within min/max */
     KV_KEY_DOUBLELIST,  /* kv_doublelist; each item within min/max */
@@ -50,7 +50,8 @@ typedef struct kv_key_spec {
     size_t offset;       /* of the field in the bound struct (unused for sections) */
     const char *def;     /* default as YAML text; NULL = required (sections: NULL) */
     double min, max;     /* numeric range, inclusive */
-    const char *choices; /* KV_KEY_ENUM: "a|b|c" */
+    const char *const *names; /* KV_KEY_ENUM: the names of the enum's values in order, NULL-terminated
+                                 (the reference and errors list them as "a|b|c") */
     const char *doc;     /* one line for the reference */
 } kv_key_spec;
 

@@ -31,20 +31,41 @@ struct kv_study {
     int ran;
 };
 
-static int length_kind(const char *dist)
+static kv_length_kind length_kind(kv_workload_length dist)
 {
-    if (strcmp(dist, "uniform") == 0)
-        return KV_LEN_UNIFORM;
-    if (strcmp(dist, "lognormal") == 0)
-        return KV_LEN_LOGNORMAL;
-    if (strcmp(dist, "empirical") == 0)
-        return KV_LEN_EMPIRICAL;
+    switch (dist) {
+    case KV_WORKLOAD_LENGTH_UNIFORM: return KV_LEN_UNIFORM;
+    case KV_WORKLOAD_LENGTH_LOGNORMAL: return KV_LEN_LOGNORMAL;
+    case KV_WORKLOAD_LENGTH_EMPIRICAL: return KV_LEN_EMPIRICAL;
+    case KV_WORKLOAD_LENGTH_FIXED: break;
+    }
     return KV_LEN_FIXED;
+}
+
+static kv_arrival_kind arrival_kind(kv_workload_arrival arrival)
+{
+    switch (arrival) {
+    case KV_WORKLOAD_ARRIVAL_GAMMA: return KV_ARRIVAL_GAMMA;
+    case KV_WORKLOAD_ARRIVAL_FIXED: return KV_ARRIVAL_FIXED;
+    case KV_WORKLOAD_ARRIVAL_POISSON: break;
+    }
+    return KV_ARRIVAL_POISSON;
+}
+
+static kv_trace_format trace_format(kv_workload_trace_format format)
+{
+    switch (format) {
+    case KV_WORKLOAD_TRACE_AZURE: return KV_TRACE_AZURE;
+    case KV_WORKLOAD_TRACE_MOONCAKE: return KV_TRACE_MOONCAKE;
+    case KV_WORKLOAD_TRACE_BURSTGPT: return KV_TRACE_BURSTGPT;
+    case KV_WORKLOAD_TRACE_NONE: break;
+    }
+    return KV_TRACE_NONE;
 }
 
 static kv_length_dist length_dist(const kv_length_config *c)
 {
-    return (kv_length_dist){.kind = (kv_length_kind)length_kind(c->dist), .value = c->value, .sigma = c->sigma,
+    return (kv_length_dist){.kind = length_kind(c->dist), .value = c->value, .sigma = c->sigma,
                             .min = c->min, .max = c->max, .samples = c->samples.items,
                             .n_samples = c->samples.count};
 }
@@ -55,9 +76,7 @@ static int make_workload(kv_study *st, kv_error *err)
     kv_workload_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.requests = s->requests;
-    cfg.arrival = strcmp(s->arrival, "gamma") == 0   ? KV_ARRIVAL_GAMMA
-                  : strcmp(s->arrival, "fixed") == 0 ? KV_ARRIVAL_FIXED
-                                                     : KV_ARRIVAL_POISSON;
+    cfg.arrival = arrival_kind(s->arrival);
     cfg.rate_per_s = s->rate_per_s;
     cfg.burstiness = s->burstiness;
     cfg.prompt = length_dist(&s->prompt);
@@ -66,12 +85,11 @@ static int make_workload(kv_study *st, kv_error *err)
     cfg.repeat = s->trace_repeat;
     cfg.max_prompt_tokens = s->model_card.max_context;
     char path[4096];
-    int fmt = kv_trace_format_parse(s->trace_format);
-    if (fmt > 0) {
+    if (s->trace_format != KV_WORKLOAD_TRACE_NONE) {
         int rc = kv_scenario_find_file(s, s->trace_path, "workload.trace.path", path, sizeof path, err);
         if (rc)
             return rc;
-        cfg.trace_format = (kv_trace_format)fmt;
+        cfg.trace_format = trace_format(s->trace_format);
         cfg.trace_path = path;
     }
     kv_rng rng;
@@ -156,7 +174,7 @@ static int study_inputs(const kv_scenario *s, kv_study **out, kv_error *err)
     st->accepts = kv_calloc(st->n, sizeof *st->accepts);
     int rc = make_workload(st, err);
     if (!rc)
-        rc = kv_engine_check_network(s, strcmp(s->net_model, "ideal") == 0 ? KV_NET_IDEAL : KV_NET_SIMGRID, err);
+        rc = kv_engine_check_network(s, s->net_model == KV_NETWORK_IDEAL ? KV_NET_IDEAL : KV_NET_SIMGRID, err);
     for (size_t i = 0; !rc && i < st->n; i++)
         rc = load_policy(st, i, err);
     return rc;
@@ -192,7 +210,7 @@ int kv_study_prepare(const kv_scenario *s, kv_study **out, kv_error *err)
             snprintf(st->costs[i].source, sizeof st->costs[i].source,
                      "profile %s, prefill: %s; decode: %s; KV kernels: %s", s->timing_profile_file, pd, dd, kernels);
     }
-    if (!rc && strcmp(s->lynx_from, "reference-model") == 0) {
+    if (!rc && s->lynx_from == KV_LYNX_FROM_REFERENCE_MODEL) {
         /* Every speculative policy's acceptance, on prompts near the workload's (cached on disk). */
         int *prompts = kv_calloc(n_req ? n_req : 1, sizeof *prompts);
         for (size_t r = 0; r < n_req; r++)
@@ -256,7 +274,7 @@ int kv_study_run(kv_study *st, kv_error *err)
     const kv_scenario *s = st->s;
     if (s->out_trace && !st->timeline)
         st->timeline = kv_timeline_create();
-    int model = strcmp(s->net_model, "ideal") == 0 ? KV_NET_IDEAL : KV_NET_SIMGRID;
+    int model = s->net_model == KV_NETWORK_IDEAL ? KV_NET_IDEAL : KV_NET_SIMGRID;
     double bf16_per_token = kv_model_kv_values_per_token(&s->model_card) * 2.0;
     for (size_t i = 0; i < st->n; i++) {
         kv_progress *progress = kv_progress_create(stderr, s->progress, s->policies.items[i],

@@ -230,7 +230,7 @@ int kv_diffkv_scores_for_policy(const kv_scenario *s, kv_policy *p, double mean_
 {
     memset(out, 0, sizeof *out);
     *needed = false;
-    if (strcmp(s->diffkv_scores, "measured") != 0)
+    if (s->diffkv_scores != KV_DIFFKV_FROM_MEASURED)
         return KV_OK;
     const kv_model_card *mc = &s->model_card;
     kv_policy_model card = {mc->name, mc->layers, mc->heads, mc->kv_heads, mc->head_dim};
