@@ -83,7 +83,8 @@ int kv_cmd_bench_sim(int argc, char **argv)
             steps += o[i].run.decode_steps;
         }
         printf("kvsim bench sim: Azure code trace tiled to %zu requests, %d prefill + %d decode nodes, %s network, "
-               "%zu policies\n", kv_study_request_count(st), s->prefill.nodes, s->decode.nodes, network, n);
+               "%zu policies\n", kv_study_request_count(st), s->cluster.prefill.nodes, s->cluster.decode.nodes,
+               network, n);
         printf("  wall time            %.3f s (one core), CPU time %.3f s\n", dt, dc);
         printf("  simulated requests   %zu  -> %.0f requests per wall-second (target >= 10000), %.0f per CPU-second\n",
                simulated, simulated / dt, simulated / dc);

@@ -155,7 +155,7 @@ static int run_or_validate(int argc, char **argv, int validate_only)
         printf("\n");
     }
     if (!rc && !validate_only) {
-        const char *dir = a.out_dir ? a.out_dir : s->out_dir;
+        const char *dir = a.out_dir ? a.out_dir : s->outputs.dir;
         int to_folder = dir && dir[0];
         kv_outdir od;
         memset(&od, 0, sizeof od);

@@ -447,8 +447,8 @@ static void account_manager(engine *e, decode_node *dn)
         return;
     const kv_device_profile *dev = &e->s->decode_device;
     double bytes = st.bytes_touched - dn->mgr_bytes_seen;
-    double model = (double)calls * e->s->manager_call_us * 1e-6 +
-                   bytes / (dev->hbm_bandwidth_gbs * 1e9 * dev->memory_efficiency * e->s->decode.tp);
+    double model = (double)calls * e->s->memory.manager_call_us * 1e-6 +
+                   bytes / (dev->hbm_bandwidth_gbs * 1e9 * dev->memory_efficiency * e->s->cluster.decode.tp);
     e->out->kv_manager_calls += calls;
     e->out->kv_manager_s += model;
     e->out->kv_manager_measured_s += st.wall_s - dn->mgr_wall_seen;
@@ -497,7 +497,7 @@ static int preempt(engine *e, int d, size_t i)
     kv_mem_seq_close(dn->mem, r->slot);
     r->slot = -1;
     if (r->plan.preempt == KV_PREEMPT_SWAP && r->prefilled) {
-        dn->pending_kernel_s += bytes / (e->s->swap_bandwidth_gbs * 1e9); /* copy out */
+        dn->pending_kernel_s += bytes / (e->s->memory.swap_bandwidth_gbs * 1e9); /* copy out */
         e->out->swap_bytes += bytes;
         r->swapped = true;
     } else {
@@ -606,7 +606,7 @@ static void memory_sample(engine *e, int d, double now)
 static void try_admit(engine *e, int d, double now)
 {
     decode_node *dn = &e->dnodes[d];
-    size_t max_batch = (size_t)e->s->decode.max_batch;
+    size_t max_batch = (size_t)e->s->cluster.decode.max_batch;
     kv_mem *mem = dn->mem;
     uint64_t capacity = kv_mem_capacity_pages(mem), free = kv_mem_free_pages(mem);
     double page = kv_mem_page_bytes(mem);
@@ -624,7 +624,7 @@ static void try_admit(engine *e, int d, double now)
             fail(e, KV_EINPUT);
             return;
         }
-        uint64_t keep = dn->n_running > 0 ? (uint64_t)ceil(e->s->memory_watermark * (double)capacity) : 0;
+        uint64_t keep = dn->n_running > 0 ? (uint64_t)ceil(e->s->memory.watermark * (double)capacity) : 0;
         if (need + keep > free)
             break; /* head of line waits for memory */
         kv_policy_node state = {d, (int)dn->wn, (int)dn->n_running, free * page, (capacity - free) * page,
@@ -662,7 +662,7 @@ static void try_admit(engine *e, int d, double now)
         k += kv_cache_demands(&r->cache, mem, r->slot, e->scratch + k, &pages);
         if (r->swapped) {
             double bytes = (double)(pages - before) * page;
-            dn->pending_kernel_s += bytes / (e->s->swap_bandwidth_gbs * 1e9); /* copy back in */
+            dn->pending_kernel_s += bytes / (e->s->memory.swap_bandwidth_gbs * 1e9); /* copy back in */
             e->out->swap_bytes += bytes;
             r->swapped = false;
         }
@@ -730,7 +730,7 @@ static void start_step(engine *e, int d)
         if (!r->prefilled) {
             /* Prefill inside this step (colocated, or a recompute after preemption), within the token
                budget (the first always fits). */
-            if (prefill_tokens > 0 && prefill_tokens + r->prefill_tokens > e->s->decode.max_batch_tokens)
+            if (prefill_tokens > 0 && prefill_tokens + r->prefill_tokens > e->s->cluster.decode.max_batch_tokens)
                 continue;
             prefill_tokens += r->prefill_tokens;
             kv_step_add_prefill(&e->decode_timing, &w, r->prefill_tokens);
@@ -1072,9 +1072,9 @@ static void start_prefill(engine *e, int p, double now)
     pn->n_batch = 0;
     long tokens = 0;
     kv_step_work w = {0};
-    while (pn->n > 0 && (int)pn->n_batch < e->s->prefill.max_batch) {
+    while (pn->n > 0 && (int)pn->n_batch < e->s->cluster.prefill.max_batch) {
         request *r = &e->reqs[pn->queue[pn->head]];
-        if (pn->n_batch > 0 && tokens + r->spec.prompt_tokens > e->s->prefill.max_batch_tokens)
+        if (pn->n_batch > 0 && tokens + r->spec.prompt_tokens > e->s->cluster.prefill.max_batch_tokens)
             break;
         fifo_pop(pn->queue, &pn->head, &pn->n);
         tokens += r->spec.prompt_tokens;
@@ -1180,10 +1180,10 @@ static int setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_erro
     e->err = err;
     e->out = out;
     e->tl = in->timeline;
-    e->colocated = s->colocated;
-    e->accept_p = s->lynx_acceptance;
-    e->accept_pos = s->lynx_acceptance_per_position.items;
-    e->n_accept_pos = s->lynx_acceptance_per_position.count;
+    e->colocated = s->cluster.colocated;
+    e->accept_p = s->lynx.acceptance;
+    e->accept_pos = s->lynx.acceptance_per_position.items;
+    e->n_accept_pos = s->lynx.acceptance_per_position.count;
     snprintf(out->acceptance_source, sizeof out->acceptance_source, "scenario (lynx.acceptance%s)",
              e->n_accept_pos ? "_per_position" : "");
     if (in->accept_conditional && in->accept_positions > 0) {
@@ -1192,15 +1192,15 @@ static int setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_erro
         snprintf(out->acceptance_source, sizeof out->acceptance_source, "%s",
                  in->accept_source ? in->accept_source : in->feed_source ? in->feed_source : "reference model");
     }
-    e->ttkt_k = s->ttkt_k;
+    e->ttkt_k = s->lynx.ttkt_k;
     const kv_model_card *m = &s->model_card;
     char w[512];
     e->score_model = (kv_diffkv_score_model){
-        .kind = s->diffkv_scores == KV_DIFFKV_FROM_FIXED       ? KV_DIFFKV_SCORES_FIXED
-                : s->diffkv_scores == KV_DIFFKV_FROM_LOGNORMAL ? KV_DIFFKV_SCORES_LOGNORMAL
+        .kind = s->diffkv.scores == KV_DIFFKV_FROM_FIXED       ? KV_DIFFKV_SCORES_FIXED
+                : s->diffkv.scores == KV_DIFFKV_FROM_LOGNORMAL ? KV_DIFFKV_SCORES_LOGNORMAL
                                                                : KV_DIFFKV_SCORES_MEASURED,
-        .sigma = s->diffkv_score_sigma, .head_spread = s->diffkv_head_spread,
-        .high_fraction = s->diffkv_high_fraction, .low_fraction = s->diffkv_low_fraction};
+        .sigma = s->diffkv.score_sigma, .head_spread = s->diffkv.head_spread,
+        .high_fraction = s->diffkv.high_fraction, .low_fraction = s->diffkv.low_fraction};
     if (e->score_model.kind == KV_DIFFKV_SCORES_MEASURED && in->diffkv_table)
         e->score_model.table = *in->diffkv_table;
     snprintf(out->tiers_source, sizeof out->tiers_source, "%s",
@@ -1226,7 +1226,7 @@ static int setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_erro
     if (in->backend) {
         e->be = in->backend;
     } else {
-        int rc = kv_backend_open(s->timing_backend, 0, &e->be, err);
+        int rc = kv_backend_open(s->timing.backend, 0, &e->be, err);
         if (rc)
             return kv_error_prefix(err, "%s: timing.backend (the decode nodes' memory managers run there): ",
                                    kv_scenario_where(s, "timing.backend", w, sizeof w));
@@ -1234,8 +1234,8 @@ static int setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_erro
     }
     e->model = (kv_policy_model){m->name, m->layers, m->heads, m->kv_heads, m->head_dim};
     kv_policy_set_model(e->policy, &e->model); /* every hook, placement ones too, sees ctx.model */
-    kv_timing_init(&e->prefill_timing, m, &s->prefill_device, s->prefill.tp);
-    kv_timing_init(&e->decode_timing, m, &s->decode_device, s->decode.tp);
+    kv_timing_init(&e->prefill_timing, m, &s->prefill_device, s->cluster.prefill.tp);
+    kv_timing_init(&e->decode_timing, m, &s->decode_device, s->cluster.decode.tp);
     e->prefill_timing.profile = in->prefill_profile;
     e->decode_timing.profile = in->decode_profile;
     if (in->costs) {
@@ -1251,21 +1251,23 @@ static int setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_erro
     kv_eventq_init(&e->q);
     kv_rng_seed(&e->base_rng, (uint64_t)s->seed);
 
-    e->n_pnodes = s->prefill.nodes;
-    e->n_dnodes = s->decode.nodes;
+    e->n_pnodes = s->cluster.prefill.nodes;
+    e->n_dnodes = s->cluster.decode.nodes;
     e->pnodes = kv_calloc((size_t)e->n_pnodes, sizeof *e->pnodes);
     e->dnodes = kv_calloc((size_t)e->n_dnodes, sizeof *e->dnodes);
     double weights = kv_model_weight_bytes(m);
-    double capacity = s->decode_device.memory_gb * 1e9 * s->decode.memory_fraction * s->decode.tp - weights;
+    double capacity =
+        s->decode_device.memory_gb * 1e9 * s->cluster.decode.memory_fraction * s->cluster.decode.tp - weights;
     if (capacity <= 0)
         return kv_error_set(err, KV_EINPUT,
                             "%s: cluster.decode: %s's weights (%.3g GB) do not fit in %d x %s (%.3g GB usable); "
                             "raise cluster.decode.tp",
                             kv_scenario_where(s, "cluster.decode", w, sizeof w), m->name, weights / 1e9,
-                            s->decode.tp, s->decode_device.name,
-                            s->decode_device.memory_gb * s->decode.memory_fraction * s->decode.tp);
-    double pcap = s->prefill_device.memory_gb * 1e9 * s->prefill.memory_fraction * s->prefill.tp - weights;
-    if (pcap <= 0 && !s->colocated)
+                            s->cluster.decode.tp, s->decode_device.name,
+                            s->decode_device.memory_gb * s->cluster.decode.memory_fraction * s->cluster.decode.tp);
+    double pcap =
+        s->prefill_device.memory_gb * 1e9 * s->cluster.prefill.memory_fraction * s->cluster.prefill.tp - weights;
+    if (pcap <= 0 && !s->cluster.colocated)
         return kv_error_set(err, KV_EINPUT, "%s: cluster.prefill: %s's weights (%.3g GB) do not fit; raise "
                             "cluster.prefill.tp", kv_scenario_where(s, "cluster.prefill", w, sizeof w), m->name,
                             weights / 1e9);
@@ -1336,8 +1338,8 @@ static int setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_erro
         e->charge_manager = c0->kind == KV_CACHE_DIFFKV;
         kv_mem_config mc = {.capacity_bytes = capacity, .tiers = 2,
                             .token_bytes = {c0->token_bytes[0], c0->token_bytes[1]},
-                            .heads = c0->tables, .min_page_tokens = s->page_tokens_min,
-                            .max_page_tokens = s->page_tokens_max, .align_bytes = 32};
+                            .heads = c0->tables, .min_page_tokens = s->memory.page_tokens_min,
+                            .max_page_tokens = s->memory.page_tokens_max, .align_bytes = 32};
         for (int i = 0; i < e->n_dnodes; i++) {
             int rc = kv_mem_create(e->be, &mc, &e->dnodes[i].mem, err);
             if (rc)
@@ -1456,7 +1458,7 @@ int kv_engine_run(const kv_run_inputs *in, kv_run_result *out, kv_error *err)
         out->tier_pruned_fraction = tiers > 0 ? out->tier_pruned_fraction / tiers : NAN;
         out->kv_mem_peak_bytes = out->kv_pages_peak * out->kv_page_bytes;
         out->mean_decode_batch = out->decode_busy_s > 0 ? out->mean_decode_batch / out->decode_busy_s : 0;
-        if (!e.s->measure_manager)
+        if (!e.s->memory.measure_manager)
             out->kv_manager_measured_s = NAN; /* wall time is only reported when asked for: it varies */
         for (size_t i = 0; i < out->n_requests; i++)
             if (out->requests[i].done_s > out->makespan_s)

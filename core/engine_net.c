@@ -21,33 +21,33 @@ int kv_engine_net_config(const kv_scenario *s, int model, kv_net_config *cfg, ch
 {
     memset(cfg, 0, sizeof *cfg);
     cfg->model = (kv_net_model)model;
-    cfg->topology = net_topology(s->topology);
-    cfg->hosts = s->prefill.nodes + s->decode.nodes;
-    cfg->nic_bandwidth_gbps = s->nic_bandwidth_gbps;
-    cfg->nic_latency_s = s->nic_latency_us * 1e-6;
-    cfg->switch_bandwidth_gbps = s->switch_bandwidth_gbps;
-    cfg->switch_latency_s = s->switch_latency_us * 1e-6;
-    cfg->hosts_per_leaf = s->hosts_per_leaf;
-    cfg->oversubscription = s->oversubscription;
-    cfg->split_duplex = s->split_duplex;
-    cfg->platform_file = s->platform_file[0] ? s->platform_file : NULL;
+    cfg->topology = net_topology(s->network.topology);
+    cfg->hosts = s->cluster.prefill.nodes + s->cluster.decode.nodes;
+    cfg->nic_bandwidth_gbps = s->network.nic_bandwidth_gbps;
+    cfg->nic_latency_s = s->network.nic_latency_us * 1e-6;
+    cfg->switch_bandwidth_gbps = s->network.switch_bandwidth_gbps;
+    cfg->switch_latency_s = s->network.switch_latency_us * 1e-6;
+    cfg->hosts_per_leaf = s->network.hosts_per_leaf;
+    cfg->oversubscription = s->network.oversubscription;
+    cfg->split_duplex = s->network.split_duplex;
+    cfg->platform_file = s->network.platform_file[0] ? s->network.platform_file : NULL;
     cfg->source = s->path;
     cfg->priority = KV_PRIO_NONE; /* the engine sets the policy's mode */
     cfg->class_weight[0] = 1;
     cfg->class_weight[1] = 1;
-    cfg->fat_tree_spines = s->fat_tree_spines;
-    cfg->fat_tree_leaves = s->fat_tree_leaves;
-    for (size_t i = 0; i < 3 && i < s->torus_dims.count; i++)
-        cfg->torus_dims[i] = s->torus_dims.items[i];
-    cfg->dragonfly_groups = s->dragonfly_groups;
-    cfg->dragonfly_chassis = s->dragonfly_chassis;
-    cfg->dragonfly_routers = s->dragonfly_routers;
-    cfg->dragonfly_nodes = s->dragonfly_nodes;
-    cfg->host_slot = s->host_slots.count ? s->host_slots.items : NULL;
-    cfg->host_names = s->host_names.count ? (const char *const *)s->host_names.items : NULL;
-    cfg->prefill_hosts = s->prefill.nodes;
-    cfg->watchdog_s = s->net_watchdog_s;
-    const kv_ynode *opts = s->simgrid_options;
+    cfg->fat_tree_spines = s->network.fat_tree.spines;
+    cfg->fat_tree_leaves = s->network.fat_tree.leaves;
+    for (size_t i = 0; i < 3 && i < s->network.torus_dims.count; i++)
+        cfg->torus_dims[i] = s->network.torus_dims.items[i];
+    cfg->dragonfly_groups = s->network.dragonfly.groups;
+    cfg->dragonfly_chassis = s->network.dragonfly.chassis;
+    cfg->dragonfly_routers = s->network.dragonfly.routers;
+    cfg->dragonfly_nodes = s->network.dragonfly.nodes;
+    cfg->host_slot = s->network.host_slots.count ? s->network.host_slots.items : NULL;
+    cfg->host_names = s->network.host_names.count ? (const char *const *)s->network.host_names.items : NULL;
+    cfg->prefill_hosts = s->cluster.prefill.nodes;
+    cfg->watchdog_s = s->network.watchdog_s;
+    const kv_ynode *opts = s->network.simgrid;
     if (opts && opts->kind == KV_YMAP) {
         char w[512];
         if (opts->count > KV_NET_MAX_OPTIONS)
@@ -111,7 +111,7 @@ static void locate_network_key(const kv_scenario *s, kv_error *err)
 
 int kv_engine_check_network(const kv_scenario *s, int model, kv_error *err)
 {
-    if (s->colocated)
+    if (s->cluster.colocated)
         return KV_OK;
     char path[4096];
     kv_net_config cfg;

@@ -33,7 +33,7 @@ static int measured(const kv_scenario *s, kv_policy *p, int prompt_tokens, kv_ke
 {
     char w[512];
     kv_backend *be = NULL;
-    int rc = kv_backend_open(s->timing_backend, 0, &be, err);
+    int rc = kv_backend_open(s->timing.backend, 0, &be, err);
     if (rc)
         return kv_error_prefix(err, "%s: timing.backend: ", kv_scenario_where(s, "timing.backend", w, sizeof w));
     const kv_model_card *m = &s->model_card;
@@ -43,9 +43,9 @@ static int measured(const kv_scenario *s, kv_policy *p, int prompt_tokens, kv_ke
     rc = kv_policy_encoding(p, &pm, &pr, 0, 0, &enc, err);
     double ke = 0, kd = 0, ve = 0, vd = 0;
     if (!rc)
-        rc = time_tensor(be, &enc.key, prompt_tokens, m->head_dim, s->timing_samples, &ke, &kd, err);
+        rc = time_tensor(be, &enc.key, prompt_tokens, m->head_dim, s->timing.samples, &ke, &kd, err);
     if (!rc)
-        rc = time_tensor(be, &enc.value, prompt_tokens, m->head_dim, s->timing_samples, &ve, &vd, err);
+        rc = time_tensor(be, &enc.value, prompt_tokens, m->head_dim, s->timing.samples, &ve, &vd, err);
     if (!rc) {
         c->encode_s_per_value = (ke + ve) / 2;
         c->decode_s_per_value = (kd + vd) / 2;
@@ -62,11 +62,11 @@ int kv_measure_costs(const kv_scenario *s, kv_policy *p, int prompt_tokens, kv_k
 {
     memset(c, 0, sizeof *c);
     char w[512];
-    if (s->timing_source == KV_TIMING_MEASURED)
+    if (s->timing.source == KV_TIMING_MEASURED)
         return measured(s, p, prompt_tokens > 0 ? prompt_tokens : 1, c, err);
-    if (s->timing_calibration[0]) {
+    if (s->timing.calibration[0]) {
         char path[4096];
-        int rc = kv_scenario_find_file(s, s->timing_calibration, "timing.calibration", path, sizeof path, err);
+        int rc = kv_scenario_find_file(s, s->timing.calibration, "timing.calibration", path, sizeof path, err);
         kv_kernel_calib *calib = NULL;
         if (!rc)
             rc = kv_kernel_calib_load(path, NULL, &calib, err);
@@ -75,7 +75,7 @@ int kv_measure_costs(const kv_scenario *s, kv_policy *p, int prompt_tokens, kv_k
                                    kv_scenario_where(s, "timing.calibration", w, sizeof w));
         c->encode_efficiency = kv_kernel_calib_efficiency(calib, "encode", 0);
         c->decode_efficiency = kv_kernel_calib_efficiency(calib, "decode", 0);
-        snprintf(c->source, sizeof c->source, "model, kernel efficiencies from %s", s->timing_calibration);
+        snprintf(c->source, sizeof c->source, "model, kernel efficiencies from %s", s->timing.calibration);
         kv_kernel_calib_destroy(calib);
         return KV_OK;
     }
@@ -95,30 +95,30 @@ static int need_key(const kv_scenario *s, const char *key, const char *value, kv
 int kv_measure_profiles(const kv_scenario *s, kv_profile **prefill, kv_profile **decode, kv_error *err)
 {
     *prefill = *decode = NULL;
-    if (s->timing_source != KV_TIMING_PROFILE)
+    if (s->timing.source != KV_TIMING_PROFILE)
         return KV_OK;
-    int rc = need_key(s, "timing.profile.file", s->timing_profile_file, err);
+    int rc = need_key(s, "timing.profile.file", s->timing.profile.file, err);
     if (!rc)
-        rc = need_key(s, "timing.profile.model", s->timing_profile_model, err);
+        rc = need_key(s, "timing.profile.model", s->timing.profile.model, err);
     if (!rc)
-        rc = need_key(s, "timing.profile.prefill_hardware", s->timing_profile_prefill_hardware, err);
+        rc = need_key(s, "timing.profile.prefill_hardware", s->timing.profile.prefill_hardware, err);
     char path[4096], w[512];
     if (!rc)
-        rc = kv_scenario_find_file(s, s->timing_profile_file, "timing.profile.file", path, sizeof path, err);
+        rc = kv_scenario_find_file(s, s->timing.profile.file, "timing.profile.file", path, sizeof path, err);
     if (rc)
         return rc;
     const char *decode_hw =
-        s->timing_profile_decode_hardware[0] ? s->timing_profile_decode_hardware : s->timing_profile_prefill_hardware;
+        s->timing.profile.decode_hardware[0] ? s->timing.profile.decode_hardware : s->timing.profile.prefill_hardware;
     const char *decode_key =
-        s->timing_profile_decode_hardware[0] ? "timing.profile.decode_hardware" : "timing.profile.prefill_hardware";
+        s->timing.profile.decode_hardware[0] ? "timing.profile.decode_hardware" : "timing.profile.prefill_hardware";
     char where[700];
     snprintf(where, sizeof where, "%s: timing.profile.prefill_hardware",
              kv_scenario_where(s, "timing.profile.prefill_hardware", w, sizeof w));
-    rc = kv_profile_load(path, s->timing_profile_model, s->timing_profile_prefill_hardware, s->prefill.tp, where,
-                         prefill, err);
+    rc = kv_profile_load(path, s->timing.profile.model, s->timing.profile.prefill_hardware, s->cluster.prefill.tp,
+                         where, prefill, err);
     snprintf(where, sizeof where, "%s: %s", kv_scenario_where(s, decode_key, w, sizeof w), decode_key);
     if (!rc)
-        rc = kv_profile_load(path, s->timing_profile_model, decode_hw, s->decode.tp, where, decode, err);
+        rc = kv_profile_load(path, s->timing.profile.model, decode_hw, s->cluster.decode.tp, where, decode, err);
     if (rc) {
         kv_profile_destroy(*prefill);
         *prefill = NULL;

@@ -19,10 +19,11 @@ static void cell(FILE *out, double v, int width, int prec)
 void kv_report_table(FILE *out, const kv_scenario *s, const kv_policy_outcome *o, size_t n)
 {
     fprintf(out, "\n%s — %s, %d prefill + %d decode x %s (tp %d), network %s %.0f Gbit/s, %zu requests, seed %d\n",
-            s->name, s->model_card.name, s->prefill.nodes, s->decode.nodes, s->decode_device.name, s->decode.tp,
-            n ? o[0].run.network : kv_network_model_names[s->net_model], s->nic_bandwidth_gbps, n ? o[0].run.n_requests : 0, s->seed);
+            s->name, s->model_card.name, s->cluster.prefill.nodes, s->cluster.decode.nodes, s->decode_device.name,
+            s->cluster.decode.tp, n ? o[0].run.network : kv_network_model_names[s->network.model],
+            s->network.nic_bandwidth_gbps, n ? o[0].run.n_requests : 0, s->seed);
     char ttkt[32];
-    snprintf(ttkt, sizeof ttkt, "ttkt@%d", s->ttkt_k);
+    snprintf(ttkt, sizeof ttkt, "ttkt@%d", s->lynx.ttkt_k);
     fprintf(out, "%-10s %9s %6s %9s %9s %9s %9s %9s %8s %9s %8s %7s\n", "policy", "KV MB/req", "ratio", "xfer ms",
             "ttft_spec", "ttft ms", "p99 ttft", ttkt, "tpot ms", "e2el ms", "req/s", "accept");
     for (size_t i = 0; i < n; i++) {
@@ -70,7 +71,7 @@ void kv_report_memory_table(FILE *out, const kv_scenario *s, const kv_policy_out
         cell(out, r->mean_decode_batch, 6, 1);
         fprintf(out, " %6d %7llu", r->max_decode_batch, (unsigned long long)r->preemptions);
         cell(out, o[i].summary.output_throughput, 9, 0);
-        cell(out, 100 * manager_fraction(r, s->measure_manager), 6, 3);
+        cell(out, 100 * manager_fraction(r, s->memory.measure_manager), 6, 3);
         cell(out, r->tier_high_fraction, 6, 3);
         cell(out, r->tier_low_fraction, 6, 3);
         cell(out, r->tier_pruned_fraction, 6, 3);
@@ -80,7 +81,7 @@ void kv_report_memory_table(FILE *out, const kv_scenario *s, const kv_policy_out
                  "(time-weighted), max = largest;\n"
                  " mgr %% = memory-manager time / decode step time, %s; high/low/pruned = DiffKV tiers over every "
                  "(layer, KV head, token))\n",
-            s->measure_manager ? "measured wall time of the real calls on timing.backend" : "modelled");
+            s->memory.measure_manager ? "measured wall time of the real calls on timing.backend" : "modelled");
 }
 
 static void jkey(FILE *out, const char *key)
@@ -130,11 +131,11 @@ void kv_report_json(FILE *out, const kv_scenario *s, const kv_policy_outcome *o,
     jstr(out, "model", s->model_card.name, ",");
     jstr(out, "decode_device", s->decode_device.name, ",");
     jstr(out, "prefill_device", s->prefill_device.name, ",");
-    jnum(out, "prefill_nodes", s->prefill.nodes, 1);
-    jnum(out, "decode_nodes", s->decode.nodes, 1);
-    jnum(out, "nic_bandwidth_gbps", s->nic_bandwidth_gbps, 1);
-    jstr(out, "lynx_acceptance_from", kv_lynx_from_names[s->lynx_from], ",");
-    jstr(out, "diffkv_scores", kv_diffkv_scores_from_names[s->diffkv_scores], "},\n");
+    jnum(out, "prefill_nodes", s->cluster.prefill.nodes, 1);
+    jnum(out, "decode_nodes", s->cluster.decode.nodes, 1);
+    jnum(out, "nic_bandwidth_gbps", s->network.nic_bandwidth_gbps, 1);
+    jstr(out, "lynx_acceptance_from", kv_lynx_from_names[s->lynx.from], ",");
+    jstr(out, "diffkv_scores", kv_diffkv_scores_from_names[s->diffkv.scores], "},\n");
     /* Every --set override, in the order applied: {"key": ..., "value": ...} as written. */
     jkey(out, "overrides");
     fputc('[', out);
@@ -182,7 +183,7 @@ void kv_report_json(FILE *out, const kv_scenario *s, const kv_policy_outcome *o,
         jstat(out, "transfer_ms", &m->transfer_ms);
         jstat(out, "anchor_transfer_ms", &m->anchor_transfer_ms);
         jstat(out, "queue_ms", &m->queue_ms);
-        jnum(out, "ttkt_k", s->ttkt_k, 1);
+        jnum(out, "ttkt_k", s->lynx.ttkt_k, 1);
         jnum(out, "kv_wire_bytes", m->kv_wire_bytes, 1);
         jnum(out, "mean_kv_wire_bytes", m->mean_kv_wire_bytes, 1);
         jnum(out, "anchor_bytes", m->mean_anchor_bytes, 1);
@@ -366,11 +367,11 @@ int kv_report_write(const char *dir, const kv_scenario *s, const kv_policy_outco
                     const kv_timeline *tl, kv_error *err)
 {
     int rc = KV_OK;
-    if (s->out_json)
+    if (s->outputs.json)
         rc = write_one(dir, "results.json", OUT_JSON, s, o, n, tl, err);
-    if (!rc && s->out_csv)
+    if (!rc && s->outputs.csv)
         rc = write_one(dir, "requests.csv", OUT_CSV, s, o, n, tl, err);
-    if (!rc && s->out_trace && tl)
+    if (!rc && s->outputs.trace && tl)
         rc = write_one(dir, "trace.json", OUT_TRACE, s, o, n, tl, err);
     return rc;
 }

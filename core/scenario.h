@@ -84,76 +84,110 @@ typedef struct kv_length_config {
     kv_intlist samples;
 } kv_length_config;
 
+/* One struct per section of the file; a field's path is its key's (network.fat_tree.spines). */
+typedef struct kv_scenario_cluster {
+    kv_pool_config prefill, decode;
+    bool colocated;
+} kv_scenario_cluster;
+
+typedef struct kv_scenario_network {
+    kv_network_model model;
+    kv_network_topology topology;
+    double nic_bandwidth_gbps, nic_latency_us, switch_bandwidth_gbps, switch_latency_us;
+    int hosts_per_leaf;
+    struct { int spines, leaves; } fat_tree;
+    kv_intlist torus_dims;
+    struct { int groups, chassis, routers, nodes; } dragonfly;
+    kv_intlist host_slots;
+    kv_strlist host_names;
+    double oversubscription;
+    bool split_duplex;
+    char *platform_file;
+    const kv_ynode *simgrid; /* SimGrid options, checked by net/ (borrowed from the tree) */
+    double watchdog_s;       /* seconds a SimGrid child may go without answering before kvsim kills it */
+} kv_scenario_network;
+
+typedef struct kv_scenario_workload {
+    int requests;
+    kv_workload_arrival arrival;
+    double rate_per_s, burstiness;
+    kv_length_config prompt, output;
+    struct {
+        kv_workload_trace_format format;
+        char *path;
+        double time_scale;
+        int repeat;
+    } trace;
+} kv_scenario_workload;
+
+typedef struct kv_scenario_timing {
+    kv_timing_source source;
+    char *backend, *calibration;
+    int samples;
+    struct {
+        char *file;                              /* timing.source: profile — the table (core/profile.h) */
+        char *model;                             /* its `model` column to use */
+        char *prefill_hardware, *decode_hardware; /* its `hardware` column per pool */
+    } profile;
+} kv_scenario_timing;
+
+typedef struct kv_scenario_limits {
+    int instructions;  /* VM instructions per hook call */
+    int memory_mib;    /* Lua heap per policy, MiB */
+    int string_kib;    /* longest string, KiB */
+    double hook_ms;    /* wall-clock per hook call, ms */
+    double run_s;      /* wall-clock per policy over the run, s */
+    int print_kib;     /* print() output per policy, KiB */
+} kv_scenario_limits;
+
+typedef struct kv_scenario_lynx {
+    kv_lynx_from from;
+    double acceptance;                   /* fixed conditional acceptance (lynx.from: scenario) */
+    kv_doublelist acceptance_per_position;
+    int samples;                         /* speculations measured per policy (lynx.from: reference-model) */
+    int max_prompt_tokens;               /* longest measured prompt, tokens */
+    int ttkt_k;
+} kv_scenario_lynx;
+
+typedef struct kv_scenario_diffkv {
+    kv_diffkv_scores_from scores;
+    int measure_tokens;                  /* measured: tokens prefilled on the reference model (0: auto) */
+    double score_sigma, head_spread;
+    double high_fraction, low_fraction;
+} kv_scenario_diffkv;
+
+typedef struct kv_scenario_memory {
+    int page_tokens_min, page_tokens_max; /* unified page size search range */
+    double watermark;                     /* share of pages admission leaves free */
+    double swap_bandwidth_gbs;            /* device <-> host, for swap preemption */
+    double manager_call_us;               /* modelled fixed cost of one compaction call */
+    bool measure_manager;                 /* time the real manager calls (non-deterministic) */
+} kv_scenario_memory;
+
+typedef struct kv_scenario_outputs {
+    char *dir;
+    bool json, csv, trace;
+    bool progress;
+} kv_scenario_outputs;
+
 typedef struct kv_scenario {
     /* Bound keys (see the table in scenario.c for docs and defaults). */
     char *name;
     char *description;
     int seed;
     char *model;
-    kv_pool_config prefill, decode;
-    bool colocated;
-
-    kv_network_model net_model;
-    kv_network_topology topology;
-    char *platform_file;
-    double nic_bandwidth_gbps, nic_latency_us, switch_bandwidth_gbps, switch_latency_us, oversubscription;
-    int hosts_per_leaf, fat_tree_spines, fat_tree_leaves;
-    kv_intlist torus_dims;
-    int dragonfly_groups, dragonfly_chassis, dragonfly_routers, dragonfly_nodes;
-    kv_intlist host_slots;
-    kv_strlist host_names;
-    bool split_duplex;
-    const kv_ynode *simgrid_options;
-    double net_watchdog_s; /* seconds a SimGrid child may go without answering before kvsim kills it */
-
-    int requests;
-    kv_workload_arrival arrival;
-    double rate_per_s, burstiness;
-    kv_length_config prompt, output;
-    kv_workload_trace_format trace_format;
-    char *trace_path;
-    double trace_time_scale;
-    int trace_repeat;
-
-    kv_timing_source timing_source;
-    char *timing_backend, *timing_calibration;
-    int timing_samples;
-    char *timing_profile_file;     /* timing.source: profile — the table (core/profile.h) */
-    char *timing_profile_model;    /* its `model` column to use */
-    char *timing_profile_prefill_hardware, *timing_profile_decode_hardware; /* its `hardware` column per pool */
-
+    kv_scenario_cluster cluster;
+    kv_scenario_network network;
+    kv_scenario_workload workload;
+    kv_scenario_timing timing;
     kv_strlist policies;
-    const kv_ynode *policy_settings;
-    int policy_instructions;   /* policy_limits.instructions: VM instructions per hook call */
-    int policy_memory_mib;     /* policy_limits.memory_mib: Lua heap per policy, MiB */
-    int policy_string_kib;     /* policy_limits.string_kib: longest string, KiB */
-    double policy_hook_ms;     /* policy_limits.hook_ms: wall-clock per hook call, ms */
-    double policy_run_s;       /* policy_limits.run_s: wall-clock per policy over the run, s */
-    int policy_print_kib;      /* policy_limits.print_kib: print() output per policy, KiB */
-
-    kv_lynx_from lynx_from;
-    double lynx_acceptance;            /* fixed conditional acceptance (lynx.from: scenario) */
-    kv_doublelist lynx_acceptance_per_position;
-    int lynx_samples;                  /* speculations measured per policy (lynx.from: reference-model) */
-    int lynx_max_prompt_tokens;        /* longest measured prompt, tokens */
-    int ttkt_k;
-
-    kv_diffkv_scores_from diffkv_scores;
-    int diffkv_measure_tokens;         /* measured: tokens prefilled on the reference model (0: auto) */
-    double diffkv_score_sigma, diffkv_head_spread;
-    double diffkv_high_fraction, diffkv_low_fraction;
-
-    int page_tokens_min, page_tokens_max; /* memory: unified page size search range */
-    double memory_watermark;           /* share of pages admission leaves free */
-    double swap_bandwidth_gbs;         /* device <-> host, for swap preemption */
-    double manager_call_us;            /* modelled fixed cost of one compaction call */
-    bool measure_manager;              /* time the real manager calls (non-deterministic) */
-
+    const kv_ynode *policy_settings; /* the `policy` mapping: policy.<name>.file, policy.<name>.<param> */
+    kv_scenario_limits policy_limits;
+    kv_scenario_lynx lynx;
+    kv_scenario_diffkv diffkv;
+    kv_scenario_memory memory;
     const kv_ynode *accuracy;  /* the accuracy: section, checked by core/model/eval_config.c */
-
-    char *out_dir;
-    bool out_json, out_csv, out_trace;
-    bool progress;
+    kv_scenario_outputs outputs;
 
     /* Derived at load time. */
     kv_ynode *tree;        /* the YAML with --set applied (owned) */

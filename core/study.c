@@ -75,21 +75,21 @@ static int make_workload(kv_study *st, kv_error *err)
     const kv_scenario *s = st->s;
     kv_workload_config cfg;
     memset(&cfg, 0, sizeof cfg);
-    cfg.requests = s->requests;
-    cfg.arrival = arrival_kind(s->arrival);
-    cfg.rate_per_s = s->rate_per_s;
-    cfg.burstiness = s->burstiness;
-    cfg.prompt = length_dist(&s->prompt);
-    cfg.output = length_dist(&s->output);
-    cfg.time_scale = s->trace_time_scale;
-    cfg.repeat = s->trace_repeat;
+    cfg.requests = s->workload.requests;
+    cfg.arrival = arrival_kind(s->workload.arrival);
+    cfg.rate_per_s = s->workload.rate_per_s;
+    cfg.burstiness = s->workload.burstiness;
+    cfg.prompt = length_dist(&s->workload.prompt);
+    cfg.output = length_dist(&s->workload.output);
+    cfg.time_scale = s->workload.trace.time_scale;
+    cfg.repeat = s->workload.trace.repeat;
     cfg.max_prompt_tokens = s->model_card.max_context;
     char path[4096];
-    if (s->trace_format != KV_WORKLOAD_TRACE_NONE) {
-        int rc = kv_scenario_find_file(s, s->trace_path, "workload.trace.path", path, sizeof path, err);
+    if (s->workload.trace.format != KV_WORKLOAD_TRACE_NONE) {
+        int rc = kv_scenario_find_file(s, s->workload.trace.path, "workload.trace.path", path, sizeof path, err);
         if (rc)
             return rc;
-        cfg.trace_format = trace_format(s->trace_format);
+        cfg.trace_format = trace_format(s->workload.trace.format);
         cfg.trace_path = path;
     }
     kv_rng rng;
@@ -174,7 +174,7 @@ static int study_inputs(const kv_scenario *s, kv_study **out, kv_error *err)
     st->accepts = kv_calloc(st->n, sizeof *st->accepts);
     int rc = make_workload(st, err);
     if (!rc)
-        rc = kv_engine_check_network(s, s->net_model == KV_NETWORK_IDEAL ? KV_NET_IDEAL : KV_NET_SIMGRID, err);
+        rc = kv_engine_check_network(s, s->network.model == KV_NETWORK_IDEAL ? KV_NET_IDEAL : KV_NET_SIMGRID, err);
     for (size_t i = 0; !rc && i < st->n; i++)
         rc = load_policy(st, i, err);
     return rc;
@@ -205,12 +205,12 @@ int kv_study_prepare(const kv_scenario *s, kv_study **out, kv_error *err)
         snprintf(kernels, sizeof kernels, "%s", st->costs[i].source);
         if (strcmp(pd, dd) == 0)
             snprintf(st->costs[i].source, sizeof st->costs[i].source, "profile %s %s; KV kernels: %s",
-                     s->timing_profile_file, pd, kernels);
+                     s->timing.profile.file, pd, kernels);
         else
             snprintf(st->costs[i].source, sizeof st->costs[i].source,
-                     "profile %s, prefill: %s; decode: %s; KV kernels: %s", s->timing_profile_file, pd, dd, kernels);
+                     "profile %s, prefill: %s; decode: %s; KV kernels: %s", s->timing.profile.file, pd, dd, kernels);
     }
-    if (!rc && s->lynx_from == KV_LYNX_FROM_REFERENCE_MODEL) {
+    if (!rc && s->lynx.from == KV_LYNX_FROM_REFERENCE_MODEL) {
         /* Every speculative policy's acceptance, on prompts near the workload's (cached on disk). */
         int *prompts = kv_calloc(n_req ? n_req : 1, sizeof *prompts);
         for (size_t r = 0; r < n_req; r++)
@@ -272,12 +272,12 @@ size_t kv_study_request_count(const kv_study *st)
 int kv_study_run(kv_study *st, kv_error *err)
 {
     const kv_scenario *s = st->s;
-    if (s->out_trace && !st->timeline)
+    if (s->outputs.trace && !st->timeline)
         st->timeline = kv_timeline_create();
-    int model = s->net_model == KV_NETWORK_IDEAL ? KV_NET_IDEAL : KV_NET_SIMGRID;
+    int model = s->network.model == KV_NETWORK_IDEAL ? KV_NET_IDEAL : KV_NET_SIMGRID;
     double bf16_per_token = kv_model_kv_values_per_token(&s->model_card) * 2.0;
     for (size_t i = 0; i < st->n; i++) {
-        kv_progress *progress = kv_progress_create(stderr, s->progress, s->policies.items[i],
+        kv_progress *progress = kv_progress_create(stderr, s->outputs.progress, s->policies.items[i],
                                                    kv_workload_count(st->workload));
         kv_run_inputs in = {.scenario = s, .policy = st->policies[i], .workload = st->workload,
                             .costs = &st->costs[i], .timeline = st->timeline, .progress = progress,

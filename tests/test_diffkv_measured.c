@@ -78,8 +78,8 @@ static void run_default(const char *alpha_high, const char *alpha_low, double *h
     kv_scenario *s = NULL;
     kv_study *st = NULL;
     cr_assert_eq(kv_scenario_load("scenarios/diffkv.yaml", sets, 7, &s, &err), 0, "%s", err.msg);
-    cr_assert_eq(s->diffkv_scores, KV_DIFFKV_FROM_MEASURED, "the default is %s",
-                 kv_diffkv_scores_from_names[s->diffkv_scores]);
+    cr_assert_eq(s->diffkv.scores, KV_DIFFKV_FROM_MEASURED, "the default is %s",
+                 kv_diffkv_scores_from_names[s->diffkv.scores]);
     cr_assert_eq(kv_study_prepare(s, &st, &err), 0, "%s", err.msg);
     cr_assert_eq(kv_study_run(st, &err), 0, "%s", err.msg);
     size_t n = 0;

@@ -75,7 +75,7 @@ Test(lynx_feed, acceptance_depends_on_the_anchor_split_by_default, .timeout = 18
     kv_scenario *s = NULL;
     kv_study *st = NULL;
     cr_assert_eq(kv_scenario_load(path, NULL, 0, &s, &err), 0, "%s", err.msg);
-    cr_expect_eq(s->lynx_from, KV_LYNX_FROM_REFERENCE_MODEL, "the default");
+    cr_expect_eq(s->lynx.from, KV_LYNX_FROM_REFERENCE_MODEL, "the default");
     cr_assert_eq(kv_study_prepare(s, &st, &err), 0, "%s", err.msg);
     cr_assert_eq(kv_study_run(st, &err), 0, "%s", err.msg);
     size_t n = 0;

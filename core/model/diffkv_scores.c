@@ -230,11 +230,11 @@ int kv_diffkv_scores_for_policy(const kv_scenario *s, kv_policy *p, double mean_
 {
     memset(out, 0, sizeof *out);
     *needed = false;
-    if (s->diffkv_scores != KV_DIFFKV_FROM_MEASURED)
+    if (s->diffkv.scores != KV_DIFFKV_FROM_MEASURED)
         return KV_OK;
     const kv_model_card *mc = &s->model_card;
     kv_policy_model card = {mc->name, mc->layers, mc->heads, mc->kv_heads, mc->head_dim};
-    int tokens = s->diffkv_measure_tokens;
+    int tokens = s->diffkv.measure_tokens;
     if (tokens <= 0) {
         tokens = (int)lround(mean_prompt / 64.0) * 64;
         tokens = tokens < 128 ? 128 : tokens > 2048 ? 2048 : tokens;

@@ -69,11 +69,11 @@ static int find_model(const kv_scenario *s, plan *pl, kv_error *err)
 /* Prompt lengths: workload quantiles, clamped, made distinct (see feed_lynx.h). */
 static void plan_lengths(const kv_scenario *s, int k, const int *prompts, size_t n_prompts, plan *pl)
 {
-    pl->points = (s->lynx_samples + FEED_N_TEXTS - 1) / FEED_N_TEXTS;
+    pl->points = (s->lynx.samples + FEED_N_TEXTS - 1) / FEED_N_TEXTS;
     if (pl->points > 64)
         pl->points = 64;
     pl->samples = pl->points * FEED_N_TEXTS;
-    pl->cap = s->lynx_max_prompt_tokens;
+    pl->cap = s->lynx.max_prompt_tokens;
     if (pl->cap > pl->cfg.context_length - k - 1)
         pl->cap = pl->cfg.context_length - k - 1;
     if (pl->cap < FEED_MIN_PROMPT)
