@@ -155,7 +155,7 @@ typedef struct decode_node {
 } decode_node;
 
 typedef struct engine {
-    const kv_scenario *s;
+    const kv_engine_config *cfg; /* what the engine needs from the scenario (borrowed) */
     kv_policy *policy;
     kv_policy_model model;
     kv_encset *encs;        /* the policy's encodings per (layer, KV head), reused while fixed (plan_request) */
@@ -243,7 +243,7 @@ static void span(engine *e, int track, const char *name, const char *cat, double
 
 static int plan_request(engine *e, request *r)
 {
-    const kv_model_card *m = &e->s->model_card;
+    const kv_model_card *m = e->cfg->model;
     kv_policy_request pr = policy_request(r);
     double anchor = 0, residual = 0, kept = 0;
     int tokens = r->spec.prompt_tokens;
@@ -272,15 +272,14 @@ static int plan_request(engine *e, request *r)
             }
         }
         if (rc)
-            kv_error_prefix(e->err, "%s: policy %s, request %llu: ", e->s->path, kv_policy_name(e->policy),
+            kv_error_prefix(e->err, "%s: policy %s, request %llu: ", e->cfg->source, kv_policy_name(e->policy),
                             (unsigned long long)r->spec.id);
     }
     if (!rc && r->cache.kind == KV_CACHE_DIFFKV && e->score_model.kind == KV_DIFFKV_SCORES_MEASURED &&
         !e->score_model.table.z_exit) {
-        char w[512];
         rc = kv_error_set(e->err, KV_EINPUT, "%s: diffkv.scores: measured: no significance table was measured for "
                           "policy %s (set diffkv.scores: lognormal for the lognormal stand-in)",
-                          kv_scenario_where(e->s, "diffkv.scores", w, sizeof w), kv_policy_name(e->policy));
+                          e->cfg->where_diffkv_scores, kv_policy_name(e->policy));
     }
     if (!rc && r->cache.kind == KV_CACHE_DIFFKV) {
         /* Only the kept tiers travel, each at its precision, with their scores and positions. */
@@ -445,10 +444,10 @@ static void account_manager(engine *e, decode_node *dn)
     uint64_t calls = st.calls - dn->mgr_calls_seen;
     if (calls == 0)
         return;
-    const kv_device_profile *dev = &e->s->decode_device;
+    const kv_device_profile *dev = e->cfg->decode.device;
     double bytes = st.bytes_touched - dn->mgr_bytes_seen;
-    double model = (double)calls * e->s->memory.manager_call_us * 1e-6 +
-                   bytes / (dev->hbm_bandwidth_gbs * 1e9 * dev->memory_efficiency * e->s->cluster.decode.tp);
+    double model = (double)calls * e->cfg->memory.manager_call_us * 1e-6 +
+                   bytes / (dev->hbm_bandwidth_gbs * 1e9 * dev->memory_efficiency * e->cfg->decode.tp);
     e->out->kv_manager_calls += calls;
     e->out->kv_manager_s += model;
     e->out->kv_manager_measured_s += st.wall_s - dn->mgr_wall_seen;
@@ -497,7 +496,7 @@ static int preempt(engine *e, int d, size_t i)
     kv_mem_seq_close(dn->mem, r->slot);
     r->slot = -1;
     if (r->plan.preempt == KV_PREEMPT_SWAP && r->prefilled) {
-        dn->pending_kernel_s += bytes / (e->s->memory.swap_bandwidth_gbs * 1e9); /* copy out */
+        dn->pending_kernel_s += bytes / (e->cfg->memory.swap_bandwidth_gbs * 1e9); /* copy out */
         e->out->swap_bytes += bytes;
         r->swapped = true;
     } else {
@@ -578,7 +577,7 @@ static bool ensure_pages(engine *e, int d)
                          "%s: decode node %d ran out of KV memory (%u pages of %u bytes) with request %llu "
                          "running alone or nothing it may preempt: %llu more pages needed (cluster.decode: more tp, "
                          "a larger device, or shorter requests)",
-                         e->s->path, d, kv_mem_capacity_pages(dn->mem), kv_mem_page_bytes(dn->mem),
+                         e->cfg->source, d, kv_mem_capacity_pages(dn->mem), kv_mem_page_bytes(dn->mem),
                          (unsigned long long)r->spec.id, (unsigned long long)pages);
             fail(e, KV_EINPUT);
             return false;
@@ -606,7 +605,7 @@ static void memory_sample(engine *e, int d, double now)
 static void try_admit(engine *e, int d, double now)
 {
     decode_node *dn = &e->dnodes[d];
-    size_t max_batch = (size_t)e->s->cluster.decode.max_batch;
+    size_t max_batch = (size_t)e->cfg->decode.max_batch;
     kv_mem *mem = dn->mem;
     uint64_t capacity = kv_mem_capacity_pages(mem), free = kv_mem_free_pages(mem);
     double page = kv_mem_page_bytes(mem);
@@ -619,12 +618,12 @@ static void try_admit(engine *e, int d, double now)
                          "%s: request %llu needs %.3g GB of KV memory (%llu pages of %.0f bytes) but a decode node "
                          "has %.3g GB after the weights (cluster.decode: more tp, a larger device, or shorter "
                          "requests)",
-                         e->s->path, (unsigned long long)r->spec.id, need * page / 1e9, (unsigned long long)need,
+                         e->cfg->source, (unsigned long long)r->spec.id, need * page / 1e9, (unsigned long long)need,
                          page, dn->kv_capacity_bytes / 1e9);
             fail(e, KV_EINPUT);
             return;
         }
-        uint64_t keep = dn->n_running > 0 ? (uint64_t)ceil(e->s->memory.watermark * (double)capacity) : 0;
+        uint64_t keep = dn->n_running > 0 ? (uint64_t)ceil(e->cfg->memory.watermark * (double)capacity) : 0;
         if (need + keep > free)
             break; /* head of line waits for memory */
         kv_policy_node state = {d, (int)dn->wn, (int)dn->n_running, free * page, (capacity - free) * page,
@@ -662,7 +661,7 @@ static void try_admit(engine *e, int d, double now)
         k += kv_cache_demands(&r->cache, mem, r->slot, e->scratch + k, &pages);
         if (r->swapped) {
             double bytes = (double)(pages - before) * page;
-            dn->pending_kernel_s += bytes / (e->s->memory.swap_bandwidth_gbs * 1e9); /* copy back in */
+            dn->pending_kernel_s += bytes / (e->cfg->memory.swap_bandwidth_gbs * 1e9); /* copy back in */
             e->out->swap_bytes += bytes;
             r->swapped = false;
         }
@@ -730,7 +729,7 @@ static void start_step(engine *e, int d)
         if (!r->prefilled) {
             /* Prefill inside this step (colocated, or a recompute after preemption), within the token
                budget (the first always fits). */
-            if (prefill_tokens > 0 && prefill_tokens + r->prefill_tokens > e->s->cluster.decode.max_batch_tokens)
+            if (prefill_tokens > 0 && prefill_tokens + r->prefill_tokens > e->cfg->decode.max_batch_tokens)
                 continue;
             prefill_tokens += r->prefill_tokens;
             kv_step_add_prefill(&e->decode_timing, &w, r->prefill_tokens);
@@ -1072,9 +1071,9 @@ static void start_prefill(engine *e, int p, double now)
     pn->n_batch = 0;
     long tokens = 0;
     kv_step_work w = {0};
-    while (pn->n > 0 && (int)pn->n_batch < e->s->cluster.prefill.max_batch) {
+    while (pn->n > 0 && (int)pn->n_batch < e->cfg->prefill.max_batch) {
         request *r = &e->reqs[pn->queue[pn->head]];
-        if (pn->n_batch > 0 && tokens + r->spec.prompt_tokens > e->s->cluster.prefill.max_batch_tokens)
+        if (pn->n_batch > 0 && tokens + r->spec.prompt_tokens > e->cfg->prefill.max_batch_tokens)
             break;
         fifo_pop(pn->queue, &pn->head, &pn->n);
         tokens += r->spec.prompt_tokens;
@@ -1092,7 +1091,7 @@ static void start_prefill(engine *e, int p, double now)
     }
     /* Encodes run one after another once the batch's KV exists (layer-wise: as layers finish). */
     double t_encode = end;
-    int layers = e->s->model_card.layers;
+    int layers = e->cfg->model->layers;
     for (size_t i = 0; i < pn->n_batch; i++) {
         request *r = &e->reqs[pn->batch[i]];
         r->res->prefill_start_s = now;
@@ -1172,18 +1171,12 @@ static void engine_free(engine *e)
     kv_eventq_free(&e->q);
 }
 
-static int setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_error *err)
+/* Lynx: the scenario's acceptance, or the one measured for this policy. */
+static void setup_acceptance(engine *e, const kv_run_inputs *in, kv_run_result *out)
 {
-    const kv_scenario *s = in->scenario;
-    e->s = s;
-    e->policy = in->policy;
-    e->err = err;
-    e->out = out;
-    e->tl = in->timeline;
-    e->colocated = s->cluster.colocated;
-    e->accept_p = s->lynx.acceptance;
-    e->accept_pos = s->lynx.acceptance_per_position.items;
-    e->n_accept_pos = s->lynx.acceptance_per_position.count;
+    e->accept_p = e->cfg->accept_p;
+    e->accept_pos = e->cfg->accept_pos;
+    e->n_accept_pos = e->cfg->n_accept_pos;
     snprintf(out->acceptance_source, sizeof out->acceptance_source, "scenario (lynx.acceptance%s)",
              e->n_accept_pos ? "_per_position" : "");
     if (in->accept_conditional && in->accept_positions > 0) {
@@ -1192,15 +1185,14 @@ static int setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_erro
         snprintf(out->acceptance_source, sizeof out->acceptance_source, "%s",
                  in->accept_source ? in->accept_source : in->feed_source ? in->feed_source : "reference model");
     }
-    e->ttkt_k = s->lynx.ttkt_k;
-    const kv_model_card *m = &s->model_card;
-    char w[512];
-    e->score_model = (kv_diffkv_score_model){
-        .kind = s->diffkv.scores == KV_DIFFKV_FROM_FIXED       ? KV_DIFFKV_SCORES_FIXED
-                : s->diffkv.scores == KV_DIFFKV_FROM_LOGNORMAL ? KV_DIFFKV_SCORES_LOGNORMAL
-                                                               : KV_DIFFKV_SCORES_MEASURED,
-        .sigma = s->diffkv.score_sigma, .head_spread = s->diffkv.head_spread,
-        .high_fraction = s->diffkv.high_fraction, .low_fraction = s->diffkv.low_fraction};
+    e->ttkt_k = e->cfg->ttkt_k;
+}
+
+/* DiffKV: where significance comes from, and each (layer, KV head)'s factor and table row. */
+static void setup_significance(engine *e, const kv_run_inputs *in, kv_run_result *out)
+{
+    const kv_model_card *m = e->cfg->model;
+    e->score_model = e->cfg->score_model;
     if (e->score_model.kind == KV_DIFFKV_SCORES_MEASURED && in->diffkv_table)
         e->score_model.table = *in->diffkv_table;
     snprintf(out->tiers_source, sizeof out->tiers_source, "%s",
@@ -1212,7 +1204,7 @@ static int setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_erro
                                  : "diffkv.scores: measured (no table: not a DiffKV policy)");
     int n_heads = m->layers * m->kv_heads;
     double *factors = kv_calloc((size_t)n_heads, sizeof *factors);
-    kv_diffkv_head_factors(&e->score_model, (uint64_t)s->seed, n_heads, factors);
+    kv_diffkv_head_factors(&e->score_model, e->cfg->seed, n_heads, factors);
     e->head_model = kv_calloc((size_t)n_heads, sizeof *e->head_model);
     for (int l = 0; l < m->layers; l++)
         for (int h = 0; h < m->kv_heads; h++) {
@@ -1223,19 +1215,15 @@ static int setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_erro
                                 : 0;
         }
     kv_free(factors);
-    if (in->backend) {
-        e->be = in->backend;
-    } else {
-        int rc = kv_backend_open(s->timing.backend, 0, &e->be, err);
-        if (rc)
-            return kv_error_prefix(err, "%s: timing.backend (the decode nodes' memory managers run there): ",
-                                   kv_scenario_where(s, "timing.backend", w, sizeof w));
-        e->own_be = true;
-    }
-    e->model = (kv_policy_model){m->name, m->layers, m->heads, m->kv_heads, m->head_dim};
-    kv_policy_set_model(e->policy, &e->model); /* every hook, placement ones too, sees ctx.model */
-    kv_timing_init(&e->prefill_timing, m, &s->prefill_device, s->cluster.prefill.tp);
-    kv_timing_init(&e->decode_timing, m, &s->decode_device, s->cluster.decode.tp);
+}
+
+/* Operation times: the roofline over each pool's device, scaled by the policy's measured kernel costs
+   or replaced by profiled step times. */
+static void setup_timing(engine *e, const kv_run_inputs *in, kv_run_result *out)
+{
+    const kv_model_card *m = e->cfg->model;
+    kv_timing_init(&e->prefill_timing, m, e->cfg->prefill.device, e->cfg->prefill.tp);
+    kv_timing_init(&e->decode_timing, m, e->cfg->decode.device, e->cfg->decode.tp);
     e->prefill_timing.profile = in->prefill_profile;
     e->decode_timing.profile = in->decode_profile;
     if (in->costs) {
@@ -1248,66 +1236,48 @@ static int setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_erro
     } else {
         snprintf(out->timing_source, sizeof out->timing_source, "model");
     }
-    kv_eventq_init(&e->q);
-    kv_rng_seed(&e->base_rng, (uint64_t)s->seed);
+}
 
-    e->n_pnodes = s->cluster.prefill.nodes;
-    e->n_dnodes = s->cluster.decode.nodes;
-    e->pnodes = kv_calloc((size_t)e->n_pnodes, sizeof *e->pnodes);
-    e->dnodes = kv_calloc((size_t)e->n_dnodes, sizeof *e->dnodes);
-    double weights = kv_model_weight_bytes(m);
-    double capacity =
-        s->decode_device.memory_gb * 1e9 * s->cluster.decode.memory_fraction * s->cluster.decode.tp - weights;
-    if (capacity <= 0)
-        return kv_error_set(err, KV_EINPUT,
-                            "%s: cluster.decode: %s's weights (%.3g GB) do not fit in %d x %s (%.3g GB usable); "
-                            "raise cluster.decode.tp",
-                            kv_scenario_where(s, "cluster.decode", w, sizeof w), m->name, weights / 1e9,
-                            s->cluster.decode.tp, s->decode_device.name,
-                            s->decode_device.memory_gb * s->cluster.decode.memory_fraction * s->cluster.decode.tp);
-    double pcap =
-        s->prefill_device.memory_gb * 1e9 * s->cluster.prefill.memory_fraction * s->cluster.prefill.tp - weights;
-    if (pcap <= 0 && !s->cluster.colocated)
-        return kv_error_set(err, KV_EINPUT, "%s: cluster.prefill: %s's weights (%.3g GB) do not fit; raise "
-                            "cluster.prefill.tp", kv_scenario_where(s, "cluster.prefill", w, sizeof w), m->name,
-                            weights / 1e9);
-    out->kv_mem_capacity_bytes = capacity;
-    for (int i = 0; i < e->n_dnodes; i++)
-        e->dnodes[i].kv_capacity_bytes = capacity;
-
+/* One timeline track per node, per host link and per request. */
+static void setup_tracks(engine *e)
+{
     e->tl_process = e->tl ? kv_timeline_process(e->tl, kv_policy_name(e->policy)) : 0;
     int hosts = e->n_pnodes + e->n_dnodes;
     e->host_tracks = kv_calloc((size_t)hosts, sizeof *e->host_tracks);
-    if (e->tl) {
-        char name[64];
-        for (int i = 0; i < e->n_pnodes && !e->colocated; i++) {
-            snprintf(name, sizeof name, "prefill %d", i);
-            e->pnodes[i].track = kv_timeline_track(e->tl, e->tl_process, name);
-        }
-        for (int i = 0; i < e->n_dnodes; i++) {
-            snprintf(name, sizeof name, "decode %d", i);
-            e->dnodes[i].track = kv_timeline_track(e->tl, e->tl_process, name);
-        }
-        for (int i = 0; i < e->n_pnodes && !e->colocated; i++) {
-            snprintf(name, sizeof name, "link prefill %d out", i);
-            e->host_tracks[i] = kv_timeline_track(e->tl, e->tl_process, name);
-        }
-        for (int i = 0; i < e->n_dnodes && !e->colocated; i++) {
-            snprintf(name, sizeof name, "link decode %d in", i);
-            e->host_tracks[e->n_pnodes + i] = kv_timeline_track(e->tl, e->tl_process, name);
-        }
-        snprintf(name, sizeof name, "%s requests", kv_policy_name(e->policy));
-        e->tl_requests = kv_timeline_process(e->tl, name);
+    if (!e->tl)
+        return;
+    char name[64];
+    for (int i = 0; i < e->n_pnodes && !e->colocated; i++) {
+        snprintf(name, sizeof name, "prefill %d", i);
+        e->pnodes[i].track = kv_timeline_track(e->tl, e->tl_process, name);
     }
+    for (int i = 0; i < e->n_dnodes; i++) {
+        snprintf(name, sizeof name, "decode %d", i);
+        e->dnodes[i].track = kv_timeline_track(e->tl, e->tl_process, name);
+    }
+    for (int i = 0; i < e->n_pnodes && !e->colocated; i++) {
+        snprintf(name, sizeof name, "link prefill %d out", i);
+        e->host_tracks[i] = kv_timeline_track(e->tl, e->tl_process, name);
+    }
+    for (int i = 0; i < e->n_dnodes && !e->colocated; i++) {
+        snprintf(name, sizeof name, "link decode %d in", i);
+        e->host_tracks[e->n_pnodes + i] = kv_timeline_track(e->tl, e->tl_process, name);
+    }
+    snprintf(name, sizeof name, "%s requests", kv_policy_name(e->policy));
+    e->tl_requests = kv_timeline_process(e->tl, name);
+}
 
-    size_t n = kv_workload_count(in->workload);
+/* Every request of the workload, planned by the policy, its arrival queued. */
+static int setup_requests(engine *e, const kv_workload *workload, kv_run_result *out)
+{
+    size_t n = kv_workload_count(workload);
     e->n_reqs = n;
     e->reqs = kv_calloc(n ? n : 1, sizeof *e->reqs);
     out->requests = kv_calloc(n ? n : 1, sizeof *out->requests);
     out->n_requests = n;
     for (size_t i = 0; i < n; i++) {
         request *r = &e->reqs[i];
-        r->spec = *kv_workload_get(in->workload, i);
+        r->spec = *kv_workload_get(workload, i);
         r->res = &out->requests[i];
         kv_request_result *res = r->res;
         *res = (kv_request_result){.id = r->spec.id, .prompt_tokens = r->spec.prompt_tokens,
@@ -1330,52 +1300,101 @@ static int setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_erro
             return rc;
         kv_eventq_push(&e->q, r->spec.arrival_s, EV_ARRIVAL, (int)i, 0);
     }
-
-    /* Paged KV memory on every decode node; the page size fits the first request's tiers (kvmem.h). */
-    out->kv_page_bytes = out->kv_pages_capacity = 0;
-    if (n > 0) {
-        const kv_cache *c0 = &e->reqs[0].cache;
-        e->charge_manager = c0->kind == KV_CACHE_DIFFKV;
-        kv_mem_config mc = {.capacity_bytes = capacity, .tiers = 2,
-                            .token_bytes = {c0->token_bytes[0], c0->token_bytes[1]},
-                            .heads = c0->tables, .min_page_tokens = s->memory.page_tokens_min,
-                            .max_page_tokens = s->memory.page_tokens_max, .align_bytes = 32};
-        for (int i = 0; i < e->n_dnodes; i++) {
-            int rc = kv_mem_create(e->be, &mc, &e->dnodes[i].mem, err);
-            if (rc)
-                return kv_error_prefix(err, "%s: memory: ", kv_scenario_where(s, "memory", w, sizeof w));
-        }
-        for (size_t i = 0; i < n; i++) {
-            int rc = kv_cache_bind(&e->reqs[i].cache, e->dnodes[0].mem, err);
-            if (rc)
-                return kv_error_prefix(err, "%s: policy %s, request %llu: ", s->path, kv_policy_name(e->policy),
-                                       (unsigned long long)e->reqs[i].spec.id);
-        }
-        out->kv_page_bytes = kv_mem_page_bytes(e->dnodes[0].mem);
-        out->kv_pages_capacity = kv_mem_capacity_pages(e->dnodes[0].mem);
-        for (int t = 0; t < 2; t++)
-            out->kv_tokens_per_page[t] = t < c0->tiers ? (int)kv_mem_tokens_per_page(e->dnodes[0].mem, t) : 0;
-    }
-
-    if (!e->colocated) {
-        kv_net_config cfg;
-        int rc = kv_engine_net_config(s, in->network_model, &cfg, e->platform_path, sizeof e->platform_path, err);
-        if (rc)
-            return rc;
-        /* Priority classes are a property of the network: take the policy's (first request's) plan. */
-        if (n > 0 && e->reqs[0].split) {
-            cfg.priority = (kv_priority_mode)e->reqs[0].plan.priority_mode;
-            cfg.class_weight[0] = e->reqs[0].plan.anchor_weight > 0 ? e->reqs[0].plan.anchor_weight : 1;
-            cfg.class_weight[1] = e->reqs[0].plan.residual_weight > 0 ? e->reqs[0].plan.residual_weight : 1;
-        }
-        rc = kv_net_create(&cfg, on_flow_done, e, &e->net, err);
-        if (rc)
-            return rc;
-        snprintf(out->network, sizeof out->network, "%s", kv_net_name(e->net));
-    } else {
-        snprintf(out->network, sizeof out->network, "none (colocated)");
-    }
     return KV_OK;
+}
+
+/* Paged KV memory on every decode node; the page size fits the first request's tiers (kvmem.h). */
+static int setup_memory(engine *e, kv_run_result *out, kv_error *err)
+{
+    out->kv_page_bytes = out->kv_pages_capacity = 0;
+    if (e->n_reqs == 0)
+        return KV_OK;
+    const kv_cache *c0 = &e->reqs[0].cache;
+    e->charge_manager = c0->kind == KV_CACHE_DIFFKV;
+    kv_mem_config mc = {.capacity_bytes = e->cfg->decode.kv_capacity_bytes, .tiers = 2,
+                        .token_bytes = {c0->token_bytes[0], c0->token_bytes[1]},
+                        .heads = c0->tables, .min_page_tokens = e->cfg->memory.page_tokens_min,
+                        .max_page_tokens = e->cfg->memory.page_tokens_max, .align_bytes = 32};
+    for (int i = 0; i < e->n_dnodes; i++) {
+        int rc = kv_mem_create(e->be, &mc, &e->dnodes[i].mem, err);
+        if (rc)
+            return kv_error_prefix(err, "%s: memory: ", e->cfg->where_memory);
+    }
+    for (size_t i = 0; i < e->n_reqs; i++) {
+        int rc = kv_cache_bind(&e->reqs[i].cache, e->dnodes[0].mem, err);
+        if (rc)
+            return kv_error_prefix(err, "%s: policy %s, request %llu: ", e->cfg->source, kv_policy_name(e->policy),
+                                   (unsigned long long)e->reqs[i].spec.id);
+    }
+    out->kv_page_bytes = kv_mem_page_bytes(e->dnodes[0].mem);
+    out->kv_pages_capacity = kv_mem_capacity_pages(e->dnodes[0].mem);
+    for (int t = 0; t < 2; t++)
+        out->kv_tokens_per_page[t] = t < c0->tiers ? (int)kv_mem_tokens_per_page(e->dnodes[0].mem, t) : 0;
+    return KV_OK;
+}
+
+/* The network between the pools, with the policy's priority classes (none when colocated). */
+static int setup_network(engine *e, kv_run_result *out, kv_error *err)
+{
+    if (e->colocated) {
+        snprintf(out->network, sizeof out->network, "none (colocated)");
+        return KV_OK;
+    }
+    kv_net_config cfg = e->cfg->net;
+    /* Priority classes are a property of the network: take the policy's (first request's) plan. */
+    if (e->n_reqs > 0 && e->reqs[0].split) {
+        cfg.priority = (kv_priority_mode)e->reqs[0].plan.priority_mode;
+        cfg.class_weight[0] = e->reqs[0].plan.anchor_weight > 0 ? e->reqs[0].plan.anchor_weight : 1;
+        cfg.class_weight[1] = e->reqs[0].plan.residual_weight > 0 ? e->reqs[0].plan.residual_weight : 1;
+    }
+    int rc = kv_net_create(&cfg, on_flow_done, e, &e->net, err);
+    if (rc)
+        return rc;
+    snprintf(out->network, sizeof out->network, "%s", kv_net_name(e->net));
+    return KV_OK;
+}
+
+static int setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_error *err)
+{
+    const kv_engine_config *c = in->config;
+    e->cfg = c;
+    e->policy = in->policy;
+    e->err = err;
+    e->out = out;
+    e->tl = in->timeline;
+    e->colocated = c->colocated;
+    setup_acceptance(e, in, out);
+    setup_significance(e, in, out);
+    if (in->backend) {
+        e->be = in->backend;
+    } else {
+        int rc = kv_backend_open(c->timing_backend, 0, &e->be, err);
+        if (rc)
+            return kv_error_prefix(err, "%s: timing.backend (the decode nodes' memory managers run there): ",
+                                   c->where_timing_backend);
+        e->own_be = true;
+    }
+    const kv_model_card *m = c->model;
+    e->model = (kv_policy_model){m->name, m->layers, m->heads, m->kv_heads, m->head_dim};
+    kv_policy_set_model(e->policy, &e->model); /* every hook, placement ones too, sees ctx.model */
+    setup_timing(e, in, out);
+    kv_eventq_init(&e->q);
+    kv_rng_seed(&e->base_rng, c->seed);
+
+    e->n_pnodes = c->prefill.nodes;
+    e->n_dnodes = c->decode.nodes;
+    e->pnodes = kv_calloc((size_t)e->n_pnodes, sizeof *e->pnodes);
+    e->dnodes = kv_calloc((size_t)e->n_dnodes, sizeof *e->dnodes);
+    out->kv_mem_capacity_bytes = c->decode.kv_capacity_bytes;
+    for (int i = 0; i < e->n_dnodes; i++)
+        e->dnodes[i].kv_capacity_bytes = c->decode.kv_capacity_bytes;
+    setup_tracks(e);
+    int rc = setup_requests(e, in->workload, out);
+    if (!rc)
+        rc = setup_memory(e, out, err);
+    if (!rc)
+        rc = setup_network(e, out, err);
+    return rc;
 }
 
 static int describe_stuck(engine *e, kv_error *err)
@@ -1388,7 +1407,7 @@ static int describe_stuck(engine *e, kv_error *err)
                                          "never admitted it, or memory never freed)"
                           : r->running ? "in a decode batch that stopped stepping"
                                        : "before decode (its KV never arrived)";
-        return kv_error_set(err, KV_EINPUT, "%s: request %llu never finished: %s", e->s->path,
+        return kv_error_set(err, KV_EINPUT, "%s: request %llu never finished: %s", e->cfg->source,
                             (unsigned long long)r->spec.id, where);
     }
     return KV_OK;
@@ -1458,7 +1477,7 @@ int kv_engine_run(const kv_run_inputs *in, kv_run_result *out, kv_error *err)
         out->tier_pruned_fraction = tiers > 0 ? out->tier_pruned_fraction / tiers : NAN;
         out->kv_mem_peak_bytes = out->kv_pages_peak * out->kv_page_bytes;
         out->mean_decode_batch = out->decode_busy_s > 0 ? out->mean_decode_batch / out->decode_busy_s : 0;
-        if (!e.s->memory.measure_manager)
+        if (!e.cfg->memory.measure_manager)
             out->kv_manager_measured_s = NAN; /* wall time is only reported when asked for: it varies */
         for (size_t i = 0; i < out->n_requests; i++)
             if (out->requests[i].done_s > out->makespan_s)

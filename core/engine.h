@@ -6,11 +6,11 @@
 #include <stdint.h>
 
 #include "core/diffkv.h"
+#include "core/engine_config.h"
 #include "core/error.h"
 #include "core/policy.h"
 #include "core/profile.h"
 #include "core/progress.h"
-#include "core/scenario.h"
 #include "core/timeline.h"
 #include "core/workload.h"
 #include "backends/backend.h"
@@ -27,13 +27,12 @@ typedef struct kv_kernel_costs {
 } kv_kernel_costs;
 
 typedef struct kv_run_inputs {
-    const kv_scenario *scenario;
+    const kv_engine_config *config; /* built once from the scenario (core/engine_config.h) */
     kv_policy *policy;
     const kv_workload *workload;
     const kv_kernel_costs *costs;  /* may be NULL */
     kv_timeline *timeline;         /* may be NULL */
     kv_progress *progress;         /* terminal progress line; may be NULL */
-    int network_model;             /* kv_net_model: scenario's unless overridden */
     const double *accept_conditional; /* measured per-position acceptance (NULL: the scenario's) */
     int accept_positions;
     const kv_diffkv_table *diffkv_table; /* diffkv.scores: measured: z per reference head (borrowed;
@@ -109,12 +108,5 @@ typedef struct kv_run_result {
    (a request that can never fit, a policy error), KV_EFAIL otherwise. */
 int kv_engine_run(const kv_run_inputs *in, kv_run_result *out, kv_error *err);
 void kv_run_result_free(kv_run_result *r);
-
-/* Fills a kv_net_config from the scenario (hosts: prefill nodes, then decode
-   nodes), resolving network.platform_file into platform_path. */
-int kv_engine_net_config(const kv_scenario *s, int model, kv_net_config *cfg, char *platform_path, size_t size,
-                         kv_error *err);
-/* Builds and drops the scenario's network once, so its errors show at validation. */
-int kv_engine_check_network(const kv_scenario *s, int model, kv_error *err);
 
 #endif

@@ -2,7 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/engine.h"
+#include "core/engine_config.h"
 
 static kv_net_topology net_topology(kv_network_topology t)
 {

@@ -28,6 +28,7 @@ struct kv_study {
     kv_feed_acceptance *accepts; /* [n] Lynx acceptance measured on the reference model, when asked */
     kv_profile *prefill_profile, *decode_profile; /* timing.source: profile; else NULL */
     kv_diffkv_measured *dkv;  /* [n] DiffKV significance tables (z NULL: none needed) */
+    kv_engine_config engine;  /* what every run's engine reads of the scenario (built by kv_study_run) */
     int ran;
 };
 
@@ -274,14 +275,17 @@ int kv_study_run(kv_study *st, kv_error *err)
     const kv_scenario *s = st->s;
     if (s->outputs.trace && !st->timeline)
         st->timeline = kv_timeline_create();
-    int model = s->network.model == KV_NETWORK_IDEAL ? KV_NET_IDEAL : KV_NET_SIMGRID;
+    /* Once for every policy; its errors (weights that do not fit) read as they did when the first
+       policy's run found them. */
+    int rc = kv_engine_config_build(s, &st->engine, err);
+    if (rc)
+        return kv_error_prefix(err, "policy %s: ", s->policies.items[0]);
     double bf16_per_token = kv_model_kv_values_per_token(&s->model_card) * 2.0;
     for (size_t i = 0; i < st->n; i++) {
         kv_progress *progress = kv_progress_create(stderr, s->outputs.progress, s->policies.items[i],
                                                    kv_workload_count(st->workload));
-        kv_run_inputs in = {.scenario = s, .policy = st->policies[i], .workload = st->workload,
+        kv_run_inputs in = {.config = &st->engine, .policy = st->policies[i], .workload = st->workload,
                             .costs = &st->costs[i], .timeline = st->timeline, .progress = progress,
-                            .network_model = model,
                             .prefill_profile = st->prefill_profile, .decode_profile = st->decode_profile};
         const kv_feed_acceptance *a = &st->accepts[i];
         if (a->positions > 0) {
@@ -298,7 +302,7 @@ int kv_study_run(kv_study *st, kv_error *err)
         o->file = st->files[i];
         o->policy = st->policies[i];
         o->acceptance_samples = a->positions > 0 ? a->speculations : 0;
-        int rc = kv_engine_run(&in, &o->run, err);
+        rc = kv_engine_run(&in, &o->run, err);
         kv_progress_finish(progress);
         if (rc)
             return kv_error_prefix(err, "policy %s: ", o->name);
