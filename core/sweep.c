@@ -14,6 +14,7 @@
 
 #include "core/afile.h"
 #include "core/alloc.h"
+#include "core/didyoumean.h"
 #include "core/infile.h"
 #include "core/json.h"
 #include "core/jsonread.h"
@@ -212,22 +213,6 @@ static void name_part(FILE *out, const char *key, const char *value)
         fputc(c, out);
         written++;
     }
-}
-
-static int did_you_mean(const char *key, char *hint, size_t size)
-{
-    hint[0] = '\0';
-    for (size_t i = 0; i < sizeof sweep_keys / sizeof sweep_keys[0]; i++) {
-        size_t a = strlen(key), b = strlen(sweep_keys[i]);
-        size_t common = 0;
-        while (common < a && common < b && key[common] == sweep_keys[i][common])
-            common++;
-        if (common >= 2 || strstr(sweep_keys[i], key) || strstr(key, sweep_keys[i])) {
-            snprintf(hint, size, " (did you mean '%s'?)", sweep_keys[i]);
-            return 1;
-        }
-    }
-    return 0;
 }
 
 /* ---- Loading --------------------------------------------------------------------------------- */
@@ -471,8 +456,10 @@ int kv_sweep_load(const char *path, const char *const *extra_sets, int n_extra, 
         for (size_t k = 0; k < sizeof sweep_keys / sizeof sweep_keys[0]; k++)
             known |= strcmp(tree->keys[i], sweep_keys[k]) == 0;
         if (!known) {
-            char hint[80];
-            did_you_mean(tree->keys[i], hint, sizeof hint);
+            char hint[80] = "";
+            const char *best = kv_did_you_mean(tree->keys[i], sweep_keys, sizeof sweep_keys / sizeof sweep_keys[0]);
+            if (best)
+                snprintf(hint, sizeof hint, " (did you mean '%s'?)", best);
             rc = kv_error_set(err, KV_EINPUT, "%s:%d:%d: unknown key '%s'%s; a sweep file has name, description, "
                               "base, set, mode, matrix, out", path, tree->key_lines[i], tree->key_cols[i],
                               tree->keys[i], hint);
