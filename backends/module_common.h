@@ -36,6 +36,7 @@ static inline int kv_module_fail(kv_error *err, int code, const char *fmt, ...)
         err->code = code;
         vsnprintf(err->msg, sizeof err->msg, fmt, ap);
         va_end(ap);
+        err->key[0] = '\0';
     }
     return code;
 }

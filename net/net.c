@@ -35,10 +35,11 @@ int kv_net_create(const kv_net_config *cfg, kv_net_done_fn done, void *user, kv_
     if (cfg->hosts < 2)
         return kv_error_set(err, KV_EINPUT, "%s: network: needs at least 2 hosts, got %d", src, cfg->hosts);
     if (!(cfg->nic_bandwidth_gbps > 0) || !isfinite(cfg->nic_bandwidth_gbps))
-        return kv_error_set(err, KV_EINPUT, "%s: network.nic_bandwidth_gbps: must be a positive number",
-                            src);
+        return kv_error_set_key(err, KV_EINPUT, "network.nic_bandwidth_gbps",
+                                "%s: network.nic_bandwidth_gbps: must be a positive number", src);
     if (!(cfg->nic_latency_s >= 0) || !isfinite(cfg->nic_latency_s))
-        return kv_error_set(err, KV_EINPUT, "%s: network.nic_latency_us: must be >= 0", src);
+        return kv_error_set_key(err, KV_EINPUT, "network.nic_latency_us",
+                                "%s: network.nic_latency_us: must be >= 0", src);
 
     const kv_net_i *iface = NULL;
     void *ctx = NULL;
@@ -51,11 +52,13 @@ int kv_net_create(const kv_net_config *cfg, kv_net_done_fn done, void *user, kv_
 #ifdef KV_HAVE_SIMGRID
         rc = kv_net_simgrid_create(cfg, done, user, &iface, &ctx, err);
 #else
-        rc = kv_error_set(err, KV_EINPUT, "%s: network.model: simgrid is not built into this kvsim", src);
+        rc = kv_error_set_key(err, KV_EINPUT, "network.model",
+                              "%s: network.model: simgrid is not built into this kvsim", src);
 #endif
         break;
     default:
-        rc = kv_error_set(err, KV_EINPUT, "%s: network.model: unknown model %d", src, (int)cfg->model);
+        rc = kv_error_set_key(err, KV_EINPUT, "network.model",
+                              "%s: network.model: unknown model %d", src, (int)cfg->model);
     }
     if (rc != KV_OK)
         return rc;

@@ -90,7 +90,9 @@ static const char *option_value(const kv_net_config *cfg, const char *key)
 
 static int bad(kv_error *err, const char *src, const char *fmt, const char *key, const char *detail)
 {
-    return kv_error_set(err, KV_EINPUT, "%s: network.%s: %s%s", src, key, fmt, detail ? detail : "");
+    char dotted[96];
+    snprintf(dotted, sizeof dotted, "network.%s", key);
+    return kv_error_set_key(err, KV_EINPUT, dotted, "%s: network.%s: %s%s", src, key, fmt, detail ? detail : "");
 }
 
 /* Number of host positions the topology offers, or -1 with *err set. */
@@ -334,39 +336,45 @@ static int check_option_value(const char *key, const char *v, const char *where,
 static int check_option(const kv_net_config *cfg, int i, kv_error *err)
 {
     char w[700];
-    return check_option_value(cfg->option_key[i], cfg->option_value[i], option_where(cfg, i, w, sizeof w), err);
+    int rc = check_option_value(cfg->option_key[i], cfg->option_value[i], option_where(cfg, i, w, sizeof w), err);
+    if (rc && err)
+        snprintf(err->key, sizeof err->key, "network.simgrid.%s", cfg->option_key[i]);
+    return rc;
 }
 
 static int check_options(const kv_net_config *cfg, const char *src, kv_error *err)
 {
     if (cfg->n_options < 0 || cfg->n_options > KV_NET_MAX_OPTIONS)
-        return kv_error_set(err, KV_EINPUT, "%s: network.simgrid: at most %d options", src, KV_NET_MAX_OPTIONS);
+        return kv_error_set_key(err, KV_EINPUT, "network.simgrid",
+                                "%s: network.simgrid: at most %d options", src, KV_NET_MAX_OPTIONS);
     for (int i = 0; i < cfg->n_options; i++) {
         if (!cfg->option_key[i] || !cfg->option_key[i][0] || !cfg->option_value[i])
-            return kv_error_set(err, KV_EINPUT, "%s: network.simgrid: option %d has no name or value", src, i);
+            return kv_error_set_key(err, KV_EINPUT, "network.simgrid",
+                                    "%s: network.simgrid: option %d has no name or value", src, i);
         int rc = check_option(cfg, i, err);
         if (rc != KV_OK)
             return rc;
     }
     if (!(cfg->watchdog_s >= 0) || cfg->watchdog_s > 86400)
-        return kv_error_set(err, KV_EINPUT, "%s: network.watchdog_s: must be > 0 and <= 86400 s (0: %g), got %g", src,
-                            KV_NET_WATCHDOG_DEFAULT_S, cfg->watchdog_s);
+        return kv_error_set_key(err, KV_EINPUT, "network.watchdog_s",
+                                "%s: network.watchdog_s: must be > 0 and <= 86400 s (0: %g), got %g", src,
+                                KV_NET_WATCHDOG_DEFAULT_S, cfg->watchdog_s);
     if (cfg->prefill_hosts < 0 || cfg->prefill_hosts >= cfg->hosts)
         return kv_error_set(err, KV_EINPUT, "%s: network: %d sending hosts of %d leave none to receive", src,
                             cfg->prefill_hosts, cfg->hosts);
     const char *model = option_value(cfg, "network/model");
     if (cfg->priority != KV_PRIO_NONE) {
         if (model && strcmp(model, "IB") == 0)
-            return kv_error_set(err, KV_EINPUT,
+            return kv_error_set_key(err, KV_EINPUT, "network.priority",
                                 "%s: network.priority: priority classes need network/model CM02, LV08 or SMPI, "
                                 "not %s", src, model);
         const char *optim = option_value(cfg, "network/optim");
         if (optim && strcmp(optim, "Lazy") != 0)
-            return kv_error_set(err, KV_EINPUT,
+            return kv_error_set_key(err, KV_EINPUT, "network.priority",
                                 "%s: network.priority: priority classes need network/optim:Lazy, not %s", src, optim);
         const char *solver = option_value(cfg, "network/solver");
         if (solver && strcmp(solver, "maxmin") != 0)
-            return kv_error_set(err, KV_EINPUT,
+            return kv_error_set_key(err, KV_EINPUT, "network.priority",
                                 "%s: network.priority: priority classes need network/solver:maxmin, not %s", src,
                                 solver);
     }
@@ -510,7 +518,8 @@ static char *xml_read(const char *path, const char *src, kv_error *err)
 {
     FILE *f = fopen(path, "rb");
     if (!f) {
-        kv_error_set(err, KV_EINPUT, "%s: network.platform_file: cannot read '%s': %s", src, path, strerror(errno));
+        kv_error_set_key(err, KV_EINPUT, "network.platform_file",
+                         "%s: network.platform_file: cannot read '%s': %s", src, path, strerror(errno));
         return NULL;
     }
     char *text = NULL;
@@ -527,7 +536,7 @@ static char *xml_read(const char *path, const char *src, kv_error *err)
     fclose(f);
     if (failed || (long)n > SG_XML_MAX_BYTES) {
         kv_free(text);
-        kv_error_set(err, KV_EINPUT, "%s: network.platform_file: '%s': %s", src, path,
+        kv_error_set_key(err, KV_EINPUT, "network.platform_file", "%s: network.platform_file: '%s': %s", src, path,
                      failed ? "read error" : "larger than 256 MiB");
         return NULL;
     }
@@ -597,21 +606,18 @@ int kv_sg_platform_line(const char *path, const char *link)
 
 static int check_config(const kv_net_config *cfg, kv_error *err)
 {
+    /* hosts, nic_bandwidth_gbps and nic_latency_us are checked by kv_net_create (net.c) for every model */
     const char *src = cfg->source ? cfg->source : "network";
-    if (cfg->hosts < 2)
-        return kv_error_set(err, KV_EINPUT, "%s: network: needs at least 2 hosts, got %d", src, cfg->hosts);
-    if (!(cfg->nic_bandwidth_gbps > 0) || !isfinite(cfg->nic_bandwidth_gbps))
-        return kv_error_set(err, KV_EINPUT, "%s: network.nic_bandwidth_gbps: must be a positive number", src);
-    if (!(cfg->nic_latency_s >= 0) || !isfinite(cfg->nic_latency_s))
-        return kv_error_set(err, KV_EINPUT, "%s: network.nic_latency_us: must be >= 0", src);
     if (!(cfg->switch_bandwidth_gbps >= 0) || !isfinite(cfg->switch_bandwidth_gbps))
-        return kv_error_set(err, KV_EINPUT,
+        return kv_error_set_key(err, KV_EINPUT, "network.switch_bandwidth_gbps",
                             "%s: network.switch_bandwidth_gbps: must be a positive number (0: as fast as the NICs)",
                             src);
     if (!(cfg->switch_latency_s >= 0) || !isfinite(cfg->switch_latency_s))
-        return kv_error_set(err, KV_EINPUT, "%s: network.switch_latency_us: must be >= 0", src);
+        return kv_error_set_key(err, KV_EINPUT, "network.switch_latency_us",
+                                "%s: network.switch_latency_us: must be >= 0", src);
     if (!(cfg->oversubscription >= 0) || !isfinite(cfg->oversubscription))
-        return kv_error_set(err, KV_EINPUT, "%s: network.oversubscription: must be a positive ratio (0: 1:1)", src);
+        return kv_error_set_key(err, KV_EINPUT, "network.oversubscription",
+                                "%s: network.oversubscription: must be a positive ratio (0: 1:1)", src);
     long slots = topology_slots(cfg, src, err);
     if (slots < 0)
         return KV_EINPUT;
@@ -623,7 +629,7 @@ static int check_config(const kv_net_config *cfg, kv_error *err)
             int s = cfg->host_slot[i];
             if (s < 0 || s >= slots || seen[s]) {
                 kv_free(seen);
-                return kv_error_set(err, KV_EINPUT,
+                return kv_error_set_key(err, KV_EINPUT, "network.host_slot",
                                     "%s: network.host_slot[%d]: %d is %s (the topology has %ld positions)", src, i,
                                     s, s < 0 || s >= slots ? "out of range" : "taken twice", slots);
             }
@@ -634,28 +640,32 @@ static int check_config(const kv_net_config *cfg, kv_error *err)
     if (cfg->host_names && cfg->topology == KV_TOPO_PLATFORM) {
         for (int i = 0; i < cfg->hosts; i++) {
             if (!cfg->host_names[i] || !cfg->host_names[i][0])
-                return kv_error_set(err, KV_EINPUT, "%s: network.host_names[%d]: empty", src, i);
+                return kv_error_set_key(err, KV_EINPUT, "network.host_names",
+                                        "%s: network.host_names[%d]: empty", src, i);
             for (int j = 0; j < i; j++)
                 if (strcmp(cfg->host_names[i], cfg->host_names[j]) == 0)
-                    return kv_error_set(err, KV_EINPUT, "%s: network.host_names[%d]: '%s' is taken twice", src, i,
-                                        cfg->host_names[i]);
+                    return kv_error_set_key(err, KV_EINPUT, "network.host_names",
+                                            "%s: network.host_names[%d]: '%s' is taken twice", src, i,
+                                            cfg->host_names[i]);
         }
     }
     if (cfg->priority < KV_PRIO_NONE || cfg->priority > KV_PRIO_WEIGHTED)
-        return kv_error_set(err, KV_EINPUT, "%s: network.priority: unknown mode %d (none, strict, weighted)", src,
-                            (int)cfg->priority);
+        return kv_error_set_key(err, KV_EINPUT, "network.priority",
+                                "%s: network.priority: unknown mode %d (none, strict, weighted)", src,
+                                (int)cfg->priority);
     if (cfg->priority == KV_PRIO_WEIGHTED) {
         double lo = INFINITY, hi = 0;
         for (int c = 0; c < KV_NET_MAX_CLASSES; c++) {
             double w = cfg->class_weight[c];
             if (!(w >= 0) || !isfinite(w))
-                return kv_error_set(err, KV_EINPUT, "%s: network.class_weights[%d]: must be > 0 (0: 1)", src, c);
+                return kv_error_set_key(err, KV_EINPUT, "network.class_weights",
+                                        "%s: network.class_weights[%d]: must be > 0 (0: 1)", src, c);
             w = w > 0 ? w : 1.0;
             lo = w < lo ? w : lo;
             hi = w > hi ? w : hi;
         }
         if (hi / lo > SG_MAX_WEIGHT_RATIO)
-            return kv_error_set(err, KV_EINPUT,
+            return kv_error_set_key(err, KV_EINPUT, "network.class_weights",
                                 "%s: network.class_weights: largest / smallest must be <= 1e6 (SimGrid's solver "
                                 "precision), got %g", src, hi / lo);
     }
@@ -789,8 +799,9 @@ static int stuck(sg_net *net, const char *when, const char *detail, kv_error *er
         kv_error_set(&net->failure, KV_EINPUT, "%s: %s; this SimGrid option is the likely cause", net->suspects,
                      what);
     else if (net->n_suspects > 1)
-        kv_error_set(&net->failure, KV_EINPUT, "%s: network.simgrid: %s; the likely cause is one of the "
-                     "scenario's SimGrid options: %s", net->source, what, net->suspects);
+        kv_error_set_key(&net->failure, KV_EINPUT, "network.simgrid",
+                         "%s: network.simgrid: %s; the likely cause is one of the scenario's SimGrid options: %s",
+                         net->source, what, net->suspects);
     else
         kv_error_set(&net->failure, KV_EFAIL, "net simgrid: %s; a SimGrid bug or an overloaded machine (raise "
                      "network.watchdog_s if the machine is just slow)", what);
@@ -1253,8 +1264,16 @@ int kv_net_simgrid_create(const kv_net_config *cfg, kv_net_done_fn done, void *u
         if (read_full(net, msg, keep) != 0)
             keep = 0;
         msg[keep] = 0;
-        rc = kv_error_set(err, ready.code, "%s: %s%s", src, strncmp(msg, "network.", 8) == 0 ? "" : "network: ",
-                          msg);
+        /* The child names the key its message concerns first ("network.priority: ..."): the message
+           is the child's protocol, so the key is taken from it here, once, inside the network layer. */
+        int keyed = strncmp(msg, "network.", 8) == 0;
+        char key[96] = "";
+        size_t k = keyed ? strcspn(msg, ":[ ") : 0;
+        if (k < sizeof key) {
+            memcpy(key, msg, k);
+            key[k] = 0;
+        }
+        rc = kv_error_set_key(err, ready.code, key, "%s: %s%s", src, keyed ? "" : "network: ", msg);
         sg_destroy(net);
         return rc;
     }
