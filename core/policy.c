@@ -83,7 +83,7 @@ struct kv_policy {
     bool cache_file;            /* the file's `cache` field (default true) */
     bool cache_on;              /* kv_policy_set_cache */
     int cache_layers, cache_heads; /* shape of the encode cache */
-    unsigned char *enc_valid;   /* (layer, head) → 1 when enc[] holds the answer */
+    bool *enc_valid;            /* (layer, head) → true when enc[] holds the answer */
     kv_encoding *enc;           /* (layer, head) */
     uint64_t cache_epoch;       /* times the caches were emptied (kv_policy_cache_epoch) */
     bool transfer_valid, spec_valid;
@@ -508,6 +508,29 @@ static void call_start(kv_policy *p, int hook, const kv_policy_request *r, void 
     p->cur.hook = hook;
     p->cur.r = r;
     p->cur.out = out;
+}
+
+/* The one call path of every hook, after call_start (and the hook's own ctx fields) prepared p->cur:
+   when `cached` (may be NULL: this hook's answers are never cached) holds a valid answer of `size`
+   bytes, it is copied to `out` (a hit, the hook does not run); otherwise the hook runs, its checked
+   answer (in p->cur.out) is copied to `out` and, when cacheable, kept in `cached`. `out` is left
+   alone on failure. */
+static int cached_call(kv_policy *p, void *out, size_t size, void *cached, bool *valid, kv_error *err)
+{
+    if (cached && *valid) {
+        memcpy(out, cached, size);
+        p->stats.cache_hits++;
+        return KV_OK;
+    }
+    int rc = run_hook(p, err);
+    if (rc != KV_OK)
+        return rc;
+    memcpy(out, p->cur.out, size);
+    if (cached && cacheable(p)) {
+        memcpy(cached, p->cur.out, size);
+        *valid = true;
+    }
+    return KV_OK;
 }
 
 /* --- loading ---------------------------------------------------------------- */
@@ -1059,7 +1082,7 @@ static void clear_caches(kv_policy *p)
 {
     p->cache_epoch++;
     if (p->enc_valid)
-        memset(p->enc_valid, 0, (size_t)p->cache_layers * (size_t)p->cache_heads);
+        memset(p->enc_valid, 0, (size_t)p->cache_layers * (size_t)p->cache_heads * sizeof *p->enc_valid);
     p->transfer_valid = false;
     p->spec_valid = false;
 }
@@ -1109,7 +1132,7 @@ void kv_policy_set_model(kv_policy *p, const kv_policy_model *m)
     size_t cells;
     if (m->layers > 0 && m->kv_heads > 0 && m->layers <= (1 << 16) && m->kv_heads <= (1 << 16) &&
         kv_mul_size((size_t)m->layers, (size_t)m->kv_heads, &cells) == 0) {
-        p->enc_valid = kv_calloc(cells, 1);
+        p->enc_valid = kv_calloc(cells, sizeof *p->enc_valid);
         p->enc = kv_calloc(cells, sizeof *p->enc);
         p->cache_layers = m->layers;
         p->cache_heads = m->kv_heads;
@@ -1152,24 +1175,12 @@ int kv_policy_encoding(kv_policy *p, const kv_policy_model *m, const kv_policy_r
         return KV_OK;
     }
     size_t cell = p->enc ? (size_t)layer * (size_t)p->cache_heads + (size_t)kv_head : 0;
-    if (p->enc && p->enc_valid[cell]) {
-        *out = p->enc[cell];
-        p->stats.cache_hits++;
-        return KV_OK;
-    }
     kv_encoding e;
     call_start(p, H_ENCODE, r, &e);
     p->cur.layer = layer;
     p->cur.head = kv_head;
-    int rc = run_hook(p, err);
-    if (rc != KV_OK)
-        return rc;
-    *out = e;
-    if (p->enc && cacheable(p)) {
-        p->enc[cell] = e;
-        p->enc_valid[cell] = 1;
-    }
-    return KV_OK;
+    return cached_call(p, out, sizeof *out, p->enc ? &p->enc[cell] : NULL, p->enc ? &p->enc_valid[cell] : NULL,
+                       err);
 }
 
 int kv_policy_transfer(kv_policy *p, const kv_policy_request *r, kv_transfer_plan *out, kv_error *err)
@@ -1184,22 +1195,9 @@ int kv_policy_transfer(kv_policy *p, const kv_policy_request *r, kv_transfer_pla
         p->stats.default_answers++;
         return KV_OK;
     }
-    if (p->transfer_valid) {
-        *out = p->transfer;
-        p->stats.cache_hits++;
-        return KV_OK;
-    }
     kv_transfer_plan tp;
     call_start(p, H_TRANSFER, r, &tp);
-    int rc = run_hook(p, err);
-    if (rc != KV_OK)
-        return rc;
-    *out = tp;
-    if (cacheable(p)) {
-        p->transfer = tp;
-        p->transfer_valid = true;
-    }
-    return KV_OK;
+    return cached_call(p, out, sizeof *out, &p->transfer, &p->transfer_valid, err);
 }
 
 int kv_policy_speculation(kv_policy *p, const kv_policy_request *r, int *k, kv_error *err)
@@ -1211,22 +1209,9 @@ int kv_policy_speculation(kv_policy *p, const kv_policy_request *r, int *k, kv_e
         p->stats.default_answers++;
         return KV_OK;
     }
-    if (p->spec_valid) {
-        *k = p->spec;
-        p->stats.cache_hits++;
-        return KV_OK;
-    }
     int v = 0;
     call_start(p, H_SPECULATE, r, &v);
-    int rc = run_hook(p, err);
-    if (rc != KV_OK)
-        return rc;
-    *k = v;
-    if (cacheable(p)) {
-        p->spec = v;
-        p->spec_valid = true;
-    }
-    return KV_OK;
+    return cached_call(p, k, sizeof *k, &p->spec, &p->spec_valid, err);
 }
 
 static int place(kv_policy *p, int hook, const kv_policy_request *r, const kv_policy_node *nodes, int n_nodes,
@@ -1254,10 +1239,7 @@ static int place(kv_policy *p, int hook, const kv_policy_request *r, const kv_po
     call_start(p, hook, r, &v);
     p->cur.nodes = nodes;
     p->cur.n_nodes = n_nodes;
-    int rc = run_hook(p, err);
-    if (rc == KV_OK)
-        *node = v;
-    return rc;
+    return cached_call(p, node, sizeof *node, NULL, NULL, err);
 }
 
 int kv_policy_prefill_node(kv_policy *p, const kv_policy_request *r, const kv_policy_node *nodes, int n_nodes,
@@ -1286,8 +1268,5 @@ int kv_policy_admit(kv_policy *p, const kv_policy_request *r, const kv_policy_no
     call_start(p, H_ADMIT, r, &v);
     p->cur.node = node;
     p->cur.kv_bytes_needed = kv_bytes_needed;
-    int rc = run_hook(p, err);
-    if (rc == KV_OK)
-        *admit = v;
-    return rc;
+    return cached_call(p, admit, sizeof *admit, NULL, NULL, err);
 }
