@@ -6,7 +6,7 @@
  * backend's single stream and run asynchronously; kv_backend_synchronize waits.
  * Buffers live in backend memory; the host moves bytes with buffer_write/read.
  *
- * Numerics are specified in DESIGN.md ("Numerics"). Every backend must produce
+ * Numerics are specified in docs/kernels.md ("Numerics"). Every backend must produce
  * the CPU reference's codes, metadata and packed bytes bit for bit, and
  * attention within relative 1e-5.
  *
@@ -32,7 +32,7 @@
  *    bytes. The dispatcher checks alignment and that required buffers are
  *    given (KV_EINPUT otherwise); backends check that every range lies inside
  *    its buffer.
- *  - Choices that DESIGN.md leaves open (metadata that would overflow fp16
+ *  - The finer numerics rules (metadata that would overflow fp16
  *    saturates to ±65504; −0 is canonicalised to +0 before the metadata;
  *    +Inf codes as 2^b − 1 even when scale is 0; out-of-range codes are masked
  *    to their width) are written out in backends/numerics.h.

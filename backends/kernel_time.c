@@ -2,7 +2,6 @@
  * calibration file (`kvsim bench kernels --json`) for `timing: model`. */
 #include "backends/kernel_time.h"
 
-#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +10,7 @@
 
 #include "core/alloc.h"
 #include "core/infile.h"
+#include "core/jsonread.h"
 
 double kv_kernel_now_s(void)
 {
@@ -274,186 +274,11 @@ int kv_kernel_time_compact(kv_backend *be, uint32_t n, uint32_t pages_each, cons
     return rc;
 }
 
-/* ---- A small JSON reader for the calibration file -------------------------------- */
-
-typedef enum { J_NULL, J_BOOL, J_NUM, J_STR, J_ARR, J_OBJ } jtype;
-
-typedef struct jval {
-    jtype type;
-    double num;
-    char *str;            /* J_STR */
-    struct jval *items;   /* J_ARR, J_OBJ: values */
-    char **keys;          /* J_OBJ */
-    size_t n;
-} jval;
-
-typedef struct jparser {
-    const char *s, *path;
-    size_t at;
-    kv_error *err;
-    int depth;
-} jparser;
-
-static void jfree(jval *v)
+/* A member of the given kind, or NULL (also when obj is not an object or the member is of another kind). */
+static const kv_jvalue *jget(const kv_jvalue *obj, const char *key, kv_jkind kind)
 {
-    if (v->type == J_STR)
-        kv_free(v->str);
-    for (size_t i = 0; i < v->n; i++) {
-        jfree(&v->items[i]);
-        if (v->keys)
-            kv_free(v->keys[i]);
-    }
-    kv_free(v->items);
-    kv_free(v->keys);
-}
-
-static int jerr(jparser *p, const char *what)
-{
-    size_t line = 1, col = 1;
-    for (size_t i = 0; i < p->at && p->s[i]; i++) {
-        if (p->s[i] == '\n') {
-            line++;
-            col = 1;
-        } else {
-            col++;
-        }
-    }
-    return kv_error_set(p->err, KV_EINPUT, "%s:%zu:%zu: %s", p->path, line, col, what);
-}
-
-static void jskip(jparser *p)
-{
-    while (p->s[p->at] && isspace((unsigned char)p->s[p->at]))
-        p->at++;
-}
-
-static int jparse(jparser *p, jval *v);
-
-static int jstring(jparser *p, char **out)
-{
-    p->at++; /* opening quote */
-    size_t cap = 16, n = 0;
-    char *s = kv_malloc(cap);
-    for (;;) {
-        char ch = p->s[p->at];
-        if (ch == '\0' || ch == '\n') {
-            kv_free(s);
-            return jerr(p, "unterminated string");
-        }
-        p->at++;
-        if (ch == '"')
-            break;
-        if (ch == '\\') {
-            char e = p->s[p->at++];
-            ch = e == 'n' ? '\n' : e == 't' ? '\t' : e == 'r' ? '\r' : e == 'b' ? '\b' : e == 'f' ? '\f' : e;
-            if (e == 'u') { /* keep \uXXXX as '?': the calibration file has no such keys */
-                for (int i = 0; i < 4 && isxdigit((unsigned char)p->s[p->at]); i++)
-                    p->at++;
-                ch = '?';
-            }
-        }
-        if (n + 2 > cap)
-            kv_grow((void **)&s, 1, &cap, n + 2);
-        s[n++] = ch;
-    }
-    s[n] = '\0';
-    *out = s;
-    return KV_OK;
-}
-
-static int jcontainer(jparser *p, jval *v, int object)
-{
-    char close = object ? '}' : ']';
-    size_t cap = 0;
-    v->type = object ? J_OBJ : J_ARR;
-    p->at++;
-    jskip(p);
-    if (p->s[p->at] == close) {
-        p->at++;
-        return KV_OK;
-    }
-    for (;;) {
-        jskip(p);
-        char *key = NULL;
-        if (object) {
-            if (p->s[p->at] != '"')
-                return jerr(p, "expected a \"key\"");
-            int rc = jstring(p, &key);
-            if (rc)
-                return rc;
-            jskip(p);
-            if (p->s[p->at] != ':') {
-                kv_free(key);
-                return jerr(p, "expected ':'");
-            }
-            p->at++;
-        }
-        if (v->n == cap) {
-            size_t c2 = cap;
-            kv_grow((void **)&v->items, sizeof *v->items, &cap, v->n + 1);
-            if (object)
-                kv_grow((void **)&v->keys, sizeof *v->keys, &c2, v->n + 1);
-        }
-        memset(&v->items[v->n], 0, sizeof v->items[v->n]);
-        if (object)
-            v->keys[v->n] = key;
-        v->n++;
-        int rc = jparse(p, &v->items[v->n - 1]);
-        if (rc)
-            return rc;
-        jskip(p);
-        if (p->s[p->at] == ',') {
-            p->at++;
-            continue;
-        }
-        if (p->s[p->at] == close) {
-            p->at++;
-            return KV_OK;
-        }
-        return jerr(p, object ? "expected ',' or '}'" : "expected ',' or ']'");
-    }
-}
-
-static int jparse(jparser *p, jval *v)
-{
-    memset(v, 0, sizeof *v);
-    jskip(p);
-    if (++p->depth > 64)
-        return jerr(p, "nested too deeply");
-    char ch = p->s[p->at];
-    int rc = KV_OK;
-    if (ch == '{' || ch == '[') {
-        rc = jcontainer(p, v, ch == '{');
-    } else if (ch == '"') {
-        v->type = J_STR;
-        rc = jstring(p, &v->str);
-    } else if (strncmp(p->s + p->at, "true", 4) == 0 || strncmp(p->s + p->at, "false", 5) == 0) {
-        v->type = J_BOOL;
-        v->num = ch == 't';
-        p->at += ch == 't' ? 4 : 5;
-    } else if (strncmp(p->s + p->at, "null", 4) == 0) {
-        p->at += 4;
-    } else {
-        char *end;
-        v->type = J_NUM;
-        v->num = strtod(p->s + p->at, &end);
-        if (end == p->s + p->at)
-            rc = jerr(p, "expected a value");
-        else
-            p->at = (size_t)(end - p->s);
-    }
-    p->depth--;
-    return rc;
-}
-
-static const jval *jget(const jval *o, const char *key, jtype type)
-{
-    if (!o || o->type != J_OBJ)
-        return NULL;
-    for (size_t i = 0; i < o->n; i++)
-        if (strcmp(o->keys[i], key) == 0)
-            return o->items[i].type == type ? &o->items[i] : NULL;
-    return NULL;
+    const kv_jvalue *v = kv_jvalue_get(obj, key);
+    return v && v->kind == kind ? v : NULL;
 }
 
 /* ---- Calibration ------------------------------------------------------------------- */
@@ -475,56 +300,50 @@ int kv_kernel_calib_load(const char *path, const char *backend, kv_kernel_calib 
 {
     *out = NULL;
     char *text = NULL;
-    int rc = kv_input_read_all(path, "the calibration file", KV_INPUT_MAX_TEXT, &text, NULL, err);
+    size_t len = 0;
+    int rc = kv_input_read_all(path, "the calibration file", KV_INPUT_MAX_TEXT, &text, &len, err);
     if (rc)
         return rc;
-    jparser p = {text, path, 0, err, 0};
-    jval root;
-    rc = jparse(&p, &root);
-    if (!rc) {
-        jskip(&p);
-        if (p.s[p.at])
-            rc = jerr(&p, "text after the JSON value");
-    }
+    kv_jvalue *root = NULL;
+    rc = kv_jread_parse(text, len, path, &root, err);
     kv_free(text);
-    if (rc) {
-        jfree(&root);
+    if (rc)
         return rc;
-    }
-    const jval *bes = jget(&root, "backends", J_ARR), *chosen = NULL;
-    for (size_t i = 0; bes && i < bes->n && !chosen; i++) {
-        const jval *name = jget(&bes->items[i], "backend", J_STR);
-        if (name && (!backend || strcmp(name->str, backend) == 0))
-            chosen = &bes->items[i];
+    const kv_jvalue *bes = jget(root, "backends", KV_JARRAY), *chosen = NULL;
+    for (size_t i = 0; bes && i < bes->count && !chosen; i++) {
+        const kv_jvalue *name = jget(bes->items[i], "backend", KV_JSTRING);
+        if (name && (!backend || strcmp(name->text, backend) == 0))
+            chosen = bes->items[i];
     }
     if (!chosen) {
         rc = kv_error_set(err, KV_EINPUT, "%s: backends: no entry for backend '%s' (is this a kvsim bench kernels "
                           "--json file?)", path, backend ? backend : "(any)");
-        jfree(&root);
+        kv_jvalue_free(root);
         return rc;
     }
     kv_kernel_calib *c = kv_calloc(1, sizeof *c);
-    const jval *bw = jget(chosen, "bandwidth_gbps", J_NUM);
-    c->bandwidth_gbps = bw ? bw->num : 0;
-    const jval *ks = jget(chosen, "kernels", J_ARR);
-    for (size_t i = 0; ks && i < ks->n; i++) {
+    const kv_jvalue *bw = jget(chosen, "bandwidth_gbps", KV_JNUMBER);
+    c->bandwidth_gbps = bw ? bw->number : 0;
+    const kv_jvalue *ks = jget(chosen, "kernels", KV_JARRAY);
+    for (size_t i = 0; ks && i < ks->count; i++) {
         /* the on-CPU ratio, where measured, is the one free of other processes' load */
-        const jval *cls = jget(&ks->items[i], "calib", J_STR), *ctx = jget(&ks->items[i], "context", J_NUM),
-                   *ratio = jget(&ks->items[i], "ratio_oncpu", J_NUM);
-        if (!ratio || !(ratio->num > 0))
-            ratio = jget(&ks->items[i], "ratio", J_NUM);
-        if (!cls || !ratio || !(ratio->num > 0))
+        const kv_jvalue *cls = jget(ks->items[i], "calib", KV_JSTRING);
+        const kv_jvalue *ctx = jget(ks->items[i], "context", KV_JNUMBER);
+        const kv_jvalue *ratio = jget(ks->items[i], "ratio_oncpu", KV_JNUMBER);
+        if (!ratio || !(ratio->number > 0))
+            ratio = jget(ks->items[i], "ratio", KV_JNUMBER);
+        if (!cls || !ratio || !(ratio->number > 0))
             continue;
-        double context = ctx ? ctx->num : 0;
+        double context = ctx ? ctx->number : 0;
         calib_entry *e = NULL;
         for (size_t k = 0; k < c->n; k++)
-            if (strcmp(c->e[k].kernel_class, cls->str) == 0)
+            if (strcmp(c->e[k].kernel_class, cls->text) == 0)
                 e = &c->e[k];
         if (!e) {
             kv_grow((void **)&c->e, sizeof *c->e, &c->cap, c->n + 1);
             e = &c->e[c->n++];
             memset(e, 0, sizeof *e);
-            snprintf(e->kernel_class, sizeof e->kernel_class, "%s", cls->str);
+            snprintf(e->kernel_class, sizeof e->kernel_class, "%s", cls->text);
             e->context = -1;
         }
         if (context > e->context) {
@@ -533,11 +352,11 @@ int kv_kernel_calib_load(const char *path, const char *backend, kv_kernel_calib 
             e->count = 0;
         }
         if (context == e->context) {
-            e->sum += ratio->num;
+            e->sum += ratio->number;
             e->count++;
         }
     }
-    jfree(&root);
+    kv_jvalue_free(root);
     *out = c;
     return KV_OK;
 }

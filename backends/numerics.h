@@ -1,9 +1,9 @@
-/* numerics.h — the normative scalar numerics of DESIGN.md "Numerics": fp16/bf16
+/* numerics.h — the normative scalar numerics of docs/kernels.md "Numerics": fp16/bf16
  * conversion, group quantization parameters, codes, dequantization and the
  * anchor/residual split. Every backend must reproduce these bit for bit; the
  * CPU reference backend and the tests call them directly.
  *
- * Choices the DESIGN leaves open, fixed here (docs/kernels.md repeats them):
+ * The finer rules (docs/kernels.md "Numerics" N1-N6 states them too):
  *  N1. fp16 conversion is IEEE round-to-nearest-even with subnormals; a value
  *      whose magnitude rounds past 65504 becomes ±Inf; NaN stays a quiet NaN.
  *  N2. Metadata (scale, zero) saturates instead: a scale or zero whose fp16

@@ -81,20 +81,16 @@ static void ignore_done(void *user, kv_flow_id id, uint64_t tag, double t)
     (void)user, (void)id, (void)tag, (void)t;
 }
 
-/* "path: network.KEY: ..." from the network names the scenario file only; when KEY is
+/* The network names the key an error concerns in err->key (its own config's name, after
+   "network.") and the scenario file only in the message ("path: ..."); when that key is
    written in the scenario, this puts its line and column after the path. */
 static void locate_network_key(const kv_scenario *s, kv_error *err)
 {
     size_t n = strlen(s->path);
-    if (strncmp(err->msg, s->path, n) != 0 || strncmp(err->msg + n, ": network.", 10) != 0)
+    if (!err->key[0] || strncmp(err->msg, s->path, n) != 0 || strncmp(err->msg + n, ": ", 2) != 0)
         return;
-    const char *key = err->msg + n + 2;
-    char dotted[128];
-    size_t k = strcspn(key, ":[ ");
-    if (k >= sizeof dotted)
-        return;
-    memcpy(dotted, key, k);
-    dotted[k] = 0;
+    char dotted[sizeof err->key];
+    snprintf(dotted, sizeof dotted, "%s", err->key);
     /* The net config's fat_tree_spines and dragonfly_nodes are fat_tree.spines and
        dragonfly.nodes in the scenario. */
     const char *prefixes[] = {"network.fat_tree_", "network.dragonfly_"};
@@ -104,9 +100,10 @@ static void locate_network_key(const kv_scenario *s, kv_error *err)
     const kv_ynode *node = kv_ytree_path(s->tree, dotted);
     if (!node || strncmp(node->file, "--set", 5) == 0)
         return;
-    char w[512], rest[sizeof err->msg];
+    char w[512], rest[sizeof err->msg], key[sizeof err->key];
     snprintf(rest, sizeof rest, "%s", err->msg + n);
-    kv_error_set(err, err->code, "%s%s", kv_ytree_where(node, w, sizeof w), rest);
+    snprintf(key, sizeof key, "%s", err->key);
+    kv_error_set_key(err, err->code, key, "%s%s", kv_ytree_where(node, w, sizeof w), rest);
 }
 
 int kv_engine_check_network(const kv_scenario *s, int model, kv_error *err)

@@ -9,6 +9,7 @@ int kv_error_setv(kv_error *err, int code, const char *fmt, va_list ap)
     if (err) {
         err->code = code;
         vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        err->key[0] = '\0';
     }
     return code;
 }
@@ -19,6 +20,17 @@ int kv_error_set(kv_error *err, int code, const char *fmt, ...)
     va_start(ap, fmt);
     kv_error_setv(err, code, fmt, ap);
     va_end(ap);
+    return code;
+}
+
+int kv_error_set_key(kv_error *err, int code, const char *key, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    kv_error_setv(err, code, fmt, ap);
+    va_end(ap);
+    if (err && key)
+        snprintf(err->key, sizeof err->key, "%s", key);
     return code;
 }
 
@@ -41,5 +53,6 @@ void kv_error_clear(kv_error *err)
     if (err) {
         err->code = KV_OK;
         err->msg[0] = '\0';
+        err->key[0] = '\0';
     }
 }

@@ -14,14 +14,21 @@ enum {
 typedef struct kv_error {
     int code;       /* KV_OK, KV_EFAIL or KV_EINPUT */
     char msg[1024]; /* "file:line:col: key: what is wrong", NUL-terminated */
+    char key[128];  /* the dotted input key the error concerns ("network.nic_latency_us"), or "" if none is
+                       known: a layer that sees only its own config (net/) names the key here and the caller
+                       that read the input resolves it to file:line:col */
 } kv_error;
 
-/* Sets *err (if err is not NULL) and returns code, so callers can write
+/* Sets *err (if err is not NULL; its key is cleared) and returns code, so callers can write
    `return kv_error_set(err, KV_EINPUT, "...")`. */
 int kv_error_set(kv_error *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 int kv_error_setv(kv_error *err, int code, const char *fmt, va_list ap)
     __attribute__((format(printf, 3, 0)));
+
+/* kv_error_set that also records the dotted input key the error concerns (kv_error.key). */
+int kv_error_set_key(kv_error *err, int code, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 /* Prefixes the existing message with more context ("while loading X: ..."). */
 int kv_error_prefix(kv_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -1,4 +1,5 @@
 /* policy.c — the policy host: loads a Lua policy, applies scenario params, calls hooks, checks and caches answers.
+ * The tables a hook sees are built by policy_ctx.c, failures reported by policy_report.c.
  *
  * Design notes.
  *  - One sandboxed lua_State per policy (policy_sandbox.c). Every Lua call,
@@ -38,444 +39,14 @@
 #include "core/policy_internal.h"
 #include "core/policy_sandbox.h"
 
-static const char *const hook_names[H_COUNT] = {"encode",       "transfer",    "speculate",
-                                                "prefill_node", "decode_node", "admit"};
+const char *const kv_policy_hook_names[H_COUNT] = {"encode",       "transfer",    "speculate",
+                                                          "prefill_node", "decode_node", "admit"};
 
 /* Fields a policy file's table may have (sorted, for messages). */
 static const char *const file_fields[] = {"admit",  "cache",     "decode_node", "describe",
                                           "encode", "name",      "params",      "prefill_node",
                                           "speculate", "transfer", NULL};
 
-/* Fields of ctx, per hook (request and context_length are lazy). */
-static const char *const ctx_fields[H_COUNT][10] = {
-    [H_ENCODE] = {"layer", "head", "model", "params", "policy", "request", "context_length", NULL},
-    [H_TRANSFER] = {"model", "params", "policy", "request", "context_length", NULL},
-    [H_SPECULATE] = {"model", "params", "policy", "request", "context_length", NULL},
-    [H_PREFILL_NODE] = {"nodes", "pool", "model", "params", "policy", "request", "context_length", NULL},
-    [H_DECODE_NODE] = {"nodes", "pool", "model", "params", "policy", "request", "context_length", NULL},
-    [H_ADMIT] = {"node", "kv_bytes_needed", "model", "params", "policy", "request", "context_length", NULL},
-};
-
-typedef enum param_type { PT_INT, PT_NUM, PT_BOOL, PT_STR } param_type;
-
-typedef struct policy_param {
-    char *key;       /* owned */
-    param_type type; /* from the declared default */
-    char *value;     /* owned; rendered like Lua's tostring, after overrides */
-    char *set_where; /* owned; "file:line:col" of the scenario override, or NULL */
-} policy_param;
-
-struct kv_policy {
-    kv_sandbox sb;              /* first member: kv_sandbox_of(L) is also the policy */
-    char *name, *path;          /* owned */
-    char *describe;             /* owned, "" when absent */
-    int hook_ref[H_COUNT];      /* registry refs; LUA_NOREF when the hook is absent */
-    int hook_line[H_COUNT];     /* line where the hook's function starts */
-    int ctx_mt_ref;             /* metatable of ctx tables */
-    int request_mt_ref;         /* strict metatable of ctx.request */
-    int node_mt_ref;            /* strict metatable of node tables */
-    int params_ref;             /* read-only view of the params table */
-    int model_ref;              /* read-only view of the model table; LUA_NOREF when unknown */
-    bool model_known, model_dirty;
-    kv_policy_model model;      /* copy; name owned */
-    policy_param *params;       /* sorted by key */
-    int n_params;
-    bool cache_file;            /* the file's `cache` field (default true) */
-    bool cache_on;              /* kv_policy_set_cache */
-    int cache_layers, cache_heads; /* shape of the encode cache */
-    unsigned char *enc_valid;   /* (layer, head) → 1 when enc[] holds the answer */
-    kv_encoding *enc;           /* (layer, head) */
-    uint64_t cache_epoch;       /* times the caches were emptied (kv_policy_cache_epoch) */
-    bool transfer_valid, spec_valid;
-    kv_transfer_plan transfer;
-    int spec;
-    kv_policy_call cur;
-    kv_policy_stats stats;
-};
-
-static kv_policy *policy_of(lua_State *L)
-{
-    return (kv_policy *)kv_sandbox_of(L);
-}
-
-/* --- strict and read-only tables ----------------------------------------- */
-
-static int strict_error(lua_State *L, int t, const char *what)
-{
-    const char *keys[64];
-    int n = kv_policy_table_keys(L, t, keys);
-    char hint[512];
-    const char *key = lua_type(L, 2) == LUA_TSTRING ? lua_tostring(L, 2) : NULL;
-    if (!key)
-        return luaL_error(L, "%s has no field [%s]", what, luaL_tolstring(L, 2, NULL));
-    kv_policy_suggest(key, keys, n, "fields", hint, sizeof hint);
-    return luaL_error(L, "%s has no field '%s'%s", what, key, hint);
-}
-
-/* __index of request and node tables: every field is raw, so any miss is a typo. */
-static int strict_index(lua_State *L)
-{
-    return strict_error(L, 1, lua_tostring(L, lua_upvalueindex(1)));
-}
-
-/* __index of the table behind a read-only view (reached only for missing
-   keys): upvalue 1 is that table, 2 its name. */
-static int ro_missing(lua_State *L)
-{
-    return strict_error(L, lua_upvalueindex(1), lua_tostring(L, lua_upvalueindex(2)));
-}
-
-static int ro_newindex(lua_State *L)
-{
-    return luaL_error(L, "%s is read-only (tried to set '%s')", lua_tostring(L, lua_upvalueindex(1)),
-                      luaL_tolstring(L, 2, NULL));
-}
-
-/* __pairs of a read-only view: the real table (upvalue 1) in the sandbox's fixed key order. */
-static int ro_pairs(lua_State *L)
-{
-    lua_pushvalue(L, lua_upvalueindex(1));
-    kv_sandbox_push_pairs(L, -1);
-    return 3;
-}
-
-/* Pushes a read-only view of the table at idx, named `what` in messages.
-   Reads go proxy → real table through a table __index (no C call on the hot
-   path); the real table itself gets a strict metatable, so reading a missing
-   key is an error with a hint, also through a policy's own upvalue. */
-static void push_readonly(lua_State *L, int idx, const char *what)
-{
-    idx = lua_absindex(L, idx);
-    if (!lua_getmetatable(L, idx)) {
-        lua_createtable(L, 0, 2);
-        lua_pushvalue(L, idx);
-        lua_pushstring(L, what);
-        lua_pushcclosure(L, ro_missing, 2);
-        lua_setfield(L, -2, "__index");
-        lua_pushstring(L, what);
-        lua_setfield(L, -2, "__name");
-        lua_setmetatable(L, idx);
-    } else {
-        lua_pop(L, 1);
-    }
-    lua_newtable(L);
-    lua_createtable(L, 0, 5);
-    lua_pushvalue(L, idx);
-    lua_setfield(L, -2, "__index");
-    lua_pushstring(L, what);
-    lua_pushcclosure(L, ro_newindex, 1);
-    lua_setfield(L, -2, "__newindex");
-    lua_pushvalue(L, idx);
-    lua_pushcclosure(L, ro_pairs, 1);
-    lua_setfield(L, -2, "__pairs");
-    lua_pushstring(L, what);
-    lua_setfield(L, -2, "__name");
-    lua_pushboolean(L, 0);
-    lua_setfield(L, -2, "__metatable");
-    lua_setmetatable(L, -2);
-}
-
-static int make_strict_mt(lua_State *L, const char *what)
-{
-    lua_createtable(L, 0, 2);
-    lua_pushstring(L, what);
-    lua_pushcclosure(L, strict_index, 1);
-    lua_setfield(L, -2, "__index");
-    lua_pushstring(L, what);
-    lua_setfield(L, -2, "__name");
-    return luaL_ref(L, LUA_REGISTRYINDEX);
-}
-
-/* --- ctx ------------------------------------------------------------------ */
-
-static void push_request(lua_State *L, kv_policy *p, const kv_policy_request *r)
-{
-    lua_createtable(L, 0, 4);
-    lua_pushinteger(L, (lua_Integer)r->id);
-    lua_setfield(L, -2, "id");
-    lua_pushinteger(L, r->prompt_tokens);
-    lua_setfield(L, -2, "prompt_tokens");
-    lua_pushinteger(L, r->output_tokens);
-    lua_setfield(L, -2, "output_tokens");
-    lua_pushnumber(L, r->arrival_s);
-    lua_setfield(L, -2, "arrival_s");
-    lua_rawgeti(L, LUA_REGISTRYINDEX, p->request_mt_ref);
-    lua_setmetatable(L, -2);
-}
-
-static void push_node(lua_State *L, kv_policy *p, const kv_policy_node *n)
-{
-    lua_createtable(L, 0, 7);
-    lua_pushinteger(L, n->index);
-    lua_setfield(L, -2, "index");
-    lua_pushinteger(L, n->queued);
-    lua_setfield(L, -2, "queued");
-    lua_pushinteger(L, n->running);
-    lua_setfield(L, -2, "running");
-    lua_pushnumber(L, n->kv_free_bytes);
-    lua_setfield(L, -2, "kv_free_bytes");
-    lua_pushnumber(L, n->kv_used_bytes);
-    lua_setfield(L, -2, "kv_used_bytes");
-    lua_pushinteger(L, n->incoming);
-    lua_setfield(L, -2, "incoming");
-    lua_pushnumber(L, n->kv_reserved_bytes);
-    lua_setfield(L, -2, "kv_reserved_bytes");
-    lua_rawgeti(L, LUA_REGISTRYINDEX, p->node_mt_ref);
-    lua_setmetatable(L, -2);
-}
-
-/* __index of ctx: fills the request-dependent fields on first read (and notes
-   the read), answers nil for known-but-absent fields, errors on typos. */
-static int ctx_index(lua_State *L)
-{
-    kv_policy *p = policy_of(L);
-    const char *key = lua_type(L, 2) == LUA_TSTRING ? lua_tostring(L, 2) : NULL;
-    const char *const *fields = ctx_fields[p->cur.hook];
-    if (key && strcmp(key, "request") == 0) {
-        p->cur.read_request = true;
-        if (!p->cur.r)
-            return 0;
-        push_request(L, p, p->cur.r);
-        lua_pushvalue(L, -1);
-        lua_setfield(L, 1, "request"); /* raw from now on (ctx has no __newindex) */
-        return 1;
-    }
-    if (key && strcmp(key, "context_length") == 0) {
-        p->cur.read_request = true;
-        if (!p->cur.r)
-            return 0;
-        lua_pushinteger(L, p->cur.r->prompt_tokens);
-        lua_pushvalue(L, -1);
-        lua_setfield(L, 1, "context_length");
-        return 1;
-    }
-    int n = 0;
-    while (fields[n])
-        n++;
-    for (int i = 0; key && i < n; i++)
-        if (strcmp(key, fields[i]) == 0)
-            return 0; /* known field, absent in this call (e.g. ctx.model before a model is set) */
-    char hint[512];
-    if (!key)
-        return luaL_error(L, "ctx has no field [%s] in hook '%s'", luaL_tolstring(L, 2, NULL), hook_names[p->cur.hook]);
-    kv_policy_suggest(key, fields, n, "fields", hint, sizeof hint);
-    return luaL_error(L, "ctx has no field '%s' in hook '%s'%s", key, hook_names[p->cur.hook], hint);
-}
-
-static void build_model(lua_State *L, kv_policy *p)
-{
-    if (p->model_ref != LUA_NOREF)
-        luaL_unref(L, LUA_REGISTRYINDEX, p->model_ref);
-    p->model_ref = LUA_NOREF;
-    lua_createtable(L, 0, 5);
-    lua_pushstring(L, p->model.name ? p->model.name : "");
-    lua_setfield(L, -2, "name");
-    lua_pushinteger(L, p->model.layers);
-    lua_setfield(L, -2, "layers");
-    lua_pushinteger(L, p->model.heads);
-    lua_setfield(L, -2, "heads");
-    lua_pushinteger(L, p->model.kv_heads);
-    lua_setfield(L, -2, "kv_heads");
-    lua_pushinteger(L, p->model.head_dim);
-    lua_setfield(L, -2, "head_dim");
-    push_readonly(L, -1, "ctx.model");
-    p->model_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-    lua_pop(L, 1);
-    p->model_dirty = false;
-}
-
-static void push_ctx(lua_State *L, kv_policy *p)
-{
-    const kv_policy_call *c = &p->cur;
-    lua_createtable(L, 0, 8);
-    lua_rawgeti(L, LUA_REGISTRYINDEX, p->params_ref);
-    lua_setfield(L, -2, "params");
-    if (p->model_ref != LUA_NOREF) {
-        lua_rawgeti(L, LUA_REGISTRYINDEX, p->model_ref);
-        lua_setfield(L, -2, "model");
-    }
-    lua_pushstring(L, p->name);
-    lua_setfield(L, -2, "policy");
-    switch (c->hook) {
-    case H_ENCODE:
-        lua_pushinteger(L, c->layer);
-        lua_setfield(L, -2, "layer");
-        lua_pushinteger(L, c->head);
-        lua_setfield(L, -2, "head");
-        break;
-    case H_PREFILL_NODE:
-    case H_DECODE_NODE:
-        lua_pushstring(L, c->hook == H_PREFILL_NODE ? "prefill" : "decode");
-        lua_setfield(L, -2, "pool");
-        lua_createtable(L, c->n_nodes, 0);
-        for (int i = 0; i < c->n_nodes; i++) {
-            push_node(L, p, &c->nodes[i]);
-            lua_rawseti(L, -2, i + 1);
-        }
-        lua_setfield(L, -2, "nodes");
-        break;
-    case H_ADMIT:
-        push_node(L, p, c->node);
-        lua_setfield(L, -2, "node");
-        lua_pushnumber(L, c->kv_bytes_needed);
-        lua_setfield(L, -2, "kv_bytes_needed");
-        break;
-    default:
-        break;
-    }
-    lua_rawgeti(L, LUA_REGISTRYINDEX, p->ctx_mt_ref);
-    lua_setmetatable(L, -2);
-}
-
-/* Runs inside lua_pcall: calls the hook on a fresh ctx and parses its answer into cur.out. */
-static int call_body(lua_State *L)
-{
-    kv_policy *p = policy_of(L);
-    kv_policy_call *c = &p->cur;
-    if (p->model_dirty)
-        build_model(L, p);
-    push_ctx(L, p);
-    int ctx_idx = lua_gettop(L); /* kept below the call: placement answers are checked against ctx.nodes */
-    lua_rawgeti(L, LUA_REGISTRYINDEX, p->hook_ref[c->hook]);
-    lua_pushvalue(L, ctx_idx);
-    lua_call(L, 1, 1);
-    int res = lua_gettop(L);
-    if (lua_isnil(L, res)) {
-        kv_policy_answer_bad(c, "nothing (nil); the hook must return an answer (or be removed to get the default)");
-        return 0;
-    }
-    switch (c->hook) {
-    case H_ENCODE:
-        kv_policy_answer_encoding(L, c, res, c->out);
-        break;
-    case H_TRANSFER:
-        kv_policy_answer_transfer(L, c, res, c->out);
-        break;
-    case H_SPECULATE:
-        kv_policy_answer_speculate(L, c, res, c->out);
-        break;
-    case H_PREFILL_NODE:
-    case H_DECODE_NODE:
-        lua_getfield(L, ctx_idx, "nodes");
-        kv_policy_answer_node(L, c, res, lua_gettop(L), c->out);
-        break;
-    case H_ADMIT:
-        kv_policy_answer_admit(L, c, res, c->out);
-        break;
-    }
-    return 0;
-}
-
-/* --- reporting ------------------------------------------------------------- */
-
-static void describe_call(const kv_policy *p, char *buf, size_t size)
-{
-    const kv_policy_call *c = &p->cur;
-    int off = c->r ? snprintf(buf, size, "request %llu", (unsigned long long)c->r->id)
-                   : snprintf(buf, size, "no request");
-    if (off < 0 || (size_t)off >= size)
-        return;
-    switch (c->hook) {
-    case H_ENCODE:
-        snprintf(buf + off, size - (size_t)off, ", layer %d, head %d", c->layer, c->head);
-        break;
-    case H_PREFILL_NODE:
-    case H_DECODE_NODE:
-        snprintf(buf + off, size - (size_t)off, ", %d %s nodes", c->n_nodes,
-                 c->hook == H_PREFILL_NODE ? "prefill" : "decode");
-        break;
-    case H_ADMIT:
-        snprintf(buf + off, size - (size_t)off, ", node %d, %.0f KV bytes needed", c->node->index,
-                 c->kv_bytes_needed);
-        break;
-    default:
-        break;
-    }
-}
-
-/* "\n  scenario overrides: a=1 (x.yaml:3:5), ..." or "" */
-static void describe_overrides(const kv_policy *p, char *buf, size_t size)
-{
-    size_t off = 0;
-    buf[0] = '\0';
-    for (int i = 0; i < p->n_params && off < size; i++) {
-        const policy_param *q = &p->params[i];
-        if (!q->set_where)
-            continue;
-        off += (size_t)snprintf(buf + off, size - off, "%s%s=%s%s%s%s", off ? ", " : "\n  scenario overrides: ",
-                                q->key, q->value, q->set_where[0] ? " (" : "", q->set_where,
-                                q->set_where[0] ? ")" : "");
-    }
-}
-
-/* "file:line" where the limit hit, or `fallback` when it is not known. */
-static const char *limit_where(const kv_policy *p, const char *fallback)
-{
-    return p->sb.where[0] && strcmp(p->sb.where, "?") != 0 ? p->sb.where : fallback;
-}
-
-/* Turns a failed or rejected hook call into err (the Lua error, if any, is on top). */
-static int hook_failure(kv_policy *p, int status, kv_error *err)
-{
-    lua_State *L = p->sb.L;
-    const kv_policy_call *c = &p->cur;
-    const char *hook = hook_names[c->hook];
-    char call[160], over[400], cap[32], defined[64];
-    describe_call(p, call, sizeof call);
-    describe_overrides(p, over, sizeof over);
-    kv_sandbox_format_bytes(p->sb.lim.mem_cap_bytes, cap, sizeof cap);
-    snprintf(defined, sizeof defined, "%s:%d", p->path, p->hook_line[c->hook]);
-    bool refused = p->sb.mem_refused || p->sb.str_refused;
-    if (status == LUA_ERRMEM && !refused && p->sb.limit == KV_SB_OK)
-        return kv_error_set(err, KV_EFAIL, "policy '%s': out of host memory in hook '%s' (%s)", p->name, hook, call);
-    /* Split "message\nstack traceback:..." without touching the Lua heap (it may be full). */
-    size_t len = 0;
-    const char *msg = status != LUA_OK && lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : "";
-    const char *tb = strstr(msg, "\nstack traceback:");
-    int msg_len = tb ? (int)(tb - msg) : (int)len;
-    int tb_len = tb ? (int)(len - (size_t)(tb - msg)) : 0;
-    static const char host_frame[] = "\n\t[C]: in ?"; /* the host's own frame ends every traceback */
-    if (tb_len >= (int)sizeof host_frame - 1 &&
-        memcmp(tb + tb_len - (sizeof host_frame - 1), host_frame, sizeof host_frame - 1) == 0)
-        tb_len -= (int)sizeof host_frame - 1;
-    if (!tb)
-        tb = "";
-    if (p->sb.limit == KV_SB_INSTRUCTIONS)
-        return kv_error_set(err, KV_EINPUT,
-                            "%s: policy '%s' used up its instruction budget (%d per call) in hook '%s' "
-                            "(defined at %s), %s; is there an endless loop? (limit: policy_limits.instructions)"
-                            "%s%.*s",
-                            limit_where(p, defined), p->name, p->sb.call_instructions, hook, defined, call, over,
-                            tb_len, tb);
-    if (p->sb.limit != KV_SB_OK) {
-        char what[300];
-        kv_sandbox_describe_limit(&p->sb, what, sizeof what);
-        return kv_error_set(err, KV_EINPUT, "%s: policy '%s' hit %s in hook '%s' (defined at %s), %s%s%.*s",
-                            limit_where(p, defined), p->name, what, hook, defined, call, over, tb_len, tb);
-    }
-    if (status == LUA_ERRMEM || (refused && status == LUA_ERRERR)) {
-        if (p->sb.last_refusal == 2) {
-            char got[32], scap[32];
-            kv_sandbox_format_bytes(p->sb.str_refused_bytes, got, sizeof got);
-            kv_sandbox_format_bytes(p->sb.lim.string_cap_bytes, scap, sizeof scap);
-            return kv_error_set(err, KV_EINPUT,
-                                "%s: policy '%s' tried to make a string of %s, over its limit of %s per string "
-                                "(policy_limits.string_kib), in hook '%s' (defined at %s), %s%s",
-                                p->sb.where[0] ? p->sb.where : p->path, p->name, got, scap, hook, defined, call,
-                                over);
-        }
-        return kv_error_set(err, KV_EINPUT,
-                            "%s: policy '%s' exceeded its memory cap of %s in hook '%s' (defined at %s), %s%s",
-                            p->sb.where[0] ? p->sb.where : p->path, p->name, cap, hook, defined, call, over);
-    }
-    if (status != LUA_OK)
-        return kv_error_set(err, KV_EINPUT, "%.*s\n  in hook '%s' of policy '%s' (defined at %s), %s%s%.*s",
-                            msg_len, msg, hook, p->name, defined, call, over, tb_len, tb);
-    return kv_error_set(err, KV_EINPUT, "%s: hook '%s' of policy '%s' returned %s (%s)%s", defined, hook, p->name,
-                        c->detail, call, over);
-}
-
-/* Calls hook cur.hook (cur filled by the caller); parses into cur.out. */
 static int run_hook(kv_policy *p, kv_error *err)
 {
     lua_State *L = p->sb.L;
@@ -485,14 +56,14 @@ static int run_hook(kv_policy *p, kv_error *err)
     c->detail[0] = '\0';
     int base = lua_gettop(L);
     lua_pushcfunction(L, kv_sandbox_msgh);
-    lua_pushcfunction(L, call_body);
+    lua_pushcfunction(L, kv_policy_call_body);
     kv_sandbox_arm(&p->sb, p->sb.lim.instructions_per_call, p->sb.lim.hook_ns);
     int st = lua_pcall(L, 0, 0, base + 1);
     kv_sandbox_disarm(&p->sb);
     p->stats.lua_calls++;
     int rc = KV_OK;
     if (st != LUA_OK || p->sb.limit != KV_SB_OK || c->bad)
-        rc = hook_failure(p, st, err);
+        rc = kv_policy_hook_failure(p, st, err);
     lua_settop(L, base);
     return rc;
 }
@@ -508,6 +79,29 @@ static void call_start(kv_policy *p, int hook, const kv_policy_request *r, void 
     p->cur.hook = hook;
     p->cur.r = r;
     p->cur.out = out;
+}
+
+/* The one call path of every hook, after call_start (and the hook's own ctx fields) prepared p->cur:
+   when `cached` (may be NULL: this hook's answers are never cached) holds a valid answer of `size`
+   bytes, it is copied to `out` (a hit, the hook does not run); otherwise the hook runs, its checked
+   answer (in p->cur.out) is copied to `out` and, when cacheable, kept in `cached`. `out` is left
+   alone on failure. */
+static int cached_call(kv_policy *p, void *out, size_t size, void *cached, bool *valid, kv_error *err)
+{
+    if (cached && *valid) {
+        memcpy(out, cached, size);
+        p->stats.cache_hits++;
+        return KV_OK;
+    }
+    int rc = run_hook(p, err);
+    if (rc != KV_OK)
+        return rc;
+    memcpy(out, p->cur.out, size);
+    if (cached && cacheable(p)) {
+        memcpy(cached, p->cur.out, size);
+        *valid = true;
+    }
+    return KV_OK;
 }
 
 /* --- loading ---------------------------------------------------------------- */
@@ -629,7 +223,7 @@ static int function_line(lua_State *L, int idx)
    light userdata at index 2: reads fields, hooks and params, applies overrides. */
 static int setup_body(lua_State *L)
 {
-    kv_policy *p = policy_of(L);
+    kv_policy *p = kv_policy_of(L);
     load_args *a = lua_touserdata(L, 2);
     const int t = 1;
     if (!lua_istable(L, t))
@@ -691,14 +285,14 @@ static int setup_body(lua_State *L)
     lua_pop(L, 1);
 
     for (int h = 0; h < H_COUNT; h++) {
-        lua_getfield(L, t, hook_names[h]);
+        lua_getfield(L, t, kv_policy_hook_names[h]);
         if (lua_isnil(L, -1)) {
             lua_pop(L, 1);
             continue;
         }
         if (!lua_isfunction(L, -1))
-            return load_fail(a, "%s: policy '%s': %s must be a function, got %s", p->path, p->name, hook_names[h],
-                             luaL_typename(L, -1));
+            return load_fail(a, "%s: policy '%s': %s must be a function, got %s", p->path, p->name,
+                             kv_policy_hook_names[h], luaL_typename(L, -1));
         p->hook_line[h] = function_line(L, -1);
         p->hook_ref[h] = luaL_ref(L, LUA_REGISTRYINDEX);
     }
@@ -783,17 +377,17 @@ static int setup_body(lua_State *L)
         kv_free(q->set_where);
         q->set_where = kv_strdup(where ? where : "");
     }
-    push_readonly(L, pt, "ctx.params");
+    kv_policy_push_readonly(L, pt, "ctx.params");
     p->params_ref = luaL_ref(L, LUA_REGISTRYINDEX);
 
     lua_createtable(L, 0, 3);
-    lua_pushcfunction(L, ctx_index);
+    lua_pushcfunction(L, kv_policy_ctx_index);
     lua_setfield(L, -2, "__index");
     lua_pushstring(L, "ctx");
     lua_setfield(L, -2, "__name");
     p->ctx_mt_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-    p->request_mt_ref = make_strict_mt(L, "ctx.request");
-    p->node_mt_ref = make_strict_mt(L, "node");
+    p->request_mt_ref = kv_policy_make_strict_mt(L, "ctx.request");
+    p->node_mt_ref = kv_policy_make_strict_mt(L, "node");
     return 0;
 }
 
@@ -926,11 +520,11 @@ int kv_policy_load(const char *name, const char *path, const kv_policy_param *pa
                               "%s: policy '%s' used up its instruction budget (%d) while loading; is there an "
                               "endless loop at the top level of the file? (limit: policy_limits.instructions, "
                               "10x while loading)%s",
-                              limit_where(p, path), p->name, load_budget, tb ? tb : "");
+                              kv_policy_limit_where(p, path), p->name, load_budget, tb ? tb : "");
         } else if (p->sb.limit != KV_SB_OK) {
             char what[300];
             kv_sandbox_describe_limit(&p->sb, what, sizeof what);
-            rc = kv_error_set(err, KV_EINPUT, "%s: policy '%s' hit %s while loading%s", limit_where(p, path),
+            rc = kv_error_set(err, KV_EINPUT, "%s: policy '%s' hit %s while loading%s", kv_policy_limit_where(p, path),
                               p->name, what, tb ? tb : "");
         } else if (st == LUA_ERRMEM || (st != LUA_OK && (p->sb.mem_refused || p->sb.str_refused))) {
             if (p->sb.last_refusal == 2) {
@@ -970,7 +564,7 @@ int kv_policy_load(const char *name, const char *path, const kv_policy_param *pa
         kv_sandbox_describe_limit(&p->sb, what, sizeof what);
         if (p->sb.limit != KV_SB_OK)
             kv_error_set(err, KV_EINPUT, "%s: policy '%s' hit %s while loading (reading the returned table)",
-                         limit_where(p, path), p->name, what);
+                         kv_policy_limit_where(p, path), p->name, what);
         else if (st == LUA_ERRMEM && (p->sb.mem_refused || p->sb.str_refused))
             kv_error_set(err, KV_EINPUT, "%s: policy '%s' exceeded its memory cap of %s while loading", path,
                          p->name, cap);
@@ -1050,7 +644,7 @@ const char *kv_policy_params_string(const kv_policy *p, char *buf, size_t size)
 bool kv_policy_has_hook(const kv_policy *p, const char *hook)
 {
     for (int h = 0; p && hook && h < H_COUNT; h++)
-        if (strcmp(hook, hook_names[h]) == 0)
+        if (strcmp(hook, kv_policy_hook_names[h]) == 0)
             return p->hook_ref[h] != LUA_NOREF;
     return false;
 }
@@ -1059,7 +653,7 @@ static void clear_caches(kv_policy *p)
 {
     p->cache_epoch++;
     if (p->enc_valid)
-        memset(p->enc_valid, 0, (size_t)p->cache_layers * (size_t)p->cache_heads);
+        memset(p->enc_valid, 0, (size_t)p->cache_layers * (size_t)p->cache_heads * sizeof *p->enc_valid);
     p->transfer_valid = false;
     p->spec_valid = false;
 }
@@ -1109,7 +703,7 @@ void kv_policy_set_model(kv_policy *p, const kv_policy_model *m)
     size_t cells;
     if (m->layers > 0 && m->kv_heads > 0 && m->layers <= (1 << 16) && m->kv_heads <= (1 << 16) &&
         kv_mul_size((size_t)m->layers, (size_t)m->kv_heads, &cells) == 0) {
-        p->enc_valid = kv_calloc(cells, 1);
+        p->enc_valid = kv_calloc(cells, sizeof *p->enc_valid);
         p->enc = kv_calloc(cells, sizeof *p->enc);
         p->cache_layers = m->layers;
         p->cache_heads = m->kv_heads;
@@ -1152,24 +746,12 @@ int kv_policy_encoding(kv_policy *p, const kv_policy_model *m, const kv_policy_r
         return KV_OK;
     }
     size_t cell = p->enc ? (size_t)layer * (size_t)p->cache_heads + (size_t)kv_head : 0;
-    if (p->enc && p->enc_valid[cell]) {
-        *out = p->enc[cell];
-        p->stats.cache_hits++;
-        return KV_OK;
-    }
     kv_encoding e;
     call_start(p, H_ENCODE, r, &e);
     p->cur.layer = layer;
     p->cur.head = kv_head;
-    int rc = run_hook(p, err);
-    if (rc != KV_OK)
-        return rc;
-    *out = e;
-    if (p->enc && cacheable(p)) {
-        p->enc[cell] = e;
-        p->enc_valid[cell] = 1;
-    }
-    return KV_OK;
+    return cached_call(p, out, sizeof *out, p->enc ? &p->enc[cell] : NULL, p->enc ? &p->enc_valid[cell] : NULL,
+                       err);
 }
 
 int kv_policy_transfer(kv_policy *p, const kv_policy_request *r, kv_transfer_plan *out, kv_error *err)
@@ -1184,22 +766,9 @@ int kv_policy_transfer(kv_policy *p, const kv_policy_request *r, kv_transfer_pla
         p->stats.default_answers++;
         return KV_OK;
     }
-    if (p->transfer_valid) {
-        *out = p->transfer;
-        p->stats.cache_hits++;
-        return KV_OK;
-    }
     kv_transfer_plan tp;
     call_start(p, H_TRANSFER, r, &tp);
-    int rc = run_hook(p, err);
-    if (rc != KV_OK)
-        return rc;
-    *out = tp;
-    if (cacheable(p)) {
-        p->transfer = tp;
-        p->transfer_valid = true;
-    }
-    return KV_OK;
+    return cached_call(p, out, sizeof *out, &p->transfer, &p->transfer_valid, err);
 }
 
 int kv_policy_speculation(kv_policy *p, const kv_policy_request *r, int *k, kv_error *err)
@@ -1211,31 +780,18 @@ int kv_policy_speculation(kv_policy *p, const kv_policy_request *r, int *k, kv_e
         p->stats.default_answers++;
         return KV_OK;
     }
-    if (p->spec_valid) {
-        *k = p->spec;
-        p->stats.cache_hits++;
-        return KV_OK;
-    }
     int v = 0;
     call_start(p, H_SPECULATE, r, &v);
-    int rc = run_hook(p, err);
-    if (rc != KV_OK)
-        return rc;
-    *k = v;
-    if (cacheable(p)) {
-        p->spec = v;
-        p->spec_valid = true;
-    }
-    return KV_OK;
+    return cached_call(p, k, sizeof *k, &p->spec, &p->spec_valid, err);
 }
 
 static int place(kv_policy *p, int hook, const kv_policy_request *r, const kv_policy_node *nodes, int n_nodes,
                  int *node, kv_error *err)
 {
     if (!p || !node || (n_nodes > 0 && !nodes))
-        return kv_error_set(err, KV_EFAIL, "kv_policy_%s: NULL argument", hook_names[hook]);
+        return kv_error_set(err, KV_EFAIL, "kv_policy_%s: NULL argument", kv_policy_hook_names[hook]);
     if (n_nodes <= 0)
-        return kv_error_set(err, KV_EFAIL, "policy '%s': %s asked with no nodes", p->name, hook_names[hook]);
+        return kv_error_set(err, KV_EFAIL, "policy '%s': %s asked with no nodes", p->name, kv_policy_hook_names[hook]);
     if (p->hook_ref[hook] == LUA_NOREF) {
         /* Requests already travelling to a decode node count as its load: placement happens when the
            transfer starts, before the node has queued anything, so a burst would otherwise all go to one. */
@@ -1254,10 +810,7 @@ static int place(kv_policy *p, int hook, const kv_policy_request *r, const kv_po
     call_start(p, hook, r, &v);
     p->cur.nodes = nodes;
     p->cur.n_nodes = n_nodes;
-    int rc = run_hook(p, err);
-    if (rc == KV_OK)
-        *node = v;
-    return rc;
+    return cached_call(p, node, sizeof *node, NULL, NULL, err);
 }
 
 int kv_policy_prefill_node(kv_policy *p, const kv_policy_request *r, const kv_policy_node *nodes, int n_nodes,
@@ -1286,8 +839,5 @@ int kv_policy_admit(kv_policy *p, const kv_policy_request *r, const kv_policy_no
     call_start(p, H_ADMIT, r, &v);
     p->cur.node = node;
     p->cur.kv_bytes_needed = kv_bytes_needed;
-    int rc = run_hook(p, err);
-    if (rc == KV_OK)
-        *admit = v;
-    return rc;
+    return cached_call(p, admit, sizeof *admit, NULL, NULL, err);
 }

@@ -14,34 +14,10 @@
 
 #include <lauxlib.h>
 
+#include "core/didyoumean.h"
 #include "core/policy_internal.h"
 
 /* --- messages ------------------------------------------------------------ */
-
-static int levenshtein(const char *a, const char *b)
-{
-    size_t la = strlen(a), lb = strlen(b);
-    if (la > 63 || lb > 63)
-        return 99;
-    int row[64];
-    for (size_t j = 0; j <= lb; j++)
-        row[j] = (int)j;
-    for (size_t i = 1; i <= la; i++) {
-        int diag = row[0];
-        row[0] = (int)i;
-        for (size_t j = 1; j <= lb; j++) {
-            int up = row[j];
-            int best = diag + (a[i - 1] != b[j - 1]);
-            if (up + 1 < best)
-                best = up + 1;
-            if (row[j - 1] + 1 < best)
-                best = row[j - 1] + 1;
-            row[j] = best;
-            diag = up;
-        }
-    }
-    return row[lb];
-}
 
 static int cmp_str(const void *a, const void *b)
 {
@@ -59,20 +35,10 @@ void kv_policy_suggest(const char *word, const char *const *cands, int n, const 
     for (int i = 0; i < n; i++)
         sorted[i] = cands[i];
     qsort(sorted, (size_t)n, sizeof sorted[0], cmp_str);
-    const char *best = NULL;
-    int best_d = 1 << 30;
-    for (int i = 0; i < n; i++) {
-        int d = levenshtein(word, sorted[i]);
-        if (d < best_d) {
-            best_d = d;
-            best = sorted[i];
-        }
-    }
-    size_t len = strlen(word);
-    int limit = len <= 4 ? 1 : (len <= 8 ? 2 : 3);
+    const char *best = kv_did_you_mean(word, sorted, (size_t)n);
     size_t off = 0;
     buf[0] = '\0';
-    if (best && best_d <= limit)
+    if (best)
         off += (size_t)snprintf(buf, size, "; did you mean '%s'?", best);
     if (off < size) {
         if (n == 0) {

@@ -66,6 +66,7 @@
  *    hook's period bounds.
  */
 #include "core/policy_sandbox.h"
+#include "core/policy_sandbox_internal.h"
 
 #include <limits.h>
 #include <stdbool.h>
@@ -77,135 +78,11 @@
 #include <lauxlib.h>
 #include <lualib.h>
 
-/* The count hook fires at least this often (VM instructions). */
-#define KV_SB_HOOK_EVERY 256
-/* Ticks (kv_sandbox_tick/charge units) between two readings of the clock. */
-#define KV_SB_CLOCK_EVERY 256
 /* Allocations this large read the clock. */
 #define KV_SB_BIG_ALLOC ((size_t)64 << 10)
 /* A string's header and terminating NUL in the allocator's size (Lua 5.4, 64-bit):
    the cap is on the contents. */
 #define KV_SB_STRING_HEADER 25
-
-kv_sandbox *kv_sandbox_of(lua_State *L)
-{
-    return *(kv_sandbox **)lua_getextraspace(L);
-}
-
-void kv_sandbox_format_bytes(size_t bytes, char *buf, size_t size)
-{
-    if (bytes >= ((size_t)1 << 20) && bytes % ((size_t)1 << 20) == 0)
-        snprintf(buf, size, "%zu MiB", bytes >> 20);
-    else if (bytes >= ((size_t)1 << 20))
-        snprintf(buf, size, "%.1f MiB", (double)bytes / (double)(1u << 20));
-    else if (bytes >= 1024 && bytes % 1024 == 0)
-        snprintf(buf, size, "%zu KiB", bytes >> 10);
-    else
-        snprintf(buf, size, "%zu bytes", bytes);
-}
-
-static int64_t now_ns(void)
-{
-    struct timespec t;
-#ifdef CLOCK_MONOTONIC_COARSE
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
-#else
-    clock_gettime(CLOCK_MONOTONIC, &t);
-#endif
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
-/* Writes "file:line" of the innermost Lua function that is running into buf.
-   Safe to call from the allocator: "Sl" reads debug info without allocating. */
-static void find_where(lua_State *L, char *buf, size_t size)
-{
-    lua_Debug ar;
-    for (int level = 0; level < 32 && lua_getstack(L, level, &ar); level++) {
-        if (!lua_getinfo(L, "Sl", &ar))
-            break;
-        if (ar.currentline > 0) {
-            snprintf(buf, size, "%s:%d", ar.short_src, ar.currentline);
-            return;
-        }
-    }
-    snprintf(buf, size, "?");
-}
-
-static void note_where(kv_sandbox *sb, lua_State *L)
-{
-    find_where(L, sb->where, sizeof sb->where);
-}
-
-static void count_hook(lua_State *L, lua_Debug *ar);
-
-/* Records that `what` stopped the call (the first limit wins) and makes every
-   further instruction fail (invariant 2). Safe from the allocator. */
-static void hit(kv_sandbox *sb, lua_State *L, kv_sandbox_limit what)
-{
-    if (sb->limit == KV_SB_OK) {
-        sb->limit = what;
-        sb->budget_exceeded = what == KV_SB_INSTRUCTIONS;
-        note_where(sb, L);
-    }
-    sb->hook_count = 1;
-    lua_sethook(L, count_hook, LUA_MASKCOUNT, 1);
-}
-
-void kv_sandbox_describe_limit(const kv_sandbox *sb, char *buf, size_t size)
-{
-    char b[32];
-    switch (sb->limit) {
-    case KV_SB_OK:
-        snprintf(buf, size, "no limit");
-        break;
-    case KV_SB_INSTRUCTIONS:
-        snprintf(buf, size, "its instruction budget (%d per call, policy_limits.instructions)",
-                 sb->call_instructions);
-        break;
-    case KV_SB_HOOK_TIME:
-        snprintf(buf, size, "its time limit of %.0f ms per call (policy_limits.hook_ms%s)",
-                 (double)sb->call_hook_ns / 1e6, sb->call_hook_ns != sb->lim.hook_ns ? "; loading gets 10x" : "");
-        break;
-    case KV_SB_RUN_TIME:
-        snprintf(buf, size, "its time limit of %g s for the whole run (policy_limits.run_s)",
-                 (double)sb->lim.run_ns / 1e9);
-        break;
-    case KV_SB_LOAD_SOURCE:
-        kv_sandbox_format_bytes(sb->lim.string_cap_bytes, b, sizeof b);
-        snprintf(buf, size, "the limit of %s of source for load() (policy_limits.string_kib)", b);
-        break;
-    case KV_SB_WORK:
-        if (sb->work_steps == UINT64_MAX)
-            snprintf(b, sizeof b, "more than 1.8e+19");
-        else if (sb->work_steps >= 10000000)
-            snprintf(b, sizeof b, "%.1e", (double)sb->work_steps);
-        else
-            snprintf(b, sizeof b, "%llu", (unsigned long long)sb->work_steps);
-        snprintf(buf, size, "its instruction budget (%d per call, policy_limits.instructions%s): %s could take up "
-                 "to %s steps, more than the %lld left (refused before running)", sb->call_instructions,
-                 sb->call_instructions != sb->lim.instructions_per_call ? "; loading gets 10x" : "", sb->work_what,
-                 b, (long long)(sb->work_left > 0 ? sb->work_left : 0));
-        break;
-    }
-}
-
-/* Raises the error of the limit hit (sb->limit != KV_SB_OK). */
-static int raise_limit(lua_State *L)
-{
-    kv_sandbox *sb = kv_sandbox_of(L);
-    char d[300];
-    kv_sandbox_describe_limit(sb, d, sizeof d);
-    lua_pushfstring(L, "%s: policy '%s' was stopped: it used up %s", sb->where, sb->name ? sb->name : "?", d);
-    return lua_error(L);
-}
-
-/* Reads the clock; past the deadline, the call's time limit is hit. */
-static void check_clock(kv_sandbox *sb, lua_State *L)
-{
-    sb->clock_tick = KV_SB_CLOCK_EVERY;
-    if (sb->limit == KV_SB_OK && sb->in_call && now_ns() > sb->deadline_ns)
-        hit(sb, L, sb->deadline_is_run ? KV_SB_RUN_TIME : KV_SB_HOOK_TIME);
-}
 
 static void *sandbox_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
 {
@@ -221,25 +98,25 @@ static void *sandbox_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
     bool live = sb->in_call && sb->L; /* a call is running: where and the clock can be read */
     if (string_tag && nsize > sb->lim.string_cap_bytes + KV_SB_STRING_HEADER) {
         if (live && sb->limit == KV_SB_OK)
-            note_where(sb, sb->L);
+            kv_sandbox_note_where(sb, sb->L);
         sb->str_refused = 1;
         sb->str_refused_bytes = nsize - KV_SB_STRING_HEADER;
         sb->last_refusal = 2;
         if (live)
-            check_clock(sb, sb->L);
+            kv_sandbox_check_clock(sb, sb->L);
         return NULL;
     }
     if (nsize > osize && nsize - osize > sb->lim.mem_cap_bytes - sb->mem_bytes) {
         if (!sb->mem_refused && live && sb->limit == KV_SB_OK)
-            note_where(sb, sb->L);
+            kv_sandbox_note_where(sb, sb->L);
         sb->mem_refused = 1;
         sb->last_refusal = 1;
         if (live)
-            check_clock(sb, sb->L); /* a loop of refused allocations runs a full GC each time */
+            kv_sandbox_check_clock(sb, sb->L); /* a loop of refused allocations runs a full GC each time */
         return NULL;
     }
     if (live && nsize >= KV_SB_BIG_ALLOC)
-        check_clock(sb, sb->L);
+        kv_sandbox_check_clock(sb, sb->L);
     void *q = realloc(ptr, nsize);
     if (!q)
         return NULL; /* host out of memory: Lua raises LUA_ERRMEM */
@@ -247,95 +124,6 @@ static void *sandbox_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
     if (sb->mem_bytes > sb->mem_peak_bytes)
         sb->mem_peak_bytes = sb->mem_bytes;
     return q;
-}
-
-/* Arms the count hook for the next stretch of instructions. Lua restarts the
-   count by itself after each firing, so the hook is only set again when the
-   count changes (lua_sethook walks the whole call stack), or when `force`. */
-static void rearm(kv_sandbox *sb, lua_State *L, bool force)
-{
-    int64_t n = sb->instr_left < KV_SB_HOOK_EVERY ? sb->instr_left : KV_SB_HOOK_EVERY;
-    int count = n > 0 ? (int)n : 1;
-    if (force || count != sb->hook_count) {
-        sb->hook_count = count;
-        lua_sethook(L, count_hook, LUA_MASKCOUNT, count);
-    }
-}
-
-static void count_hook(lua_State *L, lua_Debug *ar)
-{
-    (void)ar;
-    kv_sandbox *sb = kv_sandbox_of(L);
-    if (sb->limit == KV_SB_OK) {
-        sb->instr_left -= sb->hook_count;
-        if (sb->instr_left <= 0)
-            hit(sb, L, KV_SB_INSTRUCTIONS);
-        else
-            check_clock(sb, L);
-        if (sb->limit == KV_SB_OK) {
-            rearm(sb, L, false);
-            return;
-        }
-    }
-    raise_limit(L);
-}
-
-void kv_sandbox_charge(lua_State *L, int units)
-{
-    kv_sandbox *sb = kv_sandbox_of(L);
-    sb->instr_left -= units;
-    if (sb->limit == KV_SB_OK && sb->instr_left <= 0)
-        hit(sb, L, KV_SB_INSTRUCTIONS);
-    else if ((sb->clock_tick -= units) <= 0)
-        check_clock(sb, L);
-    if (sb->limit != KV_SB_OK)
-        raise_limit(L);
-}
-
-void kv_sandbox_tick(lua_State *L, int units)
-{
-    kv_sandbox *sb = kv_sandbox_of(L);
-    if ((sb->clock_tick -= units) <= 0)
-        check_clock(sb, L);
-    if (sb->limit != KV_SB_OK)
-        raise_limit(L);
-}
-
-int kv_sandbox_charge_ahead(lua_State *L, uint64_t steps)
-{
-    kv_sandbox *sb = kv_sandbox_of(L);
-    if (sb->limit != KV_SB_OK)
-        raise_limit(L);
-    if (sb->instr_left <= 0 || steps > (uint64_t)sb->instr_left)
-        return -1;
-    sb->instr_left -= (int64_t)steps;
-    /* Work of about `steps` instructions is about to run: read the clock as often as that many would. */
-    if (sb->clock_tick <= 0 || steps >= (uint64_t)sb->clock_tick)
-        check_clock(sb, L);
-    else
-        sb->clock_tick -= (int)steps;
-    if (sb->limit != KV_SB_OK)
-        raise_limit(L);
-    return 0;
-}
-
-int kv_sandbox_refuse(lua_State *L, uint64_t steps, const char *what)
-{
-    kv_sandbox *sb = kv_sandbox_of(L);
-    if (sb->limit == KV_SB_OK) {
-        sb->work_steps = steps;
-        sb->work_left = sb->instr_left;
-        snprintf(sb->work_what, sizeof sb->work_what, "%s", what);
-        sb->instr_left = 0; /* the budget is spent: nothing more runs in this call (invariant 2) */
-    }
-    hit(sb, L, KV_SB_WORK);
-    return raise_limit(L);
-}
-
-void kv_sandbox_check(lua_State *L)
-{
-    if (kv_sandbox_of(L)->limit != KV_SB_OK)
-        raise_limit(L);
 }
 
 void kv_sandbox_arm(kv_sandbox *sb, int instructions, int64_t hook_ns)
@@ -356,20 +144,20 @@ void kv_sandbox_arm(kv_sandbox *sb, int instructions, int64_t hook_ns)
     sb->instr_left = sb->call_instructions;
     sb->clock_tick = KV_SB_CLOCK_EVERY;
     sb->call_hook_ns = hook_ns > 0 ? hook_ns : 1;
-    sb->call_start_ns = now_ns();
+    sb->call_start_ns = kv_sandbox_now_ns();
     int64_t run_left = sb->lim.run_ns - sb->run_used_ns;
     sb->deadline_is_run = run_left < sb->call_hook_ns;
     sb->deadline_ns = sb->call_start_ns + (sb->deadline_is_run ? run_left : sb->call_hook_ns);
     if (run_left <= 0)
         sb->deadline_ns = sb->call_start_ns - 1; /* the run's time is used up: the call fails at once */
-    rearm(sb, sb->L, true);
+    kv_sandbox_rearm(sb, sb->L, true);
 }
 
 void kv_sandbox_disarm(kv_sandbox *sb)
 {
     if (!sb->in_call)
         return;
-    int64_t spent = now_ns() - sb->call_start_ns;
+    int64_t spent = kv_sandbox_now_ns() - sb->call_start_ns;
     sb->run_used_ns += spent;
     sb->in_call = 0;
     if (sb->limit == KV_SB_OK && sb->call_start_ns + spent > sb->deadline_ns) {
@@ -437,7 +225,7 @@ static int sb_print(lua_State *L)
     }
     if (line > sb->lim.print_cap_bytes - sb->print_bytes) {
         char where[256], cap[32];
-        find_where(L, where, sizeof where);
+        kv_sandbox_find_where(L, where, sizeof where);
         kv_sandbox_format_bytes(sb->lim.print_cap_bytes, cap, sizeof cap);
         fprintf(stderr, "policy %s: further print() output suppressed (the print at %s would pass the %s of "
                 "output a policy may print in a run, policy_limits.print_kib)\n", name, where, cap);
@@ -475,8 +263,8 @@ static int sb_load_reader(lua_State *L)
         lua_pushinteger(L, total);
         lua_replace(L, lua_upvalueindex(2));
         if ((size_t)total > sb->lim.string_cap_bytes) {
-            hit(sb, L, KV_SB_LOAD_SOURCE);
-            return raise_limit(L);
+            kv_sandbox_hit(sb, L, KV_SB_LOAD_SOURCE);
+            return kv_sandbox_raise_limit(L);
         }
         kv_sandbox_tick(L, (int)(len >> 12));
     }

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/didyoumean.h"
 #include "core/policy.h"
 
 #ifndef KV_DATA_DIR

@@ -9,6 +9,7 @@
 #include <strings.h>
 
 #include "core/alloc.h"
+#include "core/didyoumean.h"
 
 /* ---- Scalars ------------------------------------------------------------------- */
 
@@ -77,52 +78,6 @@ int kv_ynode_bool(const kv_ynode *n, const char *what, int *out, kv_error *err)
     }
     char w[300];
     return kv_error_set(err, KV_EINPUT, "%s: %s: expected true or false, got '%s'", where(n, w, sizeof w), what, s);
-}
-
-/* ---- Did you mean --------------------------------------------------------------- */
-
-/* Optimal string alignment distance: insertions, deletions, substitutions
-   and transpositions of neighbours each cost 1 ("sede" is one from "seed"). */
-static size_t edit_distance(const char *a, const char *b)
-{
-    size_t la = strlen(a), lb = strlen(b);
-    if (la > 64 || lb > 64)
-        return (size_t)-1;
-    size_t d[65][65];
-    for (size_t i = 0; i <= la; i++)
-        d[i][0] = i;
-    for (size_t j = 0; j <= lb; j++)
-        d[0][j] = j;
-    for (size_t i = 1; i <= la; i++) {
-        for (size_t j = 1; j <= lb; j++) {
-            size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
-            size_t best = d[i - 1][j - 1] + cost;
-            if (d[i - 1][j] + 1 < best)
-                best = d[i - 1][j] + 1;
-            if (d[i][j - 1] + 1 < best)
-                best = d[i][j - 1] + 1;
-            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < best)
-                best = d[i - 2][j - 2] + 1;
-            d[i][j] = best;
-        }
-    }
-    return d[la][lb];
-}
-
-const char *kv_did_you_mean(const char *word, const char *const *candidates, size_t n)
-{
-    const char *best = NULL;
-    size_t best_d = (size_t)-1;
-    for (size_t i = 0; i < n; i++) {
-        size_t d = edit_distance(word, candidates[i]);
-        if (d < best_d) {
-            best_d = d;
-            best = candidates[i];
-        }
-    }
-    size_t len = strlen(word);
-    size_t limit = len <= 4 ? 1 : len <= 8 ? 2 : 3;
-    return best_d <= limit ? best : NULL;
 }
 
 /* ---- Binding -------------------------------------------------------------------- */

@@ -71,10 +71,6 @@ void kv_schema_print(const kv_schema *s, FILE *out);
 /* Finds a key's spec; NULL if there is none. */
 const kv_key_spec *kv_schema_find(const kv_schema *s, const char *path);
 
-/* The closest of `candidates` to `word` by edit distance, or NULL if none is
-   close enough to be a plausible typo. */
-const char *kv_did_you_mean(const char *word, const char *const *candidates, size_t n);
-
 /* Scalar conversions that name the node in errors (`what` is the key path). */
 int kv_ynode_int(const kv_ynode *n, const char *what, long long min, long long max, long long *out, kv_error *err);
 int kv_ynode_double(const kv_ynode *n, const char *what, double *out, kv_error *err);

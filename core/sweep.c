@@ -1,8 +1,8 @@
-/* sweep.c — sweep files: load, expand (cartesian or zip), point commands, job scripts, the combined CSV. */
+/* sweep.c — sweep files: load, expand (cartesian or zip), point commands, folders and state
+ * (job scripts: sweep_emit.c; the combined CSV: sweep_collect.c). */
 #define _XOPEN_SOURCE 700 /* realpath */
 #include "core/sweep.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <libgen.h>
 #include <limits.h>
@@ -14,37 +14,14 @@
 
 #include "core/afile.h"
 #include "core/alloc.h"
+#include "core/didyoumean.h"
 #include "core/infile.h"
 #include "core/json.h"
-#include "core/jsonread.h"
 #include "core/scenario.h"
 #include "core/study.h"
+#include "core/sweep_internal.h"
 #include "core/ytree.h"
 
-struct kv_sweep {
-    char *path;            /* the sweep file as given */
-    char *name;            /* `name:` or the file's base name without .yaml */
-    char *base;            /* absolute path of the base scenario */
-    char *out_dir;         /* absolute */
-    char *kvsim;           /* the binary the commands run */
-    int zip;               /* mode: zip (else cartesian) */
-    char **keys;           /* [n_keys] dotted scenario keys, in file order */
-    size_t n_keys;
-    char **fixed;          /* [n_fixed] "key=value" applied to every point */
-    size_t n_fixed;
-    kv_sweep_point *points;/* [n_points] */
-    size_t n_points;
-    char ***argv;          /* [n_points] NULL-terminated argv of each point */
-    char **commands;       /* [n_points] shell lines */
-    /* Where each input came from, for kv_sweep_validate's messages ("file:line:col"). */
-    char *base_where;      /* the base: value */
-    char *matrix_where;    /* matrix:, or NULL without one */
-    char **key_where;      /* [n_keys] each matrix key */
-    char ***item_where;    /* [n_keys][n_items(k)] each matrix value (one item for a key that is not a list) */
-    size_t *n_items;       /* [n_keys] */
-    size_t *choice;        /* [n_points * n_keys] the item index of each key at each point */
-    char **fixed_where;    /* [n_fixed] the set: key, or NULL for an extra --set */
-};
 
 static const char *const sweep_keys[] = {"name", "description", "base", "set", "mode", "matrix", "out"};
 
@@ -151,7 +128,7 @@ static char *flow_text(const kv_ynode *n)
     return copy;
 }
 
-static char *join3(const char *a, const char *b, const char *c)
+char *kv_sweep_join3(const char *a, const char *b, const char *c)
 {
     size_t len = strlen(a) + strlen(b) + strlen(c) + 1;
     char *s = kv_malloc(len);
@@ -214,22 +191,6 @@ static void name_part(FILE *out, const char *key, const char *value)
     }
 }
 
-static int did_you_mean(const char *key, char *hint, size_t size)
-{
-    hint[0] = '\0';
-    for (size_t i = 0; i < sizeof sweep_keys / sizeof sweep_keys[0]; i++) {
-        size_t a = strlen(key), b = strlen(sweep_keys[i]);
-        size_t common = 0;
-        while (common < a && common < b && key[common] == sweep_keys[i][common])
-            common++;
-        if (common >= 2 || strstr(sweep_keys[i], key) || strstr(key, sweep_keys[i])) {
-            snprintf(hint, size, " (did you mean '%s'?)", sweep_keys[i]);
-            return 1;
-        }
-    }
-    return 0;
-}
-
 /* ---- Loading --------------------------------------------------------------------------------- */
 
 static int bad(kv_error *err, const kv_ynode *n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -251,7 +212,7 @@ static int resolve_base(kv_sweep *sw, const kv_ynode *node, kv_error *err)
     char *tmp = kv_strdup(sw->path);
     char *dir = kv_strdup(dirname(tmp));
     kv_free(tmp);
-    char *joined = node->value[0] == '/' ? kv_strdup(node->value) : join3(dir, "/", node->value);
+    char *joined = node->value[0] == '/' ? kv_strdup(node->value) : kv_sweep_join3(dir, "/", node->value);
     kv_free(dir);
     char resolved[PATH_MAX], show[300];
     struct stat st;
@@ -306,7 +267,7 @@ static int resolve_out(kv_sweep *sw, const char *out)
         char cwd[PATH_MAX];
         if (!getcwd(cwd, sizeof cwd))
             snprintf(cwd, sizeof cwd, ".");
-        sw->out_dir = join3(cwd, "/", out);
+        sw->out_dir = kv_sweep_join3(cwd, "/", out);
     }
     size_t n = strlen(sw->out_dir);
     while (n > 1 && sw->out_dir[n - 1] == '/')
@@ -388,7 +349,7 @@ static int expand(kv_sweep *sw, const kv_ynode *matrix, kv_error *err)
                 buf[160] = '\0';
             p->name = kv_strdup(buf);
             free(buf);
-            p->dir = join3(sw->out_dir, "/", p->name);
+            p->dir = kv_sweep_join3(sw->out_dir, "/", p->name);
         }
     }
     kv_free(lengths);
@@ -418,7 +379,7 @@ static int build_commands(kv_sweep *sw, kv_error *err)
         }
         for (size_t k = 0; k < sw->n_keys; k++) {
             argv[a++] = kv_strdup("--set");
-            argv[a++] = join3(sw->keys[k], "=", p->values[k]);
+            argv[a++] = kv_sweep_join3(sw->keys[k], "=", p->values[k]);
         }
         /* The point is finished when results.json exists, so it must be written. */
         argv[a++] = kv_strdup("--set");
@@ -471,8 +432,10 @@ int kv_sweep_load(const char *path, const char *const *extra_sets, int n_extra, 
         for (size_t k = 0; k < sizeof sweep_keys / sizeof sweep_keys[0]; k++)
             known |= strcmp(tree->keys[i], sweep_keys[k]) == 0;
         if (!known) {
-            char hint[80];
-            did_you_mean(tree->keys[i], hint, sizeof hint);
+            char hint[80] = "";
+            const char *best = kv_did_you_mean(tree->keys[i], sweep_keys, sizeof sweep_keys / sizeof sweep_keys[0]);
+            if (best)
+                snprintf(hint, sizeof hint, " (did you mean '%s'?)", best);
             rc = kv_error_set(err, KV_EINPUT, "%s:%d:%d: unknown key '%s'%s; a sweep file has name, description, "
                               "base, set, mode, matrix, out", path, tree->key_lines[i], tree->key_cols[i],
                               tree->keys[i], hint);
@@ -535,7 +498,7 @@ int kv_sweep_load(const char *path, const char *const *extra_sets, int n_extra, 
                 break;
             }
             char *v = flow_text(set->items[i]);
-            add_fixed(sw, &cap_fixed, join3(set->keys[i], "=", v), where);
+            add_fixed(sw, &cap_fixed, kv_sweep_join3(set->keys[i], "=", v), where);
             kv_free(v);
         }
     }
@@ -779,7 +742,7 @@ static int write_text(const char *path, const char *text, kv_error *err)
     return kv_afile_commit(&a, err);
 }
 
-static int file_exists(const char *path)
+int kv_sweep_file_exists(const char *path)
 {
     struct stat st;
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
@@ -804,7 +767,7 @@ int kv_sweep_prepare(const kv_sweep *sw, kv_error *err)
         rc = kv_mkdirs(sw->points[i].dir, err);
     if (rc)
         return rc;
-    char *path = join3(sw->out_dir, "/", "points.json");
+    char *path = kv_sweep_join3(sw->out_dir, "/", "points.json");
     kv_afile a;
     rc = kv_afile_open(&a, path, err);
     kv_free(path);
@@ -847,8 +810,8 @@ int kv_sweep_prepare(const kv_sweep *sw, kv_error *err)
     fputs("]}\n", f);
     rc = kv_afile_commit(&a, err);
     for (size_t i = 0; !rc && i < sw->n_points; i++) {
-        char *cmd_path = join3(sw->points[i].dir, "/", "command.txt");
-        char *text = join3(sw->commands[i], "\n", "");
+        char *cmd_path = kv_sweep_join3(sw->points[i].dir, "/", "command.txt");
+        char *text = kv_sweep_join3(sw->commands[i], "\n", "");
         rc = write_text(cmd_path, text, err);
         kv_free(cmd_path);
         kv_free(text);
@@ -875,10 +838,10 @@ int kv_sweep_point_state(const kv_sweep *sw, size_t i, int *stale, int *interrup
     kv_stale_counts tc;
     if (kv_stale_reap(sw->out_dir, p->name, &tc, NULL) != 0 || tc.removed + tc.restored + tc.live > 0)
         *interrupted = 1;
-    char *results = join3(p->dir, "/", "results.json");
+    char *results = kv_sweep_join3(p->dir, "/", "results.json");
     int state = KV_POINT_PENDING;
-    if (file_exists(results) && !*interrupted) {
-        char *cmd_path = join3(p->dir, "/", "command.txt");
+    if (kv_sweep_file_exists(results) && !*interrupted) {
+        char *cmd_path = kv_sweep_join3(p->dir, "/", "command.txt");
         char *old = read_small(cmd_path);
         kv_free(cmd_path);
         size_t len = old ? strlen(old) : 0;
@@ -894,357 +857,4 @@ int kv_sweep_point_state(const kv_sweep *sw, size_t i, int *stale, int *interrup
     }
     kv_free(results);
     return state;
-}
-
-/* ---- Job scripts ----------------------------------------------------------------------------- */
-
-/* One point as a self-contained shell command on one line: skip if finished, else run, stderr to
-   the point folder. Every word is quoted (the command too: build_commands). -1 if a path cannot be. */
-static int job_line(FILE *f, const kv_sweep *sw, size_t i)
-{
-    const kv_sweep_point *p = &sw->points[i];
-    char *results = join3(p->dir, "/", "results.json");
-    char *stderr_path = join3(p->dir, "/", "stderr.txt");
-    int rc = 0;
-    fputs("mkdir -p ", f);
-    rc |= kv_sweep_shell_quote(f, p->dir);
-    fputs(" && { test -f ", f);
-    rc |= kv_sweep_shell_quote(f, results);
-    fprintf(f, " || %s 2> ", sw->commands[i]);
-    rc |= kv_sweep_shell_quote(f, stderr_path);
-    fputs("; }", f);
-    kv_free(results);
-    kv_free(stderr_path);
-    return rc;
-}
-
-/* Text for an #SBATCH line: sbatch splits those lines at blanks, reads quotes, backslashes and
-   '#' itself, and expands %x patterns in file names; only [A-Za-z0-9._+-] pass, the rest is '_'. */
-static void sbatch_word(FILE *f, const char *s, size_t max)
-{
-    for (size_t n = 0; s[n] && n < max; n++) {
-        char c = s[n];
-        fputc((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || strchr("._+-", c)
-                  ? c
-                  : '_',
-              f);
-    }
-}
-
-/* Whether a path can stand in an #SBATCH line as it is (the characters of sbatch_word, and '/'). */
-static int sbatch_safe_path(const char *s)
-{
-    for (const char *p = s; *p; p++)
-        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
-              strchr("._+-/", *p)))
-            return 0;
-    return s[0] != '\0';
-}
-
-int kv_sweep_emit(const kv_sweep *sw, const char *kind, char **written, kv_error *err)
-{
-    *written = NULL;
-    int slurm = strcmp(kind, "slurm") == 0;
-    if (!slurm && strcmp(kind, "parallel") != 0)
-        return kv_error_set(err, KV_EINPUT, "--emit %s: expected slurm or parallel", kind);
-    char *path = join3(sw->out_dir, "/", slurm ? "sweep.slurm" : "jobs.txt");
-    kv_afile a;
-    int rc = kv_afile_open(&a, path, err);
-    if (rc) {
-        kv_free(path);
-        return rc;
-    }
-    FILE *f = a.f;
-    /* Every byte that comes from the sweep goes through kv_sweep_shell_quote (commands, paths in
-       comments) or sbatch_word (#SBATCH lines); the name has no control character (kv_sweep_load),
-       so a comment stays one line. */
-    int bad_word = 0;
-    size_t last = sw->n_points ? sw->n_points - 1 : 0;
-    if (slurm) {
-        fprintf(f, "#!/bin/bash\n# kvsim sweep ");
-        bad_word |= kv_sweep_shell_quote(f, sw->name);
-        fprintf(f, ": %zu points, one Slurm array task each.\n# Submit:   sbatch ", sw->n_points);
-        bad_word |= kv_sweep_shell_quote(f, path);
-        fprintf(f, "\n#           (at most 16 at a time: sbatch --array=0-%zu%%16 ", last);
-        bad_word |= kv_sweep_shell_quote(f, path);
-        fputs(")\n# Collect:  kvsim sweep --collect ", f);
-        bad_word |= kv_sweep_shell_quote(f, sw->out_dir);
-        fputs("\n# A task whose point already has results.json does nothing, so resubmitting resumes.\n", f);
-        fputs("#SBATCH --job-name=kvsim-", f);
-        sbatch_word(f, sw->name, 100);
-        fprintf(f, "\n#SBATCH --array=0-%zu\n#SBATCH --cpus-per-task=1\n", last);
-        if (sbatch_safe_path(sw->out_dir)) {
-            fputs("#SBATCH --output=", f);
-            fputs(sw->out_dir, f); /* sbatch_safe_path: only [A-Za-z0-9._+-/] */
-            fputs("/slurm-%A_%a.out\n", f);
-        } else {
-            fputs("# (no #SBATCH --output: the folder's path has characters an #SBATCH line cannot carry;\n"
-                  "#  Slurm writes slurm-JOB_TASK.out in the folder sbatch is run from)\n", f);
-        }
-        fputs("\ncase \"$SLURM_ARRAY_TASK_ID\" in\n", f);
-        for (size_t i = 0; i < sw->n_points; i++) {
-            fprintf(f, "%zu) ", i);
-            bad_word |= job_line(f, sw, i);
-            fputs(" ;;\n", f);
-        }
-        fputs("*) echo \"kvsim sweep: no point $SLURM_ARRAY_TASK_ID\" >&2; exit 2 ;;\nesac\n", f);
-    } else {
-        for (size_t i = 0; i < sw->n_points; i++) {
-            bad_word |= job_line(f, sw, i);
-            fputc('\n', f);
-        }
-    }
-    if (bad_word) {
-        kv_afile_abort(&a);
-        kv_free(path);
-        return kv_error_set(err, KV_EINPUT, "%s: a path or name of the sweep has a control character (newline, "
-                            "tab, ...) that no job script can carry on one line", sw->path);
-    }
-    rc = kv_afile_commit(&a, err);
-    if (!rc && slurm)
-        chmod(path, 0755);
-    if (rc)
-        kv_free(path);
-    else
-        *written = path;
-    return rc;
-}
-
-/* ---- The combined CSV ------------------------------------------------------------------------ */
-
-typedef struct point_row {
-    char *name;             /* folder name */
-    char **values;          /* [n_keys] */
-    kv_jvalue *results;     /* parsed results.json, or NULL */
-    const char *status;     /* ok | failed | missing | unreadable */
-} point_row;
-
-static void csv_field(FILE *f, const char *s)
-{
-    if (!strpbrk(s, ",\"\n\r")) {
-        fputs(s, f);
-        return;
-    }
-    fputc('"', f);
-    for (const char *p = s; *p; p++) {
-        if (*p == '"')
-            fputc('"', f);
-        fputc(*p, f);
-    }
-    fputc('"', f);
-}
-
-static void csv_json_scalar(FILE *f, const kv_jvalue *v)
-{
-    if (!v)
-        return;
-    switch (v->kind) {
-    case KV_JNUMBER: fputs(v->text, f); break;
-    case KV_JBOOL: fputs(v->boolean ? "true" : "false", f); break;
-    case KV_JSTRING: csv_field(f, v->text); break;
-    default: break; /* null, arrays and objects: empty */
-    }
-}
-
-static int by_name(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-/* Without points.json: every sub-folder that looks like a point, in name order. */
-static int scan_points(const char *dir, point_row **rows, size_t *n, kv_error *err)
-{
-    DIR *d = opendir(dir);
-    if (!d)
-        return kv_error_set(err, KV_EINPUT, "%s: cannot open folder: %s", dir, strerror(errno));
-    char **names = NULL;
-    size_t cap = 0, count = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.' || kv_is_temporary_name(e->d_name))
-            continue; /* a run's staging folder is not a point */
-        char *sub = join3(dir, "/", e->d_name);
-        char *r = join3(sub, "/", "results.json");
-        char *c = join3(sub, "/", "command.txt");
-        if (file_exists(r) || file_exists(c)) {
-            kv_grow((void **)&names, sizeof *names, &cap, count + 1);
-            names[count++] = kv_strdup(e->d_name);
-        }
-        kv_free(sub);
-        kv_free(r);
-        kv_free(c);
-    }
-    closedir(d);
-    if (count)
-        qsort(names, count, sizeof *names, by_name);
-    *rows = kv_calloc(count ? count : 1, sizeof **rows);
-    for (size_t i = 0; i < count; i++)
-        (*rows)[i].name = names[i];
-    kv_free(names);
-    *n = count;
-    return KV_OK;
-}
-
-static int read_manifest(const char *dir, char ***keys, size_t *n_keys, point_row **rows, size_t *n, kv_error *err)
-{
-    char *path = join3(dir, "/", "points.json");
-    *keys = NULL;
-    *n_keys = 0;
-    *rows = NULL;
-    *n = 0;
-    if (!file_exists(path)) {
-        kv_free(path);
-        return scan_points(dir, rows, n, err);
-    }
-    kv_jvalue *m = NULL;
-    int rc = kv_jread_file(path, &m, err);
-    const kv_jvalue *jk = rc ? NULL : kv_jvalue_get(m, "keys");
-    const kv_jvalue *jp = rc ? NULL : kv_jvalue_get(m, "points");
-    if (!rc && (!jk || jk->kind != KV_JARRAY || !jp || jp->kind != KV_JARRAY))
-        rc = kv_error_set(err, KV_EINPUT, "%s: expected \"keys\" and \"points\" lists (written by kvsim sweep)",
-                          path);
-    if (!rc) {
-        *n_keys = jk->count;
-        *keys = kv_calloc(jk->count ? jk->count : 1, sizeof **keys);
-        for (size_t k = 0; k < jk->count; k++)
-            (*keys)[k] = kv_strdup(jk->items[k]->kind == KV_JSTRING ? jk->items[k]->text : "?");
-        *rows = kv_calloc(jp->count ? jp->count : 1, sizeof **rows);
-        *n = jp->count;
-        for (size_t i = 0; i < jp->count && !rc; i++) {
-            const kv_jvalue *d = kv_jvalue_get(jp->items[i], "dir");
-            const kv_jvalue *vals = kv_jvalue_get(jp->items[i], "values");
-            if (!d || d->kind != KV_JSTRING || strchr(d->text, '/') || !vals || vals->kind != KV_JARRAY ||
-                vals->count != jk->count) {
-                rc = kv_error_set(err, KV_EINPUT, "%s:%d:%d: point %zu: expected \"dir\" (a folder name) and "
-                                  "\"values\" (one per key)", path, jp->items[i]->line, jp->items[i]->col, i);
-                break;
-            }
-            (*rows)[i].name = kv_strdup(d->text);
-            (*rows)[i].values = kv_calloc(jk->count ? jk->count : 1, sizeof *(*rows)[i].values);
-            for (size_t k = 0; k < jk->count; k++)
-                (*rows)[i].values[k] = kv_strdup(vals->items[k]->kind == KV_JSTRING ? vals->items[k]->text : "");
-        }
-    }
-    kv_jvalue_free(m);
-    kv_free(path);
-    return rc;
-}
-
-static void add_column(char ***cols, size_t *n, size_t *cap, const char *name)
-{
-    for (size_t i = 0; i < *n; i++)
-        if (strcmp((*cols)[i], name) == 0)
-            return;
-    kv_grow((void **)cols, sizeof **cols, cap, *n + 1);
-    (*cols)[(*n)++] = kv_strdup(name);
-}
-
-int kv_sweep_collect(const char *dir, kv_sweep_totals *totals, kv_error *err)
-{
-    memset(totals, 0, sizeof *totals);
-    char **keys = NULL;
-    size_t n_keys = 0, n = 0;
-    point_row *rows = NULL;
-    int rc = read_manifest(dir, &keys, &n_keys, &rows, &n, err);
-    char **cols = NULL;
-    size_t n_cols = 0, cap_cols = 0;
-    for (size_t i = 0; !rc && i < n; i++) {
-        point_row *r = &rows[i];
-        char *sub = join3(dir, "/", r->name);
-        char *res = join3(sub, "/", "results.json");
-        char *errp = join3(sub, "/", "stderr.txt");
-        struct stat st;
-        if (file_exists(res)) {
-            kv_error perr = {0};
-            if (kv_jread_file(res, &r->results, &perr) != KV_OK) {
-                r->status = "unreadable";
-                fprintf(stderr, "kvsim sweep: %s\n", perr.msg);
-                totals->failed++;
-            } else {
-                r->status = "ok";
-                totals->ok++;
-            }
-        } else if (stat(errp, &st) == 0 && st.st_size > 0) {
-            r->status = "failed";
-            totals->failed++;
-        } else {
-            r->status = "missing";
-            totals->missing++;
-        }
-        const kv_jvalue *pol = r->results ? kv_jvalue_get(r->results, "policies") : NULL;
-        for (size_t p = 0; pol && pol->kind == KV_JARRAY && p < pol->count; p++) {
-            const kv_jvalue *o = pol->items[p];
-            for (size_t k = 0; o->kind == KV_JOBJECT && k < o->count; k++) {
-                kv_jkind kind = o->items[k]->kind;
-                if (strcmp(o->keys[k], "name") != 0 && kind != KV_JARRAY && kind != KV_JOBJECT)
-                    add_column(&cols, &n_cols, &cap_cols, o->keys[k]);
-            }
-        }
-        kv_free(sub);
-        kv_free(res);
-        kv_free(errp);
-    }
-    totals->points = n;
-    kv_afile a = {0};
-    char *path = join3(dir, "/", "sweep.csv");
-    if (!rc)
-        rc = kv_stale_reap(dir, "sweep.csv", NULL, err); /* a killed collect's sweep.csv.tmp.<pid> */
-    if (!rc)
-        rc = kv_afile_open(&a, path, err);
-    if (!rc) {
-        FILE *f = a.f;
-        fputs("point,dir,status", f);
-        for (size_t k = 0; k < n_keys; k++) {
-            fputc(',', f);
-            csv_field(f, keys[k]);
-        }
-        fputs(",policy", f);
-        for (size_t c = 0; c < n_cols; c++) {
-            fputc(',', f);
-            csv_field(f, cols[c]);
-        }
-        fputc('\n', f);
-        for (size_t i = 0; i < n; i++) {
-            const point_row *r = &rows[i];
-            const kv_jvalue *pol = r->results ? kv_jvalue_get(r->results, "policies") : NULL;
-            size_t np = pol && pol->kind == KV_JARRAY ? pol->count : 0;
-            for (size_t p = 0; p < (np ? np : 1); p++) {
-                const kv_jvalue *o = np ? pol->items[p] : NULL;
-                fprintf(f, "%zu,", i);
-                csv_field(f, r->name);
-                fprintf(f, ",%s", np ? r->status : (r->results ? "empty" : r->status));
-                for (size_t k = 0; k < n_keys; k++) {
-                    fputc(',', f);
-                    csv_field(f, r->values ? r->values[k] : "");
-                }
-                fputc(',', f);
-                const kv_jvalue *pname = kv_jvalue_get(o, "name");
-                if (pname && pname->kind == KV_JSTRING)
-                    csv_field(f, pname->text);
-                for (size_t c = 0; c < n_cols; c++) {
-                    fputc(',', f);
-                    csv_json_scalar(f, kv_jvalue_get(o, cols[c]));
-                }
-                fputc('\n', f);
-                totals->rows++;
-            }
-        }
-        rc = kv_afile_commit(&a, err);
-    }
-    kv_free(path);
-    for (size_t i = 0; i < n; i++) {
-        kv_free(rows[i].name);
-        for (size_t k = 0; rows[i].values && k < n_keys; k++)
-            kv_free(rows[i].values[k]);
-        kv_free(rows[i].values);
-        kv_jvalue_free(rows[i].results);
-    }
-    kv_free(rows);
-    for (size_t k = 0; k < n_keys; k++)
-        kv_free(keys[k]);
-    kv_free(keys);
-    for (size_t c = 0; c < n_cols; c++)
-        kv_free(cols[c]);
-    kv_free(cols);
-    return rc;
 }

@@ -1,8 +1,7 @@
-/* net.c — the network dispatcher: picks the implementation, checks arguments. */
+/* net.c — the network dispatcher: picks the implementation from its table, checks arguments. */
 #include "net/net.h"
 
 #include <math.h>
-#include <string.h>
 
 #include "core/alloc.h"
 
@@ -11,22 +10,22 @@ struct kv_net {
     void *ctx;             /* its context */
 };
 
-static const char *const topology_names[] = {"star", "fat-tree", "torus", "dragonfly", "platform"};
-
-int kv_net_topology_parse(const char *s)
-{
-    for (size_t i = 0; i < sizeof topology_names / sizeof topology_names[0]; i++)
-        if (strcmp(s, topology_names[i]) == 0)
-            return (int)i;
-    return -1;
-}
-
-const char *kv_net_topology_name(kv_net_topology t)
-{
-    if ((size_t)t < sizeof topology_names / sizeof topology_names[0])
-        return topology_names[t];
-    return "?";
-}
+/* The implementations, one row per kv_net_model (the registry: kv_net_create calls a model only
+   through this table). A model that is not built has no constructor. */
+typedef int (*net_create_fn)(const kv_net_config *cfg, kv_net_done_fn done, void *user, const kv_net_i **iface,
+                             void **ctx, kv_error *err);
+static const struct {
+    kv_net_model model;
+    const char *name;
+    net_create_fn create;
+} net_models[] = {
+    {KV_NET_IDEAL, "ideal", kv_net_ideal_create},
+#ifdef KV_HAVE_SIMGRID
+    {KV_NET_SIMGRID, "simgrid", kv_net_simgrid_create},
+#else
+    {KV_NET_SIMGRID, "simgrid", NULL},
+#endif
+};
 
 int kv_net_create(const kv_net_config *cfg, kv_net_done_fn done, void *user, kv_net **out, kv_error *err)
 {
@@ -35,28 +34,26 @@ int kv_net_create(const kv_net_config *cfg, kv_net_done_fn done, void *user, kv_
     if (cfg->hosts < 2)
         return kv_error_set(err, KV_EINPUT, "%s: network: needs at least 2 hosts, got %d", src, cfg->hosts);
     if (!(cfg->nic_bandwidth_gbps > 0) || !isfinite(cfg->nic_bandwidth_gbps))
-        return kv_error_set(err, KV_EINPUT, "%s: network.nic_bandwidth_gbps: must be a positive number",
-                            src);
+        return kv_error_set_key(err, KV_EINPUT, "network.nic_bandwidth_gbps",
+                                "%s: network.nic_bandwidth_gbps: must be a positive number", src);
     if (!(cfg->nic_latency_s >= 0) || !isfinite(cfg->nic_latency_s))
-        return kv_error_set(err, KV_EINPUT, "%s: network.nic_latency_us: must be >= 0", src);
+        return kv_error_set_key(err, KV_EINPUT, "network.nic_latency_us",
+                                "%s: network.nic_latency_us: must be >= 0", src);
 
     const kv_net_i *iface = NULL;
     void *ctx = NULL;
     int rc;
-    switch (cfg->model) {
-    case KV_NET_IDEAL:
-        rc = kv_net_ideal_create(cfg, done, user, &iface, &ctx, err);
-        break;
-    case KV_NET_SIMGRID:
-#ifdef KV_HAVE_SIMGRID
-        rc = kv_net_simgrid_create(cfg, done, user, &iface, &ctx, err);
-#else
-        rc = kv_error_set(err, KV_EINPUT, "%s: network.model: simgrid is not built into this kvsim", src);
-#endif
-        break;
-    default:
-        rc = kv_error_set(err, KV_EINPUT, "%s: network.model: unknown model %d", src, (int)cfg->model);
-    }
+    size_t m = 0;
+    while (m < sizeof net_models / sizeof net_models[0] && net_models[m].model != cfg->model)
+        m++;
+    if (m == sizeof net_models / sizeof net_models[0])
+        rc = kv_error_set_key(err, KV_EINPUT, "network.model",
+                              "%s: network.model: unknown model %d", src, (int)cfg->model);
+    else if (!net_models[m].create)
+        rc = kv_error_set_key(err, KV_EINPUT, "network.model",
+                              "%s: network.model: %s is not built into this kvsim", src, net_models[m].name);
+    else
+        rc = net_models[m].create(cfg, done, user, &iface, &ctx, err);
     if (rc != KV_OK)
         return rc;
     kv_net *net = kv_malloc(sizeof *net);

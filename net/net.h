@@ -137,7 +137,7 @@ size_t kv_net_active_flows(const kv_net *net);
 size_t kv_net_link_count(const kv_net *net);
 int kv_net_link_stats(const kv_net *net, size_t link, kv_link_stats *out);
 
-/* Constructors of the implementations (used by net.c). */
+/* Constructors of the implementations (net.c calls them only through its table of models). */
 int kv_net_ideal_create(const kv_net_config *cfg, kv_net_done_fn done, void *user,
                         const kv_net_i **iface, void **ctx, kv_error *err);
 int kv_net_simgrid_create(const kv_net_config *cfg, kv_net_done_fn done, void *user,

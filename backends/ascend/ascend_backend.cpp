@@ -17,7 +17,6 @@
 // ordered with that stream, so buffer reads and writes first wait for it.
 // aclInit is called once per process (a repeated call is not an error);
 // aclFinalize is left to process exit.
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -30,6 +29,8 @@ extern "C" {
 #include "backends/backend.h"
 #include "backends/cuda/kv_module.h"
 }
+#define KV_MODULE_NAME "ascend"
+#include "backends/module_common.h"
 
 // The launchers ascendc_library() generates, one per kernel of kernels.cl.
 #include "aclrtlaunch_kv_attention.h"
@@ -49,33 +50,11 @@ extern "C" {
 #define KV_ASCEND_SOC "unknown SoC"
 #endif
 
-static int fail(kv_error *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(kv_error *err, int code, const char *fmt, ...)
-{
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        err->code = code;
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 static int acl_fail(kv_error *err, aclError e, const char *what)
 {
     const char *why = aclGetRecentErrMsg();
-    return fail(err, KV_EFAIL, "ascend: %s failed: error %d%s%s", what, (int)e, why ? ": " : "", why ? why : "");
-}
-
-static void *xcalloc(size_t n, size_t size)
-{
-    void *p = calloc(n ? n : 1, size ? size : 1);
-    if (!p) {
-        fprintf(stderr, "kvsim ascend: out of host memory\n");
-        abort();
-    }
-    return p;
+    return kv_module_fail(err, KV_EFAIL, "ascend: %s failed: error %d%s%s", what, (int)e, why ? ": " : "",
+                          why ? why : "");
 }
 
 // aclInit once per process; a repeated initialisation is fine.
@@ -89,22 +68,17 @@ static int ascend_device_count(kv_error *err)
 {
     aclError e = acl_init();
     if (e != ACL_SUCCESS) {
-        fail(err, KV_EFAIL, "no device: aclInit failed (error %d)", (int)e);
+        kv_module_fail(err, KV_EFAIL, "no device: aclInit failed (error %d)", (int)e);
         return 0;
     }
     uint32_t n = 0;
     e = aclrtGetDeviceCount(&n);
     if (e != ACL_SUCCESS || n == 0) {
-        fail(err, KV_EFAIL, "no device: aclrtGetDeviceCount: %s", e == ACL_SUCCESS ? "none" : "failed");
+        kv_module_fail(err, KV_EFAIL, "no device: aclrtGetDeviceCount: %s", e == ACL_SUCCESS ? "none" : "failed");
         return 0;
     }
     return (int)n;
 }
-
-struct kv_buffer {
-    void *ptr;
-    size_t bytes;
-};
 
 struct npu_ctx {
     int32_t device;
@@ -137,11 +111,11 @@ static int npu_open(int index, const kv_backend_i **iface, void **out, kv_error 
     if (n == 0)
         return KV_EFAIL;
     if (index < 0 || index >= n)
-        return fail(err, KV_EINPUT, "ascend: no device %d (%d found)", index, n);
+        return kv_module_fail(err, KV_EINPUT, "ascend: no device %d (%d found)", index, n);
     aclError e = aclrtSetDevice(index);
     if (e != ACL_SUCCESS)
         return acl_fail(err, e, "aclrtSetDevice");
-    npu_ctx *c = (npu_ctx *)xcalloc(1, sizeof *c);
+    npu_ctx *c = (npu_ctx *)kv_module_calloc(1, sizeof *c);
     c->device = index;
     e = aclrtCreateStream(&c->stream);
     if (e != ACL_SUCCESS) {
@@ -178,7 +152,7 @@ static int npu_buffer_alloc(void *vctx, size_t bytes, kv_buffer **out, kv_error 
     aclError e = aclrtMalloc(&p, bytes ? bytes : 1, ACL_MEM_MALLOC_HUGE_FIRST);
     if (e != ACL_SUCCESS)
         return acl_fail(err, e, "aclrtMalloc");
-    kv_buffer *b = (kv_buffer *)xcalloc(1, sizeof *b);
+    kv_buffer *b = (kv_buffer *)kv_module_calloc(1, sizeof *b);
     b->ptr = p;
     b->bytes = bytes;
     *out = b;
@@ -196,21 +170,10 @@ static void npu_buffer_free(void *vctx, kv_buffer *buf)
     free(buf);
 }
 
-static int check_range(const char *kernel, const char *name, const kv_buffer *buf, size_t offset, size_t bytes,
-                       kv_error *err)
-{
-    if (!buf)
-        return fail(err, KV_EINPUT, "ascend: %s: argument '%s' has no buffer", kernel, name);
-    if (offset > buf->bytes || bytes > buf->bytes - offset)
-        return fail(err, KV_EINPUT, "ascend: %s: argument '%s' needs %zu bytes at offset %zu, but its buffer holds %zu",
-                    kernel, name, bytes, offset, buf->bytes);
-    return KV_OK;
-}
-
 static int npu_buffer_write(void *vctx, kv_buffer *dst, size_t offset, const void *src, size_t bytes, kv_error *err)
 {
     npu_ctx *c = (npu_ctx *)vctx;
-    int rc = check_range("buffer_write", "dst", dst, offset, bytes, err);
+    int rc = kv_module_check_range("buffer_write", "dst", dst, offset, bytes, err);
     if (rc || bytes == 0)
         return rc;
     aclrtSetDevice(c->device);
@@ -223,7 +186,7 @@ static int npu_buffer_write(void *vctx, kv_buffer *dst, size_t offset, const voi
 static int npu_buffer_read(void *vctx, kv_buffer *src, size_t offset, void *dst, size_t bytes, kv_error *err)
 {
     npu_ctx *c = (npu_ctx *)vctx;
-    int rc = check_range("buffer_read", "src", src, offset, bytes, err);
+    int rc = kv_module_check_range("buffer_read", "src", src, offset, bytes, err);
     if (rc || bytes == 0)
         return rc;
     aclrtSetDevice(c->device);
@@ -249,43 +212,20 @@ static int npu_synchronize(void *vctx, kv_error *err)
 static int launched(npu_ctx *c, const char *name, uint32_t rc, kv_error *err)
 {
     (void)c;
-    return rc == 0 ? KV_OK : fail(err, KV_EFAIL, "ascend: launching %s failed (%u)", name, rc);
-}
-
-static size_t groups_of(const kv_quant_layout *l)
-{
-    if (!l->rows || !l->cols || !l->group_size)
-        return 0;
-    if (l->grouping == KV_GROUP_TOKEN)
-        return (size_t)l->rows * ((l->cols + l->group_size - 1) / l->group_size);
-    return (size_t)((l->rows + l->group_size - 1) / l->group_size) * l->cols;
-}
-
-// Bytes of a packed plane (backend.h's layout; the same sum as backend.c's).
-static size_t plane_bytes(const kv_quant_layout *l, unsigned bits)
-{
-    if (!groups_of(l))
-        return 0;
-    size_t g = l->group_size, full = (g * bits + 7) / 8;
-    if (l->grouping == KV_GROUP_TOKEN) {
-        size_t last = l->cols % g;
-        return (size_t)l->rows * ((l->cols / g) * full + (last ? (last * bits + 7) / 8 : 0));
-    }
-    size_t last = l->rows % g;
-    return (size_t)l->cols * ((l->rows / g) * full + (last ? (last * bits + 7) / 8 : 0));
+    return rc == 0 ? KV_OK : kv_module_fail(err, KV_EFAIL, "ascend: launching %s failed (%u)", name, rc);
 }
 
 static int npu_quantize(void *vctx, const kv_quantize_args *q, kv_error *err)
 {
     npu_ctx *c = (npu_ctx *)vctx;
-    size_t n = (size_t)q->layout.rows * q->layout.cols, groups = groups_of(&q->layout);
-    int rc = check_range("quantize", "x", q->x.buf, q->x.offset, n * 4, err);
+    size_t n = (size_t)q->layout.rows * q->layout.cols, groups = kv_module_groups(&q->layout);
+    int rc = kv_module_check_range("quantize", "x", q->x.buf, q->x.offset, n * 4, err);
     if (!rc)
-        rc = check_range("quantize", "codes", q->codes.buf, q->codes.offset, n * 2, err);
+        rc = kv_module_check_range("quantize", "codes", q->codes.buf, q->codes.offset, n * 2, err);
     if (!rc)
-        rc = check_range("quantize", "scale", q->scale.buf, q->scale.offset, groups * 2, err);
+        rc = kv_module_check_range("quantize", "scale", q->scale.buf, q->scale.offset, groups * 2, err);
     if (!rc)
-        rc = check_range("quantize", "zero", q->zero.buf, q->zero.offset, groups * 2, err);
+        rc = kv_module_check_range("quantize", "zero", q->zero.buf, q->zero.offset, groups * 2, err);
     if (rc || groups == 0)
         return rc;
     aclrtSetDevice(c->device);
@@ -298,14 +238,14 @@ static int npu_quantize(void *vctx, const kv_quantize_args *q, kv_error *err)
 static int npu_dequantize(void *vctx, const kv_dequantize_args *q, kv_error *err)
 {
     npu_ctx *c = (npu_ctx *)vctx;
-    size_t n = (size_t)q->layout.rows * q->layout.cols, groups = groups_of(&q->layout);
-    int rc = check_range("dequantize", "codes", q->codes.buf, q->codes.offset, n * 2, err);
+    size_t n = (size_t)q->layout.rows * q->layout.cols, groups = kv_module_groups(&q->layout);
+    int rc = kv_module_check_range("dequantize", "codes", q->codes.buf, q->codes.offset, n * 2, err);
     if (!rc)
-        rc = check_range("dequantize", "scale", q->scale.buf, q->scale.offset, groups * 2, err);
+        rc = kv_module_check_range("dequantize", "scale", q->scale.buf, q->scale.offset, groups * 2, err);
     if (!rc)
-        rc = check_range("dequantize", "zero", q->zero.buf, q->zero.offset, groups * 2, err);
+        rc = kv_module_check_range("dequantize", "zero", q->zero.buf, q->zero.offset, groups * 2, err);
     if (!rc)
-        rc = check_range("dequantize", "out", q->out.buf, q->out.offset, n * 4, err);
+        rc = kv_module_check_range("dequantize", "out", q->out.buf, q->out.offset, n * 4, err);
     if (rc || n == 0)
         return rc;
     aclrtSetDevice(c->device);
@@ -319,10 +259,10 @@ static int npu_dequantize(void *vctx, const kv_dequantize_args *q, kv_error *err
 static int npu_pack_common(npu_ctx *c, const kv_pack_args *p, int unpack, kv_error *err)
 {
     const char *name = unpack ? "unpack" : "pack";
-    size_t n = (size_t)p->layout.rows * p->layout.cols, bytes = plane_bytes(&p->layout, p->bits);
-    int rc = check_range(name, "codes", p->codes.buf, p->codes.offset, n * 2, err);
+    size_t n = (size_t)p->layout.rows * p->layout.cols, bytes = kv_module_plane_bytes(&p->layout, p->bits);
+    int rc = kv_module_check_range(name, "codes", p->codes.buf, p->codes.offset, n * 2, err);
     if (!rc)
-        rc = check_range(name, "packed", p->packed.buf, p->packed.offset, bytes, err);
+        rc = kv_module_check_range(name, "packed", p->packed.buf, p->packed.offset, bytes, err);
     if (rc || n == 0)
         return rc;
     aclrtSetDevice(c->device);
@@ -351,13 +291,13 @@ static int npu_split_common(npu_ctx *c, const kv_split_args *s, int merge, kv_er
 {
     const char *name = merge ? "merge" : "split";
     if (s->count > SIZE_MAX / 2)
-        return fail(err, KV_EINPUT, "ascend: %s: count %zu is too large", name, s->count);
+        return kv_module_fail(err, KV_EINPUT, "ascend: %s: count %zu is too large", name, s->count);
     size_t bytes = s->count * 2;
-    int rc = check_range(name, "codes", s->codes.buf, s->codes.offset, bytes, err);
+    int rc = kv_module_check_range(name, "codes", s->codes.buf, s->codes.offset, bytes, err);
     if (!rc)
-        rc = check_range(name, "anchor", s->anchor.buf, s->anchor.offset, bytes, err);
+        rc = kv_module_check_range(name, "anchor", s->anchor.buf, s->anchor.offset, bytes, err);
     if (!rc)
-        rc = check_range(name, "residual", s->residual.buf, s->residual.offset, bytes, err);
+        rc = kv_module_check_range(name, "residual", s->residual.buf, s->residual.offset, bytes, err);
     if (rc || s->count == 0)
         return rc;
     aclrtSetDevice(c->device);
@@ -386,19 +326,19 @@ static int npu_merge(void *vctx, const kv_split_args *s, kv_error *err)
 static int npu_encode(void *vctx, const kv_encode_args *q, kv_error *err)
 {
     npu_ctx *c = (npu_ctx *)vctx;
-    size_t n = (size_t)q->layout.rows * q->layout.cols, groups = groups_of(&q->layout);
+    size_t n = (size_t)q->layout.rows * q->layout.cols, groups = kv_module_groups(&q->layout);
     unsigned abits = q->anchor_bits ? q->anchor_bits : q->bits;
-    int rc = check_range("encode", "x", q->x.buf, q->x.offset, n * 4, err);
+    int rc = kv_module_check_range("encode", "x", q->x.buf, q->x.offset, n * 4, err);
     if (!rc)
-        rc = check_range("encode", "anchor_packed", q->anchor_packed.buf, q->anchor_packed.offset,
-                         plane_bytes(&q->layout, abits), err);
+        rc = kv_module_check_range("encode", "anchor_packed", q->anchor_packed.buf, q->anchor_packed.offset,
+                                   kv_module_plane_bytes(&q->layout, abits), err);
     if (!rc && q->anchor_bits)
-        rc = check_range("encode", "residual_packed", q->residual_packed.buf, q->residual_packed.offset,
-                         plane_bytes(&q->layout, q->bits - q->anchor_bits), err);
+        rc = kv_module_check_range("encode", "residual_packed", q->residual_packed.buf, q->residual_packed.offset,
+                                   kv_module_plane_bytes(&q->layout, q->bits - q->anchor_bits), err);
     if (!rc)
-        rc = check_range("encode", "scale", q->scale.buf, q->scale.offset, groups * 2, err);
+        rc = kv_module_check_range("encode", "scale", q->scale.buf, q->scale.offset, groups * 2, err);
     if (!rc)
-        rc = check_range("encode", "zero", q->zero.buf, q->zero.offset, groups * 2, err);
+        rc = kv_module_check_range("encode", "zero", q->zero.buf, q->zero.offset, groups * 2, err);
     if (rc || groups == 0)
         return rc;
     kv_bref none = {NULL, 0};
@@ -414,20 +354,20 @@ static int npu_encode(void *vctx, const kv_encode_args *q, kv_error *err)
 static int npu_decode(void *vctx, const kv_decode_args *q, kv_error *err)
 {
     npu_ctx *c = (npu_ctx *)vctx;
-    size_t n = (size_t)q->layout.rows * q->layout.cols, groups = groups_of(&q->layout);
+    size_t n = (size_t)q->layout.rows * q->layout.cols, groups = kv_module_groups(&q->layout);
     unsigned abits = q->anchor_bits ? q->anchor_bits : q->bits;
     uint32_t has_residual = q->anchor_bits && q->residual_packed.buf;
-    int rc = check_range("decode", "anchor_packed", q->anchor_packed.buf, q->anchor_packed.offset,
-                         plane_bytes(&q->layout, abits), err);
+    int rc = kv_module_check_range("decode", "anchor_packed", q->anchor_packed.buf, q->anchor_packed.offset,
+                                   kv_module_plane_bytes(&q->layout, abits), err);
     if (!rc && has_residual)
-        rc = check_range("decode", "residual_packed", q->residual_packed.buf, q->residual_packed.offset,
-                         plane_bytes(&q->layout, q->bits - q->anchor_bits), err);
+        rc = kv_module_check_range("decode", "residual_packed", q->residual_packed.buf, q->residual_packed.offset,
+                                   kv_module_plane_bytes(&q->layout, q->bits - q->anchor_bits), err);
     if (!rc)
-        rc = check_range("decode", "scale", q->scale.buf, q->scale.offset, groups * 2, err);
+        rc = kv_module_check_range("decode", "scale", q->scale.buf, q->scale.offset, groups * 2, err);
     if (!rc)
-        rc = check_range("decode", "zero", q->zero.buf, q->zero.offset, groups * 2, err);
+        rc = kv_module_check_range("decode", "zero", q->zero.buf, q->zero.offset, groups * 2, err);
     if (!rc)
-        rc = check_range("decode", "out", q->out.buf, q->out.offset, n * 4, err);
+        rc = kv_module_check_range("decode", "out", q->out.buf, q->out.offset, n * 4, err);
     if (rc || n == 0)
         return rc;
     kv_bref none = {NULL, 0};
@@ -444,10 +384,10 @@ static int npu_bf16_round(void *vctx, const kv_bf16_args *b, kv_error *err)
 {
     npu_ctx *c = (npu_ctx *)vctx;
     if (b->count > SIZE_MAX / 4)
-        return fail(err, KV_EINPUT, "ascend: bf16_round: count %zu is too large", b->count);
-    int rc = check_range("bf16_round", "in", b->in.buf, b->in.offset, b->count * 4, err);
+        return kv_module_fail(err, KV_EINPUT, "ascend: bf16_round: count %zu is too large", b->count);
+    int rc = kv_module_check_range("bf16_round", "in", b->in.buf, b->in.offset, b->count * 4, err);
     if (!rc)
-        rc = check_range("bf16_round", "out", b->out.buf, b->out.offset, b->count * 4, err);
+        rc = kv_module_check_range("bf16_round", "out", b->out.buf, b->out.offset, b->count * 4, err);
     if (rc || b->count == 0)
         return rc;
     aclrtSetDevice(c->device);
@@ -461,25 +401,26 @@ static int npu_attention(void *vctx, const kv_attention_args *q, kv_error *err)
     npu_ctx *c = (npu_ctx *)vctx;
     uint64_t qh = (uint64_t)q->n_queries * q->n_heads;
     if (q->head_dim > 256) /* KV_MAX_HEAD_DIM of kernels.cl */
-        return fail(err, KV_EINPUT, "ascend: attention: head_dim %u is above the 256 this backend supports", q->head_dim);
-    int rc = check_range("attention", "q", q->q.buf, q->q.offset, qh * q->head_dim * 4, err);
+        return kv_module_fail(err, KV_EINPUT, "ascend: attention: head_dim %u is above the 256 this backend supports",
+                              q->head_dim);
+    int rc = kv_module_check_range("attention", "q", q->q.buf, q->q.offset, qh * q->head_dim * 4, err);
     if (!rc)
-        rc = check_range("attention", "q_pos", q->q_pos.buf, q->q_pos.offset, (size_t)q->n_queries * 4, err);
+        rc = kv_module_check_range("attention", "q_pos", q->q_pos.buf, q->q_pos.offset, (size_t)q->n_queries * 4, err);
     if (!rc && q->n_pages)
-        rc = check_range("attention", "pages", q->pages.buf, q->pages.offset, (size_t)q->n_pages * sizeof(kv_page_desc),
-                         err);
+        rc = kv_module_check_range("attention", "pages", q->pages.buf, q->pages.offset,
+                                   (size_t)q->n_pages * sizeof(kv_page_desc), err);
     if (!rc)
-        rc = check_range("attention", "head_pages", q->head_pages.buf, q->head_pages.offset, (size_t)q->n_kv_heads * 8,
-                         err);
+        rc = kv_module_check_range("attention", "head_pages", q->head_pages.buf, q->head_pages.offset,
+                                   (size_t)q->n_kv_heads * 8, err);
     if (!rc && q->n_pages)
-        rc = check_range("attention", "positions", q->positions.buf, q->positions.offset, 0, err);
+        rc = kv_module_check_range("attention", "positions", q->positions.buf, q->positions.offset, 0, err);
     if (!rc && q->n_pages)
-        rc = check_range("attention", "kv_data", q->kv_data.buf, q->kv_data.offset, 0, err);
+        rc = kv_module_check_range("attention", "kv_data", q->kv_data.buf, q->kv_data.offset, 0, err);
     if (!rc)
-        rc = check_range("attention", "out", q->out.buf, q->out.offset, qh * q->head_dim * 4, err);
+        rc = kv_module_check_range("attention", "out", q->out.buf, q->out.offset, qh * q->head_dim * 4, err);
     if (!rc && q->scores.buf)
-        rc = check_range("attention", "scores", q->scores.buf, q->scores.offset,
-                         (size_t)q->n_kv_heads * q->score_stride * 4, err);
+        rc = kv_module_check_range("attention", "scores", q->scores.buf, q->scores.offset,
+                                   (size_t)q->n_kv_heads * q->score_stride * 4, err);
     if (rc || qh == 0)
         return rc;
     kv_bref none = {NULL, 0};
@@ -526,15 +467,16 @@ static int npu_attention(void *vctx, const kv_attention_args *q, kv_error *err)
 static int npu_compact_common(npu_ctx *c, const kv_compact_args *q, int release, kv_error *err)
 {
     const char *name = release ? "compact_release" : "compact_alloc";
-    int rc = check_range(name, "demand", q->demand.buf, q->demand.offset, (size_t)q->n * 4, err);
+    int rc = kv_module_check_range(name, "demand", q->demand.buf, q->demand.offset, (size_t)q->n * 4, err);
     if (!rc)
-        rc = check_range(name, "offsets", q->offsets.buf, q->offsets.offset, (size_t)q->n * 4, err);
+        rc = kv_module_check_range(name, "offsets", q->offsets.buf, q->offsets.offset, (size_t)q->n * 4, err);
     if (!rc && q->pages.buf)
-        rc = check_range(name, "pages", q->pages.buf, q->pages.offset, 0, err);
+        rc = kv_module_check_range(name, "pages", q->pages.buf, q->pages.offset, 0, err);
     if (!rc)
-        rc = check_range(name, "free_list", q->free_list.buf, q->free_list.offset, (size_t)q->capacity * 4, err);
+        rc = kv_module_check_range(name, "free_list", q->free_list.buf, q->free_list.offset, (size_t)q->capacity * 4,
+                                   err);
     if (!rc)
-        rc = check_range(name, "state", q->state.buf, q->state.offset, 16, err);
+        rc = kv_module_check_range(name, "state", q->state.buf, q->state.offset, 16, err);
     if (rc)
         return rc;
     uint64_t pages_cap = q->pages.buf ? (q->pages.buf->bytes - q->pages.offset) / 4 : 0;

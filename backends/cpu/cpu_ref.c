@@ -1,5 +1,5 @@
 /* cpu_ref.c — the reference kernels: the plain loops that every backend is
- * checked against. Clarity first: each function is the DESIGN formula applied
+ * checked against. Clarity first: each function is the formula of docs/kernels.md applied
  * element by element (backends/numerics.h), one group at a time. */
 #include <math.h>
 #include <string.h>

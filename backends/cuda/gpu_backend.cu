@@ -17,15 +17,14 @@
 // to reuse on return and a read sees every kernel enqueued before it).
 #if defined(__HIPCC__)
 #include "backends/hip/hip_compat.h"
-#define KV_GPU_NAME "hip"
+#define KV_MODULE_NAME "hip"
 #define KV_GPU_TOOLKIT "HIP"
 #else
 #include <cuda_runtime.h>
-#define KV_GPU_NAME "cuda"
+#define KV_MODULE_NAME "cuda"
 #define KV_GPU_TOOLKIT "CUDA"
 #endif
 
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -36,6 +35,7 @@ extern "C" {
 #include "backends/backend.h"
 #include "backends/cuda/kv_module.h"
 }
+#include "backends/module_common.h"
 
 #include "backends/opencl/kernels.cl"
 
@@ -43,36 +43,12 @@ extern "C" {
 #define KV_GPU_ARCHS "unknown targets"
 #endif
 
-// ---- Errors and memory (the module cannot call kvsim's) ------------------------
-
-static int fail(kv_error *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(kv_error *err, int code, const char *fmt, ...)
-{
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        err->code = code;
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
+// ---- Errors (the module cannot call kvsim's; module_common.h has the shared helpers) ----
 
 static int gpu_fail(kv_error *err, cudaError_t e, const char *what)
 {
-    return fail(err, KV_EFAIL, KV_GPU_NAME ": %s failed: %s (%s, %d)", what, cudaGetErrorString(e),
-                cudaGetErrorName(e), (int)e);
-}
-
-// Host out-of-memory aborts, as core/alloc.h does.
-static void *xcalloc(size_t n, size_t size)
-{
-    void *p = calloc(n ? n : 1, size ? size : 1);
-    if (!p) {
-        fprintf(stderr, "kvsim " KV_GPU_NAME ": out of host memory\n");
-        abort();
-    }
-    return p;
+    return kv_module_fail(err, KV_EFAIL, KV_MODULE_NAME ": %s failed: %s (%s, %d)", what, cudaGetErrorString(e),
+                          cudaGetErrorName(e), (int)e);
 }
 
 // ---- Devices and contexts ---------------------------------------------------------
@@ -83,18 +59,13 @@ static int gpu_device_count(kv_error *err)
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
         cudaGetLastError(); // clear the sticky error
-        fail(err, KV_EFAIL, "no device: " KV_GPU_TOOLKIT " runtime: %s", cudaGetErrorString(e));
+        kv_module_fail(err, KV_EFAIL, "no device: " KV_GPU_TOOLKIT " runtime: %s", cudaGetErrorString(e));
         return 0;
     }
     if (n == 0)
-        fail(err, KV_EFAIL, "no device: the " KV_GPU_TOOLKIT " runtime reports none");
+        kv_module_fail(err, KV_EFAIL, "no device: the " KV_GPU_TOOLKIT " runtime reports none");
     return n;
 }
-
-struct kv_buffer {
-    void *ptr;    // device memory
-    size_t bytes; // as asked for
-};
 
 struct gpu_ctx {
     int device;
@@ -127,11 +98,11 @@ static int gpu_open(int index, const kv_backend_i **iface, void **out, kv_error 
     if (n == 0)
         return KV_EFAIL;
     if (index < 0 || index >= n)
-        return fail(err, KV_EINPUT, KV_GPU_NAME ": no device %d (%d found)", index, n);
+        return kv_module_fail(err, KV_EINPUT, KV_MODULE_NAME ": no device %d (%d found)", index, n);
     cudaError_t e = cudaSetDevice(index);
     if (e != cudaSuccess)
         return gpu_fail(err, e, "cudaSetDevice");
-    gpu_ctx *c = (gpu_ctx *)xcalloc(1, sizeof *c);
+    gpu_ctx *c = (gpu_ctx *)kv_module_calloc(1, sizeof *c);
     c->device = index;
     e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
@@ -145,7 +116,7 @@ static int gpu_open(int index, const kv_backend_i **iface, void **out, kv_error 
         gpu_destroy(c);
         return gpu_fail(err, e, "cudaGetDeviceProperties");
     }
-    c->props.backend = KV_GPU_NAME;
+    c->props.backend = KV_MODULE_NAME;
     snprintf(c->props.device, sizeof c->props.device, "%.127s", p.name);
     c->props.memory_bytes = p.totalGlobalMem;
     c->props.compute_units = p.multiProcessorCount;
@@ -175,9 +146,10 @@ static int gpu_buffer_alloc(void *vctx, size_t bytes, kv_buffer **out, kv_error 
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
     if (e != cudaSuccess) {
         cudaGetLastError();
-        return fail(err, KV_EFAIL, KV_GPU_NAME ": allocating %zu bytes failed: %s", bytes, cudaGetErrorString(e));
+        return kv_module_fail(err, KV_EFAIL, KV_MODULE_NAME ": allocating %zu bytes failed: %s", bytes,
+                              cudaGetErrorString(e));
     }
-    kv_buffer *b = (kv_buffer *)xcalloc(1, sizeof *b);
+    kv_buffer *b = (kv_buffer *)kv_module_calloc(1, sizeof *b);
     b->ptr = p;
     b->bytes = bytes;
     *out = b;
@@ -195,21 +167,10 @@ static void gpu_buffer_free(void *vctx, kv_buffer *buf)
     free(buf);
 }
 
-static int check_range(const char *kernel, const char *name, const kv_buffer *buf, size_t offset, size_t bytes,
-                       kv_error *err)
-{
-    if (!buf)
-        return fail(err, KV_EINPUT, KV_GPU_NAME ": %s: argument '%s' has no buffer", kernel, name);
-    if (offset > buf->bytes || bytes > buf->bytes - offset)
-        return fail(err, KV_EINPUT, KV_GPU_NAME ": %s: argument '%s' needs %zu bytes at offset %zu, but its buffer holds %zu",
-                    kernel, name, bytes, offset, buf->bytes);
-    return KV_OK;
-}
-
 static int gpu_buffer_write(void *vctx, kv_buffer *dst, size_t offset, const void *src, size_t bytes, kv_error *err)
 {
     gpu_ctx *c = (gpu_ctx *)vctx;
-    int rc = check_range("buffer_write", "dst", dst, offset, bytes, err);
+    int rc = kv_module_check_range("buffer_write", "dst", dst, offset, bytes, err);
     if (rc || bytes == 0)
         return rc;
     cudaSetDevice(c->device);
@@ -222,7 +183,7 @@ static int gpu_buffer_write(void *vctx, kv_buffer *dst, size_t offset, const voi
 static int gpu_buffer_read(void *vctx, kv_buffer *src, size_t offset, void *dst, size_t bytes, kv_error *err)
 {
     gpu_ctx *c = (gpu_ctx *)vctx;
-    int rc = check_range("buffer_read", "src", src, offset, bytes, err);
+    int rc = kv_module_check_range("buffer_read", "src", src, offset, bytes, err);
     if (rc || bytes == 0)
         return rc;
     cudaSetDevice(c->device);
@@ -262,26 +223,6 @@ static int launch(gpu_ctx *c, const char *name, kv_u64 items, F body, kv_error *
     return e == cudaSuccess ? KV_OK : gpu_fail(err, e, name);
 }
 
-static kv_dev_layout dev_layout(const kv_quant_layout *l)
-{
-    kv_dev_layout d = {l->rows, l->cols, l->group_size, (kv_u32)l->grouping};
-    return d;
-}
-
-static size_t plane_bytes(const kv_quant_layout *l, unsigned bits)
-{
-    kv_dev_layout d = dev_layout(l);
-    kv_u64 g = kv_dev_groups(d);
-    if (g == 0)
-        return 0;
-    return (size_t)(kv_dev_group_offset(d, bits, g - 1) + kv_dev_stream_bytes(kv_dev_group_len(d, g - 1), bits));
-}
-
-static size_t groups_of(const kv_quant_layout *l)
-{
-    return (size_t)kv_dev_groups(dev_layout(l));
-}
-
 #define LAYOUT(l) (l).rows, (l).cols, (l).group_size, (kv_u32)(l).grouping
 
 // ---- Kernels ----------------------------------------------------------------------------
@@ -289,14 +230,14 @@ static size_t groups_of(const kv_quant_layout *l)
 static int gpu_quantize(void *vctx, const kv_quantize_args *q, kv_error *err)
 {
     gpu_ctx *c = (gpu_ctx *)vctx;
-    size_t n = (size_t)q->layout.rows * q->layout.cols, groups = groups_of(&q->layout);
-    int rc = check_range("quantize", "x", q->x.buf, q->x.offset, n * 4, err);
+    size_t n = (size_t)q->layout.rows * q->layout.cols, groups = kv_module_groups(&q->layout);
+    int rc = kv_module_check_range("quantize", "x", q->x.buf, q->x.offset, n * 4, err);
     if (!rc)
-        rc = check_range("quantize", "codes", q->codes.buf, q->codes.offset, n * 2, err);
+        rc = kv_module_check_range("quantize", "codes", q->codes.buf, q->codes.offset, n * 2, err);
     if (!rc)
-        rc = check_range("quantize", "scale", q->scale.buf, q->scale.offset, groups * 2, err);
+        rc = kv_module_check_range("quantize", "scale", q->scale.buf, q->scale.offset, groups * 2, err);
     if (!rc)
-        rc = check_range("quantize", "zero", q->zero.buf, q->zero.offset, groups * 2, err);
+        rc = kv_module_check_range("quantize", "zero", q->zero.buf, q->zero.offset, groups * 2, err);
     if (rc)
         return rc;
     return launch(c, "quantize", groups, [&](unsigned grid) {
@@ -308,14 +249,14 @@ static int gpu_quantize(void *vctx, const kv_quantize_args *q, kv_error *err)
 static int gpu_dequantize(void *vctx, const kv_dequantize_args *q, kv_error *err)
 {
     gpu_ctx *c = (gpu_ctx *)vctx;
-    size_t n = (size_t)q->layout.rows * q->layout.cols, groups = groups_of(&q->layout);
-    int rc = check_range("dequantize", "codes", q->codes.buf, q->codes.offset, n * 2, err);
+    size_t n = (size_t)q->layout.rows * q->layout.cols, groups = kv_module_groups(&q->layout);
+    int rc = kv_module_check_range("dequantize", "codes", q->codes.buf, q->codes.offset, n * 2, err);
     if (!rc)
-        rc = check_range("dequantize", "scale", q->scale.buf, q->scale.offset, groups * 2, err);
+        rc = kv_module_check_range("dequantize", "scale", q->scale.buf, q->scale.offset, groups * 2, err);
     if (!rc)
-        rc = check_range("dequantize", "zero", q->zero.buf, q->zero.offset, groups * 2, err);
+        rc = kv_module_check_range("dequantize", "zero", q->zero.buf, q->zero.offset, groups * 2, err);
     if (!rc)
-        rc = check_range("dequantize", "out", q->out.buf, q->out.offset, n * 4, err);
+        rc = kv_module_check_range("dequantize", "out", q->out.buf, q->out.offset, n * 4, err);
     if (rc)
         return rc;
     return launch(c, "dequantize", n, [&](unsigned grid) {
@@ -327,10 +268,10 @@ static int gpu_dequantize(void *vctx, const kv_dequantize_args *q, kv_error *err
 static int gpu_pack_common(gpu_ctx *c, const kv_pack_args *p, int unpack, kv_error *err)
 {
     const char *name = unpack ? "unpack" : "pack";
-    size_t n = (size_t)p->layout.rows * p->layout.cols, bytes = plane_bytes(&p->layout, p->bits);
-    int rc = check_range(name, "codes", p->codes.buf, p->codes.offset, n * 2, err);
+    size_t n = (size_t)p->layout.rows * p->layout.cols, bytes = kv_module_plane_bytes(&p->layout, p->bits);
+    int rc = kv_module_check_range(name, "codes", p->codes.buf, p->codes.offset, n * 2, err);
     if (!rc)
-        rc = check_range(name, "packed", p->packed.buf, p->packed.offset, bytes, err);
+        rc = kv_module_check_range(name, "packed", p->packed.buf, p->packed.offset, bytes, err);
     if (rc)
         return rc;
     if (unpack)
@@ -357,13 +298,13 @@ static int gpu_split_common(gpu_ctx *c, const kv_split_args *s, int merge, kv_er
 {
     const char *name = merge ? "merge" : "split";
     if (s->count > SIZE_MAX / 2)
-        return fail(err, KV_EINPUT, KV_GPU_NAME ": %s: count %zu is too large", name, s->count);
+        return kv_module_fail(err, KV_EINPUT, KV_MODULE_NAME ": %s: count %zu is too large", name, s->count);
     size_t bytes = s->count * 2;
-    int rc = check_range(name, "codes", s->codes.buf, s->codes.offset, bytes, err);
+    int rc = kv_module_check_range(name, "codes", s->codes.buf, s->codes.offset, bytes, err);
     if (!rc)
-        rc = check_range(name, "anchor", s->anchor.buf, s->anchor.offset, bytes, err);
+        rc = kv_module_check_range(name, "anchor", s->anchor.buf, s->anchor.offset, bytes, err);
     if (!rc)
-        rc = check_range(name, "residual", s->residual.buf, s->residual.offset, bytes, err);
+        rc = kv_module_check_range(name, "residual", s->residual.buf, s->residual.offset, bytes, err);
     if (rc)
         return rc;
     if (merge)
@@ -390,19 +331,19 @@ static int gpu_merge(void *vctx, const kv_split_args *s, kv_error *err)
 static int gpu_encode(void *vctx, const kv_encode_args *q, kv_error *err)
 {
     gpu_ctx *c = (gpu_ctx *)vctx;
-    size_t n = (size_t)q->layout.rows * q->layout.cols, groups = groups_of(&q->layout);
+    size_t n = (size_t)q->layout.rows * q->layout.cols, groups = kv_module_groups(&q->layout);
     unsigned abits = q->anchor_bits ? q->anchor_bits : q->bits;
-    int rc = check_range("encode", "x", q->x.buf, q->x.offset, n * 4, err);
+    int rc = kv_module_check_range("encode", "x", q->x.buf, q->x.offset, n * 4, err);
     if (!rc)
-        rc = check_range("encode", "anchor_packed", q->anchor_packed.buf, q->anchor_packed.offset,
-                         plane_bytes(&q->layout, abits), err);
+        rc = kv_module_check_range("encode", "anchor_packed", q->anchor_packed.buf, q->anchor_packed.offset,
+                                   kv_module_plane_bytes(&q->layout, abits), err);
     if (!rc && q->anchor_bits)
-        rc = check_range("encode", "residual_packed", q->residual_packed.buf, q->residual_packed.offset,
-                         plane_bytes(&q->layout, q->bits - q->anchor_bits), err);
+        rc = kv_module_check_range("encode", "residual_packed", q->residual_packed.buf, q->residual_packed.offset,
+                                   kv_module_plane_bytes(&q->layout, q->bits - q->anchor_bits), err);
     if (!rc)
-        rc = check_range("encode", "scale", q->scale.buf, q->scale.offset, groups * 2, err);
+        rc = kv_module_check_range("encode", "scale", q->scale.buf, q->scale.offset, groups * 2, err);
     if (!rc)
-        rc = check_range("encode", "zero", q->zero.buf, q->zero.offset, groups * 2, err);
+        rc = kv_module_check_range("encode", "zero", q->zero.buf, q->zero.offset, groups * 2, err);
     if (rc)
         return rc;
     kv_bref res = q->anchor_bits ? q->residual_packed : kv_bref{NULL, 0};
@@ -415,20 +356,20 @@ static int gpu_encode(void *vctx, const kv_encode_args *q, kv_error *err)
 static int gpu_decode(void *vctx, const kv_decode_args *q, kv_error *err)
 {
     gpu_ctx *c = (gpu_ctx *)vctx;
-    size_t n = (size_t)q->layout.rows * q->layout.cols, groups = groups_of(&q->layout);
+    size_t n = (size_t)q->layout.rows * q->layout.cols, groups = kv_module_groups(&q->layout);
     unsigned abits = q->anchor_bits ? q->anchor_bits : q->bits;
     kv_u32 has_residual = q->anchor_bits && q->residual_packed.buf;
-    int rc = check_range("decode", "anchor_packed", q->anchor_packed.buf, q->anchor_packed.offset,
-                         plane_bytes(&q->layout, abits), err);
+    int rc = kv_module_check_range("decode", "anchor_packed", q->anchor_packed.buf, q->anchor_packed.offset,
+                                   kv_module_plane_bytes(&q->layout, abits), err);
     if (!rc && has_residual)
-        rc = check_range("decode", "residual_packed", q->residual_packed.buf, q->residual_packed.offset,
-                         plane_bytes(&q->layout, q->bits - q->anchor_bits), err);
+        rc = kv_module_check_range("decode", "residual_packed", q->residual_packed.buf, q->residual_packed.offset,
+                                   kv_module_plane_bytes(&q->layout, q->bits - q->anchor_bits), err);
     if (!rc)
-        rc = check_range("decode", "scale", q->scale.buf, q->scale.offset, groups * 2, err);
+        rc = kv_module_check_range("decode", "scale", q->scale.buf, q->scale.offset, groups * 2, err);
     if (!rc)
-        rc = check_range("decode", "zero", q->zero.buf, q->zero.offset, groups * 2, err);
+        rc = kv_module_check_range("decode", "zero", q->zero.buf, q->zero.offset, groups * 2, err);
     if (!rc)
-        rc = check_range("decode", "out", q->out.buf, q->out.offset, n * 4, err);
+        rc = kv_module_check_range("decode", "out", q->out.buf, q->out.offset, n * 4, err);
     if (rc)
         return rc;
     kv_bref res = has_residual ? q->residual_packed : kv_bref{NULL, 0};
@@ -443,10 +384,10 @@ static int gpu_bf16_round(void *vctx, const kv_bf16_args *b, kv_error *err)
 {
     gpu_ctx *c = (gpu_ctx *)vctx;
     if (b->count > SIZE_MAX / 4)
-        return fail(err, KV_EINPUT, KV_GPU_NAME ": bf16_round: count %zu is too large", b->count);
-    int rc = check_range("bf16_round", "in", b->in.buf, b->in.offset, b->count * 4, err);
+        return kv_module_fail(err, KV_EINPUT, KV_MODULE_NAME ": bf16_round: count %zu is too large", b->count);
+    int rc = kv_module_check_range("bf16_round", "in", b->in.buf, b->in.offset, b->count * 4, err);
     if (!rc)
-        rc = check_range("bf16_round", "out", b->out.buf, b->out.offset, b->count * 4, err);
+        rc = kv_module_check_range("bf16_round", "out", b->out.buf, b->out.offset, b->count * 4, err);
     if (rc)
         return rc;
     return launch(c, "bf16_round", b->count, [&](unsigned grid) {
@@ -463,25 +404,27 @@ static int gpu_attention(void *vctx, const kv_attention_args *q, kv_error *err)
     gpu_ctx *c = (gpu_ctx *)vctx;
     kv_u64 qh = (kv_u64)q->n_queries * q->n_heads;
     if (q->head_dim > 256) /* KV_MAX_HEAD_DIM of kernels.cl */
-        return fail(err, KV_EINPUT, KV_GPU_NAME ": attention: head_dim %u is above the 256 this backend supports", q->head_dim);
-    int rc = check_range("attention", "q", q->q.buf, q->q.offset, qh * q->head_dim * 4, err);
+        return kv_module_fail(err, KV_EINPUT,
+                              KV_MODULE_NAME ": attention: head_dim %u is above the 256 this backend supports",
+                              q->head_dim);
+    int rc = kv_module_check_range("attention", "q", q->q.buf, q->q.offset, qh * q->head_dim * 4, err);
     if (!rc)
-        rc = check_range("attention", "q_pos", q->q_pos.buf, q->q_pos.offset, (size_t)q->n_queries * 4, err);
+        rc = kv_module_check_range("attention", "q_pos", q->q_pos.buf, q->q_pos.offset, (size_t)q->n_queries * 4, err);
     if (!rc && q->n_pages)
-        rc = check_range("attention", "pages", q->pages.buf, q->pages.offset, (size_t)q->n_pages * sizeof(kv_page_desc),
-                         err);
+        rc = kv_module_check_range("attention", "pages", q->pages.buf, q->pages.offset,
+                                   (size_t)q->n_pages * sizeof(kv_page_desc), err);
     if (!rc)
-        rc = check_range("attention", "head_pages", q->head_pages.buf, q->head_pages.offset, (size_t)q->n_kv_heads * 8,
-                         err);
+        rc = kv_module_check_range("attention", "head_pages", q->head_pages.buf, q->head_pages.offset,
+                                   (size_t)q->n_kv_heads * 8, err);
     if (!rc && q->n_pages)
-        rc = check_range("attention", "positions", q->positions.buf, q->positions.offset, 0, err);
+        rc = kv_module_check_range("attention", "positions", q->positions.buf, q->positions.offset, 0, err);
     if (!rc && q->n_pages)
-        rc = check_range("attention", "kv_data", q->kv_data.buf, q->kv_data.offset, 0, err);
+        rc = kv_module_check_range("attention", "kv_data", q->kv_data.buf, q->kv_data.offset, 0, err);
     if (!rc)
-        rc = check_range("attention", "out", q->out.buf, q->out.offset, qh * q->head_dim * 4, err);
+        rc = kv_module_check_range("attention", "out", q->out.buf, q->out.offset, qh * q->head_dim * 4, err);
     if (!rc && q->scores.buf)
-        rc = check_range("attention", "scores", q->scores.buf, q->scores.offset,
-                         (size_t)q->n_kv_heads * q->score_stride * 4, err);
+        rc = kv_module_check_range("attention", "scores", q->scores.buf, q->scores.offset,
+                                   (size_t)q->n_kv_heads * q->score_stride * 4, err);
     if (rc)
         return rc;
     kv_bref none = {NULL, 0};
@@ -528,15 +471,16 @@ static int gpu_attention(void *vctx, const kv_attention_args *q, kv_error *err)
 static int gpu_compact_common(gpu_ctx *c, const kv_compact_args *q, int release, kv_error *err)
 {
     const char *name = release ? "compact_release" : "compact_alloc";
-    int rc = check_range(name, "demand", q->demand.buf, q->demand.offset, (size_t)q->n * 4, err);
+    int rc = kv_module_check_range(name, "demand", q->demand.buf, q->demand.offset, (size_t)q->n * 4, err);
     if (!rc)
-        rc = check_range(name, "offsets", q->offsets.buf, q->offsets.offset, (size_t)q->n * 4, err);
+        rc = kv_module_check_range(name, "offsets", q->offsets.buf, q->offsets.offset, (size_t)q->n * 4, err);
     if (!rc && q->pages.buf)
-        rc = check_range(name, "pages", q->pages.buf, q->pages.offset, 0, err);
+        rc = kv_module_check_range(name, "pages", q->pages.buf, q->pages.offset, 0, err);
     if (!rc)
-        rc = check_range(name, "free_list", q->free_list.buf, q->free_list.offset, (size_t)q->capacity * 4, err);
+        rc = kv_module_check_range(name, "free_list", q->free_list.buf, q->free_list.offset, (size_t)q->capacity * 4,
+                                   err);
     if (!rc)
-        rc = check_range(name, "state", q->state.buf, q->state.offset, 16, err);
+        rc = kv_module_check_range(name, "state", q->state.buf, q->state.offset, 16, err);
     if (rc)
         return rc;
     kv_u64 pages_cap = q->pages.buf ? (q->pages.buf->bytes - q->pages.offset) / 4 : 0;
@@ -589,7 +533,7 @@ static const kv_backend_i *gpu_iface(void)
 extern "C" __attribute__((visibility("default"))) const kv_module_entry *kv_module_entry_get(void)
 {
     static const kv_module_entry entry = {
-        KV_MODULE_ABI, KV_BACKEND_API_VERSION, KV_GPU_NAME, KV_GPU_TOOLKIT ", " KV_GPU_ARCHS,
+        KV_MODULE_ABI, KV_BACKEND_API_VERSION, KV_MODULE_NAME, KV_GPU_TOOLKIT ", " KV_GPU_ARCHS,
         gpu_device_count, gpu_open,
     };
     return &entry;

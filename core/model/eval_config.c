@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/didyoumean.h"
 #include "core/scenario.h"
 #include "core/ytree.h"
 
@@ -35,46 +36,19 @@ static const akey needle_keys[] = {
     {"context_tokens", 64, 1 << 20},
 };
 
-/* Optimal string alignment distance, for "did you mean". */
-static int osa(const char *a, const char *b)
-{
-    int n = (int)strlen(a), m = (int)strlen(b);
-    if (n > 63 || m > 63)
-        return 99;
-    int d[64][64];
-    for (int i = 0; i <= n; i++)
-        d[i][0] = i;
-    for (int j = 0; j <= m; j++)
-        d[0][j] = j;
-    for (int i = 1; i <= n; i++)
-        for (int j = 1; j <= m; j++) {
-            int cost = a[i - 1] != b[j - 1];
-            int v = d[i - 1][j] + 1;
-            v = d[i][j - 1] + 1 < v ? d[i][j - 1] + 1 : v;
-            v = d[i - 1][j - 1] + cost < v ? d[i - 1][j - 1] + cost : v;
-            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < v)
-                v = d[i - 2][j - 2] + 1;
-            d[i][j] = v;
-        }
-    return d[n][m];
-}
-
 static int unknown_key(const kv_ynode *map, size_t k, const char *section, const akey *keys, size_t n,
                        kv_error *err)
 {
-    const char *word = map->keys[k], *best = NULL;
-    int bd = 3;
+    const char *word = map->keys[k], *names_v[16];
     char names[512] = "";
     for (size_t i = 0; i < n; i++) {
-        int d = osa(word, keys[i].name);
-        if (d < bd) {
-            bd = d;
-            best = keys[i].name;
-        }
+        if (i < sizeof names_v / sizeof names_v[0])
+            names_v[i] = keys[i].name;
         strncat(names, keys[i].name, sizeof names - strlen(names) - 3);
         if (i + 1 < n)
             strcat(names, ", ");
     }
+    const char *best = kv_did_you_mean(word, names_v, n < 16 ? n : 16);
     char hint[160] = "";
     if (best)
         snprintf(hint, sizeof hint, "; did you mean '%s'?", best);

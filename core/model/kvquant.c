@@ -1,4 +1,4 @@
-/* kvquant.c — group quantization, anchor reconstruction and bf16 rounding per DESIGN.md "Numerics". */
+/* kvquant.c — group quantization, anchor reconstruction and bf16 rounding per docs/kernels.md "Numerics". */
 #include "core/model/kvquant.h"
 
 #include <math.h>

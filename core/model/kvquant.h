@@ -1,4 +1,4 @@
-/* kvquant.h — DESIGN.md's KV numerics on the host, for the reference model's KV store.
+/* kvquant.h — the KV numerics of docs/kernels.md ("Numerics") on the host, for the reference model's KV store.
  *
  * Group quantization (b bits, fp16 scale and zero, round half to even), the
  * Lynx anchor midpoint reconstruction and bf16 rounding, value for value as

@@ -13,7 +13,7 @@
  *      node's cache: bf16, b-bit groups, the KIVI window, DiffKV's high tier
  *      demoted or pruned as it leaves the recent window), and attention reads
  *      the stored (reconstructed) values.
- * Numerics are DESIGN.md's: group quantization with fp16 scale/zero, the
+ * Numerics are docs/kernels.md's ("Numerics"): group quantization with fp16 scale/zero, the
  * anchor midpoint reconstruction, bf16 round to nearest even.
  *
  * Attention: exact fp32 through OpenBLAS for the prefill. After the seal,
