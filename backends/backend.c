@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "backends/backend_impl.h"
-#include "core/alloc.h"
+#include "core/base/alloc.h"
 
 /* ---- Registry ---------------------------------------------------------------- */
 

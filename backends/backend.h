@@ -43,7 +43,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 /* Changes whenever any member of kv_backend_i or an argument struct changes. */
 #define KV_BACKEND_API_VERSION 1

@@ -5,7 +5,7 @@
 
 #include "backends/backend.h"
 #include "backends/backend_impl.h"
-#include "core/alloc.h"
+#include "core/base/alloc.h"
 
 /* ---- Dispatch ----------------------------------------------------------------- */
 

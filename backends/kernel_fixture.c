@@ -8,8 +8,8 @@
 
 #include "backends/cpu/cpu_internal.h"
 #include "backends/numerics.h"
-#include "core/alloc.h"
-#include "core/rng.h"
+#include "core/base/alloc.h"
+#include "core/base/rng.h"
 
 struct kv_attn_problem {
     kv_attn_spec spec;

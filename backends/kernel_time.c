@@ -8,9 +8,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/alloc.h"
-#include "core/infile.h"
-#include "core/jsonread.h"
+#include "core/base/alloc.h"
+#include "core/base/infile.h"
+#include "core/base/jsonread.h"
 
 double kv_kernel_now_s(void)
 {

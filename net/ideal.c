@@ -11,7 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/alloc.h"
+#include "core/base/alloc.h"
 #include "net/net.h"
 
 typedef struct ideal_flow {

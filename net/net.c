@@ -3,7 +3,7 @@
 
 #include <math.h>
 
-#include "core/alloc.h"
+#include "core/base/alloc.h"
 
 struct kv_net {
     const kv_net_i *iface; /* the implementation's table */

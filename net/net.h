@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 #define KV_NET_API_VERSION 1
 

@@ -11,7 +11,7 @@
 -- where L is the current context length and a token's significance is the
 -- mean attention probability it receives from every later query (in prefill:
 -- every later query of the prompt), maximised over the query heads of its GQA
--- group; a token is decided once, when it leaves the recent window (core/diffkv.h).
+-- group; a token is decided once, when it leaves the recent window (core/kv/diffkv.h).
 -- The W most recent tokens always stay high.
 --
 -- Special cases: alpha_low = 0 never prunes; alpha_low = alpha_high has no low

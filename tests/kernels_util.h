@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "backends/backend.h"
-#include "core/rng.h"
+#include "core/base/rng.h"
 
 /* A backend buffer holding a copy of host bytes (bytes may be 0: one byte is allocated). */
 static inline kv_buffer *kvt_put(kv_backend *be, const void *src, size_t bytes)

@@ -1,6 +1,6 @@
 // ascend_backend.cpp — the Ascend backend module (libkvsim_ascend.so): AscendCL
 // host side for the kernels of kernels_ascend.cpp (Ascend C, which compiles
-// backends/opencl/kernels.cl in the Ascend dialect of kv_device.h).
+// backends/kernels/kernels.cl in the Ascend dialect of kv_device.h).
 //
 // NEVER COMPILED OR RUN HERE: no CANN toolkit exists on the machines kvsim is
 // developed on. It is written against the documented AscendCL API (aclInit,
@@ -27,10 +27,10 @@
 
 extern "C" {
 #include "backends/backend.h"
-#include "backends/cuda/kv_module.h"
+#include "backends/module/kv_module.h"
 }
 #define KV_MODULE_NAME "ascend"
-#include "backends/module_common.h"
+#include "backends/module/module_common.h"
 
 // The launchers ascendc_library() generates, one per kernel of kernels.cl.
 #include "aclrtlaunch_kv_attention.h"

@@ -1,8 +1,8 @@
 /* ascend_loader.c — kvsim's registry entry for the Ascend backend: forwards to
    the module libkvsim_ascend.so (ascend_backend.cpp + kernels_ascend.cpp),
-   loaded on first use (backends/cuda/kv_module.h). */
+   loaded on first use (backends/module/kv_module.h). */
 #include "backends/backend_impl.h"
-#include "backends/cuda/module_loader.h"
+#include "backends/module/module_loader.h"
 
 static int ascend_device_count(kv_error *err)
 {

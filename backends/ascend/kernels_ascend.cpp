@@ -1,4 +1,4 @@
-// kernels_ascend.cpp — the Ascend C kernels: backends/opencl/kernels.cl compiled
+// kernels_ascend.cpp — the Ascend C kernels: backends/kernels/kernels.cl compiled
 // in the Ascend dialect of kv_device.h (scalar code, one AI Core, integer
 // division/fma/rint; kv_device.h explains why). CANN's ascendc_library()
 // builds this file and generates the ACLRT_LAUNCH_KERNEL launchers that
@@ -8,4 +8,4 @@
 // developed on (docs/backends.md). Only a syntax check against stand-in
 // headers was possible.
 #define KV_ASCEND_KERNEL 1
-#include "backends/opencl/kernels.cl"
+#include "backends/kernels/kernels.cl"

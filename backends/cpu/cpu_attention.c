@@ -21,7 +21,7 @@
 #include "backends/cpu/cpu_attention.h"
 #include "backends/cpu/cpu_internal.h"
 #include "backends/numerics.h"
-#include "core/alloc.h"
+#include "core/base/alloc.h"
 
 
 /* ---- Checks ------------------------------------------------------------------ */

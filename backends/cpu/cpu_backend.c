@@ -15,7 +15,7 @@
 
 #include "backends/backend_impl.h"
 #include "backends/cpu/cpu_internal.h"
-#include "core/alloc.h"
+#include "core/base/alloc.h"
 
 /* ---- Buffers ------------------------------------------------------------------- */
 

@@ -20,7 +20,7 @@
 
 #include "backends/cpu/cpu_internal.h"
 #include "backends/numerics.h"
-#include "core/alloc.h"
+#include "core/base/alloc.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define KV_HAVE_X86 1

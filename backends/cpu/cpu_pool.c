@@ -10,7 +10,7 @@
 #include <stdatomic.h>
 #include <time.h>
 
-#include "core/alloc.h"
+#include "core/base/alloc.h"
 
 struct kv_cpu_pool {
     int threads;           /* workers including the caller */

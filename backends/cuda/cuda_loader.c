@@ -1,7 +1,7 @@
 /* cuda_loader.c — kvsim's registry entry for the CUDA backend: forwards to the
    module libkvsim_cuda.so (gpu_backend.cu), loaded on first use (kv_module.h). */
 #include "backends/backend_impl.h"
-#include "backends/cuda/module_loader.h"
+#include "backends/module/module_loader.h"
 
 static int cuda_device_count(kv_error *err)
 {

@@ -1,6 +1,6 @@
 // gpu_backend.cu — the CUDA backend module; the HIP backend is this same file
 // compiled by hipcc through backends/hip/hip_compat.h (CUDA runtime names
-// mapped to HIP ones). The kernels are backends/opencl/kernels.cl, compiled in
+// mapped to HIP ones). The kernels are backends/kernels/kernels.cl, compiled in
 // the CUDA/HIP dialect of kv_device.h: one kernel source for OpenCL, CUDA and
 // HIP, so the OpenCL runs on PoCL exercise the same algorithms bit for bit.
 //
@@ -33,11 +33,11 @@
 
 extern "C" {
 #include "backends/backend.h"
-#include "backends/cuda/kv_module.h"
+#include "backends/module/kv_module.h"
 }
-#include "backends/module_common.h"
+#include "backends/module/module_common.h"
 
-#include "backends/opencl/kernels.cl"
+#include "backends/kernels/kernels.cl"
 
 #ifndef KV_GPU_ARCHS
 #define KV_GPU_ARCHS "unknown targets"

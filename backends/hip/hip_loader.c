@@ -1,7 +1,7 @@
 /* hip_loader.c — kvsim's registry entry for the HIP backend: forwards to the
    module libkvsim_hip.so (backends/cuda/gpu_backend.cu built by hipcc), loaded on first use (kv_module.h). */
 #include "backends/backend_impl.h"
-#include "backends/cuda/module_loader.h"
+#include "backends/module/module_loader.h"
 
 static int hip_device_count(kv_error *err)
 {

@@ -40,7 +40,7 @@
 
 #include "backends/backend.h"
 #include "backends/backend_impl.h"
-#include "core/alloc.h"
+#include "core/base/alloc.h"
 #include "kv_opencl_source.h" /* generated: kv_opencl_source[] */
 
 /* ---- Devices -------------------------------------------------------------------- */

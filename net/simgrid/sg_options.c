@@ -7,8 +7,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/alloc.h"
-#include "core/infile.h"
+#include "core/base/alloc.h"
+#include "core/base/infile.h"
 #include "net/net.h"
 #include "net/simgrid/sg_options.h"
 #include "net/simgrid/sg_proto.h"

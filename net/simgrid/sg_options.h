@@ -4,7 +4,7 @@
 
 #include <stddef.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "net/net.h"
 
 /* KV_EINPUT naming cfg->source and the key (kv_error.key) for a config the simgrid model cannot run. */

@@ -1,5 +1,5 @@
-/* fuzz_gguf.c — libFuzzer harness of the GGUF reader (core/model/gguf.c) and of the
- * tokenizer built from its metadata (core/model/tokenizer.c). The input is the file
+/* fuzz_gguf.c — libFuzzer harness of the GGUF reader (core/refmodel/gguf.c) and of the
+ * tokenizer built from its metadata (core/refmodel/tokenizer.c). The input is the file
  * image, parsed in place (kv_gguf_open_memory).
  *
  * Beyond "no crash, no UB, no leak" it checks the reader's promises: a failure is
@@ -10,9 +10,9 @@
 #include <math.h>
 #include <string.h>
 
-#include "core/alloc.h"
-#include "core/model/gguf.h"
-#include "core/model/tokenizer.h"
+#include "core/base/alloc.h"
+#include "core/refmodel/gguf.h"
+#include "core/refmodel/tokenizer.h"
 #include "tests/fuzz/fuzz_util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -1,6 +1,6 @@
-/* fuzz_scenario.c — libFuzzer harness of the scenario loader (core/scenario.c, the
- * YAML tree of core/ytree.c, the schema binding of core/schema.c, the model and
- * device cards of core/cards.c). The input is a scenario file; lines after a line
+/* fuzz_scenario.c — libFuzzer harness of the scenario loader (core/config/scenario.c, the
+ * YAML tree of core/config/ytree.c, the schema binding of core/config/schema.c, the model and
+ * device cards of core/config/cards.c). The input is a scenario file; lines after a line
  * "#%set" are --set overrides (a YAML comment, so a plain scenario is unchanged).
  *
  * Beyond "no crash, no UB, no leak" it checks the loader's promises: a failure is
@@ -8,8 +8,8 @@
  */
 #include <string.h>
 
-#include "core/alloc.h"
-#include "core/scenario.h"
+#include "core/base/alloc.h"
+#include "core/config/scenario.h"
 #include "tests/fuzz/fuzz_util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -1,4 +1,4 @@
-/* fuzz_trace.c — libFuzzer harness of the trace readers (core/trace.c). Built three
+/* fuzz_trace.c — libFuzzer harness of the trace readers (core/workload/trace.c). Built three
  * times, once per format (KV_FUZZ_FORMAT = KV_TRACE_AZURE, _MOONCAKE, _BURSTGPT):
  * fuzz_trace_azure, fuzz_trace_mooncake, fuzz_trace_burstgpt. The input is the file.
  *
@@ -10,8 +10,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "core/alloc.h"
-#include "core/workload.h"
+#include "core/base/alloc.h"
+#include "core/workload/workload.h"
 #include "tests/fuzz/fuzz_util.h"
 
 #ifndef KV_FUZZ_FORMAT

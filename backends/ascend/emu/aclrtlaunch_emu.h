@@ -6,7 +6,7 @@
 #define KV_ASCEND_EMU_LAUNCH_H
 
 #define KV_ASCEND_KERNEL 1
-#include "backends/opencl/kernels.cl"
+#include "backends/kernels/kernels.cl"
 
 struct kv_emu_ptr {
     void *p;

@@ -1,0 +1,76 @@
+/* alloc.c — host memory wrappers that abort on out-of-memory. */
+#include "core/base/alloc.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void kv_oom(size_t bytes)
+{
+    fprintf(stderr, "kvsim: out of memory allocating %zu bytes\n", bytes);
+    abort();
+}
+
+void *kv_malloc(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p)
+        kv_oom(bytes);
+    return p;
+}
+
+void *kv_calloc(size_t count, size_t size)
+{
+    void *p = calloc(count ? count : 1, size ? size : 1);
+    if (!p)
+        kv_oom(count * size);
+    return p;
+}
+
+void *kv_realloc(void *ptr, size_t bytes)
+{
+    void *p = realloc(ptr, bytes ? bytes : 1);
+    if (!p)
+        kv_oom(bytes);
+    return p;
+}
+
+char *kv_strdup(const char *s)
+{
+    return kv_strndup(s, strlen(s));
+}
+
+char *kv_strndup(const char *s, size_t n)
+{
+    char *p = kv_malloc(n + 1);
+    memcpy(p, s, n);
+    p[n] = '\0';
+    return p;
+}
+
+void kv_free(void *ptr)
+{
+    free(ptr);
+}
+
+void kv_grow(void **items, size_t item_size, size_t *cap, size_t need)
+{
+    if (need <= *cap)
+        return;
+    size_t n = *cap ? *cap : 8;
+    while (n < need)
+        n *= 2;
+    size_t bytes;
+    if (kv_mul_size(n, item_size, &bytes) != 0)
+        kv_oom((size_t)-1);
+    *items = kv_realloc(*items, bytes);
+    *cap = n;
+}
+
+int kv_mul_size(size_t a, size_t b, size_t *out)
+{
+    if (b && a > (size_t)-1 / b)
+        return -1;
+    *out = a * b;
+    return 0;
+}

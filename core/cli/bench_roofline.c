@@ -1,0 +1,161 @@
+/* bench_roofline.c — `kvsim bench roofline`: the roofline's error against a profiled table, point by point. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/config/cards.h"
+#include "core/cli/commands.h"
+#include "core/timing/profile.h"
+#include "core/timing/timing.h"
+
+#define MAX_TP 8
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: kvsim bench roofline --profile FILE --profile-model NAME --hardware NAME\n"
+                 "                            [--model CARD] [--device PROFILE] [--tp N]...\n"
+                 "  For every point of a profiled table (splitwise-sim's perf_model.csv layout), the\n"
+                 "  profiled time, kvsim's roofline for the same step, and their ratio; with and without\n"
+                 "  the tensor-parallel all-reduces. Defaults: --model llama-2-70b --device h100-sxm,\n"
+                 "  --tp 2 --tp 4 --tp 8 (a tp the table lacks is reported and skipped).\n");
+}
+
+/* The roofline's seconds for a profiled point: `batch` prompts of x tokens, or `batch` decode tokens over
+   x tokens of bf16 KV (the table's KV). */
+static double roofline(const kv_timing *t, int decode, double batch, double x, double *no_comm_s)
+{
+    kv_step_work w = {0};
+    for (int i = 0; i < (int)batch; i++) {
+        if (decode)
+            kv_step_add_decode(t, &w, x, kv_model_kv_values_per_token(t->model) * 2.0 * x);
+        else
+            kv_step_add_prefill(t, &w, x);
+    }
+    double s = kv_step_roofline_seconds(t, &w);
+    *no_comm_s = s - kv_step_allreduce_seconds(t, &w);
+    return s;
+}
+
+typedef struct ratio_sum {
+    double log_sum, log_sum_nc, min, max;
+    int n;
+} ratio_sum;
+
+static int compare_tp(const char *path, const char *pmodel, const char *hw, int tp, const kv_model_card *m,
+                      const kv_device_profile *d, ratio_sum sums[2])
+{
+    kv_error err = {0};
+    kv_profile *p = NULL;
+    if (kv_profile_load(path, pmodel, hw, tp, NULL, &p, &err)) {
+        printf("tp %d: skipped (%s)\n\n", tp, err.msg);
+        return err.code == KV_EINPUT && strstr(err.msg, "no rows") ? 0 : 2;
+    }
+    kv_timing t;
+    kv_timing_init(&t, m, d, tp);
+    printf("%s\n%-8s %6s %8s %12s %12s %8s %14s\n", kv_profile_describe(p), "step", "batch", "tokens",
+           "profile ms", "roofline ms", "ratio", "ratio no-comm");
+    for (int decode = 0; decode < 2; decode++) {
+        for (size_t i = 0; i < kv_profile_point_count(p, decode); i++) {
+            double batch, x, measured, nc;
+            kv_profile_point(p, decode, i, &batch, &x, &measured);
+            double model = roofline(&t, decode, batch, x, &nc);
+            double r = measured / model, r_nc = measured / nc;
+            printf("%-8s %6g %8g %12.3f %12.3f %8.3f %14.3f\n", decode ? "decode" : "prefill", batch, x,
+                   measured * 1e3, model * 1e3, r, r_nc);
+            ratio_sum *s = &sums[decode];
+            s->log_sum += log(r);
+            s->log_sum_nc += log(r_nc);
+            s->min = s->n ? fmin(s->min, r) : r;
+            s->max = s->n ? fmax(s->max, r) : r;
+            s->n++;
+        }
+    }
+    printf("\n");
+    kv_profile_destroy(p);
+    return 0;
+}
+
+int kv_cmd_bench_roofline(int argc, char **argv)
+{
+    const char *path = NULL, *pmodel = NULL, *hw = NULL, *model = "llama-2-70b", *device = "h100-sxm";
+    int tps[MAX_TP], n_tp = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            return 0;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "kvsim bench roofline: %s needs a value\n", a);
+            usage(stderr);
+            return 2;
+        }
+        const char *v = argv[++i];
+        if (strcmp(a, "--profile") == 0)
+            path = v;
+        else if (strcmp(a, "--profile-model") == 0)
+            pmodel = v;
+        else if (strcmp(a, "--hardware") == 0)
+            hw = v;
+        else if (strcmp(a, "--model") == 0)
+            model = v;
+        else if (strcmp(a, "--device") == 0)
+            device = v;
+        else if (strcmp(a, "--tp") == 0 && n_tp < MAX_TP) {
+            char *end = NULL;
+            long tp = strtol(v, &end, 10);
+            if (!*v || *end || tp < 1 || tp > 4096) {
+                fprintf(stderr, "kvsim bench roofline: --tp: expected an integer 1-4096, got '%s'\n", v);
+                return 2;
+            }
+            tps[n_tp++] = (int)tp;
+        } else {
+            fprintf(stderr, "kvsim bench roofline: unknown option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!path || !pmodel || !hw) {
+        fprintf(stderr, "kvsim bench roofline: --profile, --profile-model and --hardware are required\n");
+        usage(stderr);
+        return 2;
+    }
+    if (n_tp == 0) {
+        tps[n_tp++] = 2;
+        tps[n_tp++] = 4;
+        tps[n_tp++] = 8;
+    }
+    char data[4096];
+    snprintf(data, sizeof data, "%s/scenarios", getenv("KVSIM_DATA") ? getenv("KVSIM_DATA") : KV_DATA_DIR);
+    const char *dirs[] = {".", data};
+    kv_error err = {0};
+    kv_model_card m;
+    kv_device_profile d;
+    if (kv_model_card_load(model, dirs, 2, "--model", &m, &err)) {
+        fprintf(stderr, "kvsim bench roofline: %s\n", err.msg);
+        return 2;
+    }
+    if (kv_device_profile_load(device, dirs, 2, "--device", &d, &err)) {
+        fprintf(stderr, "kvsim bench roofline: %s\n", err.msg);
+        kv_model_card_free(&m);
+        return 2;
+    }
+    printf("kvsim bench roofline: %s (%s) on %s against %s rows '%s' on '%s'\n"
+           "ratio = profiled time / roofline time (1 = exact; > 1: the roofline is optimistic)\n\n",
+           m.name, model, d.name, path, pmodel, hw);
+    int rc = 0;
+    for (int i = 0; i < n_tp && !rc; i++) {
+        ratio_sum sums[2] = {{0}};
+        rc = compare_tp(path, pmodel, hw, tps[i], &m, &d, sums);
+        for (int k = 0; k < 2 && !rc; k++)
+            if (sums[k].n)
+                printf("tp %d %-7s: geometric-mean ratio %.2f (without all-reduces %.2f), range %.2f-%.2f over %d "
+                       "points\n%s",
+                       tps[i], k ? "decode" : "prefill", exp(sums[k].log_sum / sums[k].n),
+                       exp(sums[k].log_sum_nc / sums[k].n), sums[k].min, sums[k].max, sums[k].n, k ? "\n" : "");
+    }
+    kv_model_card_free(&m);
+    kv_device_profile_free(&d);
+    return rc;
+}

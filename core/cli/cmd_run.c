@@ -1,0 +1,231 @@
+/* cmd_run.c — `kvsim run`, `kvsim validate` and `kvsim help`: load a scenario, run every policy, report. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/base/afile.h"
+#include "core/base/alloc.h"
+#include "core/cli/commands.h"
+#include "core/sim/engine.h"
+#include "core/report/metrics.h"
+#include "core/accuracy/eval_config.h"
+#include "core/report/plot.h"
+#include "core/report/report.h"
+#include "core/config/scenario.h"
+#include "core/study/study.h"
+
+typedef struct run_args {
+    const char *scenario;
+    const char **sets; /* "key=value" overrides, in order */
+    int n_sets;
+    const char *out_dir;
+    int quiet;
+    int plot; /* --plot: scripts/plot on the output folder afterwards */
+} run_args;
+
+/* The signal registry: the staging folder (or previous folder) a SIGINT/SIGTERM/SIGHUP must remove
+   (afile.h, invariant I3). It is the one piece of mutable state outside main, because a signal
+   handler can reach nothing else; only kv_outdir_* (through the pointer kv_cmd_cleanup_slot hands
+   out) and the handler touch it. */
+static kv_cleanup_slot cleanup_slot;
+
+static void on_fatal_signal(int sig)
+{
+    kv_cleanup_slot_run(&cleanup_slot); /* system calls only: async-signal-safe */
+    _exit(128 + sig);                   /* 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP */
+}
+
+kv_cleanup_slot *kv_cmd_cleanup_slot(void)
+{
+    const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_fatal_signal;
+    sigemptyset(&sa.sa_mask);
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+        sigaddset(&sa.sa_mask, sigs[i]); /* no second signal interrupts the cleanup */
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+        struct sigaction old;
+        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN)
+            continue; /* nohup, or a background job: an ignored signal stays ignored */
+        sigaction(sigs[i], &sa, NULL);
+    }
+    return &cleanup_slot;
+}
+
+static void run_usage(FILE *out, const char *cmd)
+{
+    fprintf(out,
+            "usage: kvsim %s SCENARIO [--set key.path=value]... [--seed N]%s\n"
+            "  --set key.path=value  override any scenario key (YAML value: 4, true, [a, b], {k: v})\n"
+            "  --seed N              same as --set seed=N\n"
+            "%s",
+            cmd, strcmp(cmd, "run") == 0 ? " [--out DIR] [--quiet] [--plot]" : "",
+            strcmp(cmd, "run") == 0 ? "  --out DIR             write results.json, requests.csv, trace.json there\n"
+                                      "  --quiet               no table on stdout\n"
+                                      "  --plot                figures into DIR/figures/ (scripts/plot; needs matplotlib)\n"
+                                    : "");
+}
+
+/* Parses the arguments; returns 0, or 2 after printing the problem. */
+static int parse(int argc, char **argv, run_args *a, char **seed_set)
+{
+    memset(a, 0, sizeof *a);
+    a->sets = kv_calloc((size_t)argc + 1, sizeof *a->sets);
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        int has_value = i + 1 < argc;
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+            run_usage(stdout, argv[0]);
+            return -1;
+        } else if (strcmp(arg, "--set") == 0 && has_value) {
+            a->sets[a->n_sets++] = argv[++i];
+        } else if (strncmp(arg, "--set=", 6) == 0) {
+            a->sets[a->n_sets++] = arg + 6;
+        } else if (strcmp(arg, "--seed") == 0 && has_value) {
+            const char *v = argv[++i];
+            char *end = NULL;
+            long seed = strtol(v, &end, 10);
+            if (*v == '\0' || *end != '\0' || seed < 0 || seed > 2147483647) {
+                fprintf(stderr, "kvsim %s: --seed: expected a whole number 0..2147483647, got '%s'\n", argv[0], v);
+                return 2;
+            }
+            size_t len = strlen(v) + 8;
+            *seed_set = kv_malloc(len);
+            snprintf(*seed_set, len, "seed=%s", v);
+            a->sets[a->n_sets++] = *seed_set;
+        } else if (strcmp(arg, "--out") == 0 && has_value && strcmp(argv[0], "run") == 0) {
+            a->out_dir = argv[++i];
+            if (!a->out_dir[0]) {
+                fprintf(stderr, "kvsim %s: --out: an empty folder name (leave --out out to write no folder)\n",
+                        argv[0]);
+                return 2;
+            }
+        } else if (strcmp(arg, "--quiet") == 0 && strcmp(argv[0], "run") == 0) {
+            a->quiet = 1;
+        } else if (strcmp(arg, "--plot") == 0 && strcmp(argv[0], "run") == 0) {
+            a->plot = 1;
+        } else if (arg[0] == '-') {
+            fprintf(stderr, "kvsim %s: unknown or incomplete option '%s'\n", argv[0], arg);
+            run_usage(stderr, argv[0]);
+            return 2;
+        } else if (!a->scenario) {
+            a->scenario = arg;
+        } else {
+            fprintf(stderr, "kvsim %s: one scenario at a time (got '%s' and '%s')\n", argv[0], a->scenario, arg);
+            return 2;
+        }
+    }
+    if (!a->scenario) {
+        run_usage(stderr, argv[0]);
+        return 2;
+    }
+    return 0;
+}
+
+static int run_or_validate(int argc, char **argv, int validate_only)
+{
+    run_args a;
+    char *seed_set = NULL;
+    int rc = parse(argc, argv, &a, &seed_set);
+    if (rc) {
+        kv_free(a.sets);
+        kv_free(seed_set);
+        return rc < 0 ? 0 : rc;
+    }
+    kv_error err = {0};
+    kv_scenario *s = NULL;
+    kv_study *study = NULL;
+    int plot_rc = 0;
+    rc = kv_scenario_load(a.scenario, a.sets, a.n_sets, &s, &err);
+    if (!rc)
+        rc = kv_study_prepare(s, &study, &err);
+    if (!rc && validate_only && s->accuracy) {
+        /* The accuracy section has its own reader; check it the way kvsim eval will. */
+        kv_eval_scenario *es = NULL;
+        rc = kv_eval_scenario_load(a.scenario, NULL, &es, &err);
+        kv_eval_scenario_destroy(es);
+    }
+    if (!rc && validate_only) {
+        printf("ok: %s: %s, %zu requests, policies:", a.scenario, s->model_card.name, kv_study_request_count(study));
+        for (size_t i = 0; i < s->policies.count; i++)
+            printf(" %s", s->policies.items[i]);
+        printf("\n");
+    }
+    if (!rc && !validate_only) {
+        const char *dir = a.out_dir ? a.out_dir : s->outputs.dir;
+        int to_folder = dir && dir[0];
+        kv_outdir od;
+        memset(&od, 0, sizeof od);
+        /* The folder is checked (created, test-written) before simulating: exit 2 now, not after the run. */
+        if (to_folder)
+            rc = kv_outdir_begin(&od, dir, kv_report_owned_names, kv_report_owned_count, kv_cmd_cleanup_slot(),
+                                 &err);
+        if (!rc)
+            rc = kv_study_run(study, &err);
+        if (!rc && !a.quiet)
+            kv_study_print(study, stdout);
+        if (!rc && to_folder)
+            rc = kv_study_write(study, kv_outdir_staging(&od), &err);
+        if (!rc && to_folder && a.plot) {
+            /* Figures go into the staging folder too, which first gets links to DIR's other entries (the
+               plots read an accuracy.json there). */
+            rc = kv_outdir_carry(&od, &err);
+            if (!rc)
+                plot_rc = kv_plot_folder(kv_outdir_staging(&od), dir, stdout, od.slot); /* it says why */
+            if (plot_rc) {
+                /* Publish the results without half-drawn figures; the exit status says plotting failed. */
+                char figures[4200];
+                snprintf(figures, sizeof figures, "%s/figures", kv_outdir_staging(&od));
+                kv_rmtree(figures);
+            }
+        }
+        if (to_folder) {
+            if (!rc) {
+                rc = kv_outdir_commit(&od, &err);
+                if (!rc && !a.quiet)
+                    printf("wrote %s/\n", dir);
+            } else {
+                kv_outdir_abort(&od); /* DIR stays as it was */
+            }
+        }
+        if (!rc && a.plot && !to_folder)
+            printf("plots skipped: no output folder (use --out DIR or outputs.dir)\n");
+    }
+    if (rc)
+        fprintf(stderr, "kvsim %s: %s\n", argv[0], err.msg);
+    kv_study_destroy(study);
+    kv_scenario_destroy(s);
+    kv_free(a.sets);
+    kv_free(seed_set);
+    return rc ? rc : plot_rc;
+}
+
+int kv_cmd_run(int argc, char **argv)
+{
+    return run_or_validate(argc, argv, 0);
+}
+
+int kv_cmd_validate(int argc, char **argv)
+{
+    return run_or_validate(argc, argv, 1);
+}
+
+int kv_cmd_help(int argc, char **argv)
+{
+    const char *topic = argc > 1 ? argv[1] : "";
+    if (strcmp(topic, "scenario") == 0) {
+        kv_scenario_print_reference(stdout);
+        return 0;
+    }
+    if (strcmp(topic, "cards") == 0) {
+        kv_cards_print_reference(stdout);
+        return 0;
+    }
+    fprintf(topic[0] ? stderr : stdout, "usage: kvsim help scenario | cards\n"
+                                        "  scenario  every scenario key with its default and meaning\n"
+                                        "  cards     the keys of model cards and device profiles\n");
+    return topic[0] ? 2 : 0;
+}

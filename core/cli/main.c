@@ -1,0 +1,49 @@
+/* main.c — kvsim's command line: a table of subcommands. */
+#include <stdio.h>
+#include <string.h>
+
+#include "core/cli/commands.h"
+
+static const kv_command commands[] = {
+    {"run", "SCENARIO [--set key.path=value]... [--seed N] [--out DIR] [--quiet] [--plot]",
+     "simulate a scenario and print the comparison table", kv_cmd_run},
+    {"sweep", "SWEEP.yaml [-j N] [--plot] | SWEEP.yaml --emit slurm|parallel | --collect DIR",
+     "run a parameter sweep in parallel, or write it as cluster jobs (docs/sweeps.md)", kv_cmd_sweep},
+    {"validate", "SCENARIO [--set key.path=value]...", "check a scenario without running it", kv_cmd_validate},
+    {"eval", "SCENARIO [--out DIR] [--model PATH] [--quiet]",
+     "accuracy of each policy's KV on the reference model (SmolLM2-135M)", kv_cmd_eval},
+    {"bench", "WHAT [options]", "benchmarks that print ratios (kvsim bench --help)", kv_cmd_bench},
+    {"help", "scenario | cards", "print the scenario reference or the card/profile reference", kv_cmd_help},
+};
+
+static void usage(FILE *out)
+{
+    fprintf(out, "kvsim %s — disaggregated LLM inference simulator (KV compression and transfer)\n\n", KV_VERSION);
+    fprintf(out, "usage: kvsim COMMAND [options]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(out, "  %-9s %s\n            %s\n", commands[i].name, commands[i].usage, commands[i].summary);
+    fprintf(out, "\n  kvsim --help | --version\n\n"
+                 "Exit codes: 0 ok, 1 the run failed, 2 bad input.\n"
+                 "Scenario reference: kvsim help scenario, or README.md.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || (strcmp(argv[1], "help") == 0 && argc == 2)) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("kvsim %s\n", KV_VERSION);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (strcmp(argv[1], commands[i].name) == 0)
+            return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "kvsim: unknown command '%s' (try kvsim --help)\n", argv[1]);
+    return 2;
+}

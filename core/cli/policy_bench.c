@@ -1,0 +1,202 @@
+/* policy_bench.c — `kvsim bench policy`: how many hook calls per second the policy host answers, cached and not. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/base/alloc.h"
+#include "core/cli/commands.h"
+#include "core/policy/policy.h"
+
+/* A placement and admission policy for the bench (the shipped ones use the defaults). */
+static const char placement_policy[] =
+    "-- written by kvsim bench policy\n"
+    "return {\n"
+    "  prefill_node = function(ctx)\n"
+    "    local best = ctx.nodes[1]\n"
+    "    for _, n in ipairs(ctx.nodes) do\n"
+    "      if n.queued + n.running < best.queued + best.running then best = n end\n"
+    "    end\n"
+    "    return best.index\n"
+    "  end,\n"
+    "  admit = function(ctx) return ctx.kv_bytes_needed <= 0.9 * ctx.node.kv_free_bytes end,\n"
+    "}\n";
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* policies/lynx.lua from the working directory, else next to the binary (build/kvsim → ../policies). */
+static char *find_policy(const char *argv0, const char *rel)
+{
+    if (access(rel, R_OK) == 0)
+        return kv_strdup(rel);
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) {
+        if (!argv0)
+            return NULL;
+        snprintf(exe, sizeof exe, "%s", argv0);
+        n = (ssize_t)strlen(exe);
+    }
+    exe[n] = '\0';
+    char *slash = strrchr(exe, '/');
+    if (!slash)
+        return NULL;
+    *slash = '\0';
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/../%s", exe, rel);
+    if (access(path, R_OK) == 0)
+        return kv_strdup(path);
+    return NULL;
+}
+
+typedef struct bench_row {
+    const char *what;
+    double calls_per_s;
+} bench_row;
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: kvsim bench policy [--policy FILE] [--calls N]\n"
+                 "  --policy FILE  policy whose encode/transfer/speculate hooks are timed (default policies/lynx.lua)\n"
+                 "  --calls N      hook calls per uncached measurement (default 200000; cached ones run 10x)\n");
+}
+
+int kv_cmd_bench_policy(int argc, char **argv)
+{
+    const char *policy_arg = NULL;
+    long calls = 200000;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--policy") == 0 && i + 1 < argc) {
+            policy_arg = argv[++i];
+        } else if (strcmp(argv[i], "--calls") == 0 && i + 1 < argc) {
+            char *end;
+            calls = strtol(argv[++i], &end, 10);
+            if (*end || calls < 1000 || calls > 100000000) {
+                fprintf(stderr, "kvsim bench policy: --calls wants a number from 1000 to 100000000\n");
+                return 2;
+            }
+        } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage(stdout);
+            return 0;
+        } else {
+            fprintf(stderr, "kvsim bench policy: unknown option '%s'\n", argv[i]);
+            usage(stderr);
+            return 2;
+        }
+    }
+    char *path = policy_arg ? kv_strdup(policy_arg) : find_policy(argv[0], "policies/lynx.lua");
+    if (!path) {
+        fprintf(stderr, "kvsim bench policy: cannot find policies/lynx.lua (run from the source tree, or use "
+                        "--policy)\n");
+        return 2;
+    }
+    kv_error err;
+    kv_policy *p = NULL;
+    if (kv_policy_load(NULL, path, NULL, 0, NULL, &p, &err) != KV_OK) {
+        fprintf(stderr, "kvsim bench policy: %s\n", err.msg);
+        kv_free(path);
+        return err.code;
+    }
+    const kv_policy_model model = {"Llama-3-8B", 32, 32, 8, 128};
+    const int cells = model.layers * model.kv_heads;
+    kv_policy_request req = {1, 4096, 256, 0.0};
+    bench_row rows[8];
+    int n_rows = 0, rc = 0;
+    kv_encoding e;
+    volatile int sink = 0;
+
+    /* encode: uncached first (the cache is off), then cached. */
+    for (int cached = 0; cached <= 1 && rc == 0; cached++) {
+        kv_policy_set_cache(p, cached);
+        long n = cached ? calls * 10 : calls;
+        double t0 = now_s();
+        for (long i = 0; i < n && rc == 0; i++) {
+            req.id = (uint64_t)(i / cells);
+            rc = kv_policy_encoding(p, &model, &req, (int)(i % cells) / model.kv_heads, (int)(i % model.kv_heads), &e,
+                                    &err);
+            sink += e.key.bits;
+        }
+        double dt = now_s() - t0;
+        rows[n_rows++] = (bench_row){cached ? "encode, cached (every (layer, head) after the first request)"
+                                            : "encode, Lua on every call (cache off)",
+                                     (double)n / dt};
+    }
+    kv_policy_set_cache(p, false);
+    if (rc == 0 && kv_policy_has_hook(p, "transfer")) {
+        kv_transfer_plan tp;
+        double t0 = now_s();
+        for (long i = 0; i < calls && rc == 0; i++)
+            rc = kv_policy_transfer(p, &req, &tp, &err);
+        rows[n_rows++] = (bench_row){"transfer, Lua on every call", (double)calls / (now_s() - t0)};
+    }
+    if (rc == 0 && kv_policy_has_hook(p, "speculate")) {
+        int k;
+        double t0 = now_s();
+        for (long i = 0; i < calls && rc == 0; i++) {
+            rc = kv_policy_speculation(p, &req, &k, &err);
+            sink += k;
+        }
+        rows[n_rows++] = (bench_row){"speculate, Lua on every call", (double)calls / (now_s() - t0)};
+    }
+    char policy_name[256];
+    snprintf(policy_name, sizeof policy_name, "%s", kv_policy_name(p));
+    kv_policy_destroy(p);
+    p = NULL;
+
+    /* Placement and admission from a small policy written to a temporary file. */
+    char tmpl[] = "/tmp/kvsim-bench-policy-XXXXXX";
+    int fd = rc == 0 ? mkstemp(tmpl) : -1;
+    if (fd >= 0) {
+        FILE *f = fdopen(fd, "w");
+        fputs(placement_policy, f);
+        fclose(f);
+        if (kv_policy_load("placement", tmpl, NULL, 0, NULL, &p, &err) == KV_OK) {
+            kv_policy_node nodes[8];
+            for (int i = 0; i < 8; i++)
+                nodes[i] = (kv_policy_node){i, (i * 7) % 5, i % 3, 40e9 - i * 1e9, i * 1e9};
+            int node = 0;
+            double t0 = now_s();
+            for (long i = 0; i < calls && rc == 0; i++) {
+                rc = kv_policy_prefill_node(p, &req, nodes, 8, &node, &err);
+                sink += node;
+            }
+            rows[n_rows++] = (bench_row){"prefill_node over 8 nodes, Lua", (double)calls / (now_s() - t0)};
+            bool ok = false;
+            t0 = now_s();
+            for (long i = 0; i < calls && rc == 0; i++) {
+                rc = kv_policy_admit(p, &req, &nodes[i % 8], 1e9, &ok, &err);
+                sink += ok;
+            }
+            rows[n_rows++] = (bench_row){"admit, Lua", (double)calls / (now_s() - t0)};
+        } else {
+            rc = err.code;
+        }
+        kv_policy_destroy(p);
+        unlink(tmpl);
+    }
+    if (rc != 0) {
+        fprintf(stderr, "kvsim bench policy: %s\n", err.msg);
+        kv_free(path);
+        return rc;
+    }
+
+    double base = rows[0].calls_per_s;
+    printf("kvsim bench policy: %s (%s), model %d layers x %d KV heads\n\n", policy_name, path, model.layers,
+           model.kv_heads);
+    printf("%-62s %14s %10s %12s\n", "hook", "calls/s", "ns/call", "x uncached");
+    for (int i = 0; i < n_rows; i++)
+        printf("%-62s %14.0f %10.1f %12.2f\n", rows[i].what, rows[i].calls_per_s, 1e9 / rows[i].calls_per_s,
+               rows[i].calls_per_s / base);
+    printf("\nencode for one request (%d calls): %.1f us from Lua, %.2f us cached\n", cells,
+           cells / rows[0].calls_per_s * 1e6, cells / rows[1].calls_per_s * 1e6);
+    (void)sink;
+    kv_free(path);
+    return 0;
+}

@@ -1,0 +1,61 @@
+/* cards.h — model cards and device profiles: the YAML files under scenarios/models and scenarios/devices. */
+#ifndef KV_CARDS_H
+#define KV_CARDS_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "core/base/error.h"
+
+/* A transformer's shape. */
+typedef struct kv_model_card {
+    char *name;
+    int layers;
+    int hidden;         /* model width */
+    int heads;          /* query heads */
+    int kv_heads;       /* key/value heads (GQA) */
+    int head_dim;
+    int ffn;            /* MLP intermediate size */
+    int vocab;
+    double params;      /* parameter count */
+    double weight_bytes_per_param; /* 2 for bf16 weights */
+    int max_context;    /* tokens */
+    char *source;       /* where the figures come from */
+} kv_model_card;
+
+/* An accelerator, as the roofline sees it. */
+typedef struct kv_device_profile {
+    char *name;
+    char *vendor;
+    double memory_gb;         /* device memory, GB (1e9 bytes) */
+    double hbm_bandwidth_gbs; /* GB/s */
+    double bf16_tflops;       /* dense, no sparsity */
+    double fp32_tflops;
+    double int8_tops;
+    double compute_efficiency; /* fraction of peak FLOP/s reached by large GEMMs */
+    double memory_efficiency;  /* fraction of peak bandwidth reached by streaming kernels */
+    double kernel_overhead_s;  /* fixed cost per launched step (launch + sync) */
+    double nic_bandwidth_gbps; /* typical NIC for this part (informative) */
+    double interconnect_gbs;   /* scale-up link (NVLink, Infinity Fabric, HCCS) per device and direction, GB/s */
+    double allreduce_latency_s;/* fixed cost of one tensor-parallel all-reduce */
+    char *source;              /* datasheet */
+} kv_device_profile;
+
+/* Loads a card/profile by name (looked up under <dir>/models or <dir>/devices
+   for each search dir) or by path (if it contains '/' or ends in .yaml).
+   `where` is the scenario position of the key, for messages. */
+int kv_model_card_load(const char *name_or_path, const char *const *search_dirs, int n_dirs, const char *where,
+                       kv_model_card *out, kv_error *err);
+void kv_model_card_free(kv_model_card *m);
+int kv_device_profile_load(const char *name_or_path, const char *const *search_dirs, int n_dirs, const char *where,
+                           kv_device_profile *out, kv_error *err);
+void kv_device_profile_free(kv_device_profile *d);
+
+/* The references, for kvsim help cards. */
+void kv_cards_print_reference(FILE *out);
+
+/* Derived figures. */
+double kv_model_kv_values_per_token(const kv_model_card *m); /* 2 * layers * kv_heads * head_dim */
+double kv_model_weight_bytes(const kv_model_card *m);
+
+#endif

@@ -1,0 +1,191 @@
+/* policy.h — policies: Lua scripts that decide encodings, streams, speculation, placement.
+ *
+ * A policy file returns a table of optional hooks (see docs/policies.md). The
+ * engine asks through the functions below; each returns KV_OK or an error
+ * whose message names the policy file, line, hook and request. Absent hooks
+ * give the defaults documented next to each function. Policies run sandboxed
+ * (policy.c): no io/os/require/binary chunks, an instruction budget per call
+ * and a memory cap per state.
+ */
+#ifndef KV_POLICY_H
+#define KV_POLICY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/base/error.h"
+
+typedef struct kv_policy kv_policy;
+
+/* How one of K or V is stored and sent. */
+typedef enum kv_tensor_kind {
+    KV_TENSOR_BF16 = 0, /* bf16, 2 bytes a value */
+    KV_TENSOR_INT = 1,  /* b-bit group quantization + fp16 scale/zero per group */
+} kv_tensor_kind;
+
+typedef struct kv_tensor_enc {
+    kv_tensor_kind kind;
+    int bits;        /* b, 1..16 (INT) */
+    int anchor_bits; /* a: 0 = no split; 1..b-1 = Lynx anchor/residual planes */
+    int group_size;  /* G (INT) */
+    int per_channel; /* 1: groups run across tokens per channel (KIVI keys) */
+} kv_tensor_enc;
+
+/* The encoding of one (layer, KV head). */
+typedef struct kv_encoding {
+    kv_tensor_enc key, value;
+    int full_precision_window; /* KIVI: the most recent R tokens stay bf16 (0 = none) */
+    /* DiffKV: when diffkv is true, key/value above are the high tier. */
+    bool diffkv;
+    kv_tensor_enc key_low, value_low; /* low tier (default K4V2) */
+    double alpha_high, alpha_low;     /* thresholds are alpha / context length */
+    int window;                       /* the most recent W tokens stay high */
+} kv_encoding;
+
+/* How the KV of one request travels. */
+typedef enum kv_stream_order {
+    KV_ORDER_CONCURRENT = 0,   /* anchor and residual flows start together */
+    KV_ORDER_ANCHOR_FIRST = 1, /* residual flow starts when the anchor has arrived */
+} kv_stream_order;
+
+/* What a decode node does with a request's KV when its memory runs out
+   (the request is evicted from the batch and waits again). */
+typedef enum kv_preempt_mode {
+    KV_PREEMPT_RECOMPUTE = 0, /* drop the KV; rebuild it with a prefill of prompt + generated tokens (vLLM's default) */
+    KV_PREEMPT_SWAP = 1,      /* copy the KV pages to host memory and back (memory.swap_bandwidth_gbs) */
+} kv_preempt_mode;
+
+typedef struct kv_transfer_plan {
+    kv_stream_order order;
+    int priority_mode;        /* kv_priority_mode of net.h: none, strict, weighted */
+    double anchor_weight;     /* weighted mode: share of the anchor class */
+    double residual_weight;   /* weighted mode: share of the residual class */
+    bool layerwise;           /* send each layer's KV as prefill produces it */
+    kv_preempt_mode preempt;  /* `preempt = "recompute" | "swap"` in the transfer answer; default recompute */
+} kv_transfer_plan;
+
+/* What a hook sees of the request. */
+typedef struct kv_policy_request {
+    uint64_t id;
+    int prompt_tokens;
+    int output_tokens;
+    double arrival_s;
+} kv_policy_request;
+
+/* What a hook sees of the model. */
+typedef struct kv_policy_model {
+    const char *name;
+    int layers, heads, kv_heads, head_dim;
+} kv_policy_model;
+
+/* What a placement hook sees of one node. */
+typedef struct kv_policy_node {
+    int index;             /* within its pool */
+    int queued;            /* requests waiting */
+    int running;           /* requests in the batch */
+    double kv_free_bytes;  /* bytes of memory free for KV (pages not held by running requests) */
+    double kv_used_bytes;  /* bytes of KV pages held by running requests */
+    int incoming;          /* decode: requests placed here whose KV is still in flight (not yet queued); 0 for prefill */
+    double kv_reserved_bytes; /* decode: bytes of KV pages those incoming requests will need on arrival */
+} kv_policy_node;
+
+/* Parameters from the scenario: `policy.<name>.<key>: value` (numbers,
+   booleans or strings), checked against the policy's declared `params`. */
+typedef struct kv_policy_param {
+    const char *key;
+    const char *value; /* as written in YAML; the host converts to the declared type */
+    const char *where; /* "file:line:col" for error messages */
+} kv_policy_param;
+
+/* The sandbox's limits (docs/policies.md, "The sandbox"); 0 in a field means its default.
+   The scenario's policy_limits.* keys fill this (core/study/study.c). */
+typedef struct kv_policy_limits {
+    uint64_t instructions_per_call; /* Lua VM instructions per hook call (max INT_MAX); loading gets 10x */
+    uint64_t memory_bytes;          /* cap on the policy's Lua heap, bytes */
+    uint64_t string_bytes;          /* longest string the policy may make, bytes (at most memory_bytes) */
+    double hook_ms;                 /* wall-clock per hook call, ms; loading the file gets 10x */
+    double run_s;                   /* wall-clock in the policy over its whole life (one run), s */
+    uint64_t print_bytes;           /* print() output per policy before it is suppressed, bytes */
+} kv_policy_limits;
+
+#define KV_POLICY_DEFAULT_INSTRUCTIONS 1000000u           /* per hook call; loading the file gets 10x */
+#define KV_POLICY_DEFAULT_MEMORY_BYTES (32u * 1024u * 1024u) /* per policy state */
+#define KV_POLICY_DEFAULT_STRING_BYTES (1024u * 1024u)   /* per string */
+#define KV_POLICY_DEFAULT_HOOK_MS 1000.0                  /* per hook call; loading the file gets 10x */
+#define KV_POLICY_DEFAULT_RUN_S 600.0                     /* per policy, all calls together */
+#define KV_POLICY_DEFAULT_PRINT_BYTES (64u * 1024u)       /* per policy */
+#define KV_POLICY_MAX_SPECULATE 4096                      /* largest answer `speculate` may give */
+
+/* Loads a policy file. KV_EINPUT on syntax errors, bad params, a bad return. */
+int kv_policy_load(const char *name, const char *path, const kv_policy_param *params, int n_params,
+                   const kv_policy_limits *limits, kv_policy **out, kv_error *err);
+void kv_policy_destroy(kv_policy *p); /* NULL is fine */
+const char *kv_policy_name(const kv_policy *p);
+const char *kv_policy_path(const kv_policy *p);
+
+/* Hook `encode(ctx)`; default: bf16 keys and values. */
+int kv_policy_encoding(kv_policy *p, const kv_policy_model *m, const kv_policy_request *r,
+                       int layer, int kv_head, kv_encoding *out, kv_error *err);
+/* Hook `transfer(ctx)`; default: concurrent, no priority, not layer-wise. */
+int kv_policy_transfer(kv_policy *p, const kv_policy_request *r, kv_transfer_plan *out, kv_error *err);
+/* Hook `speculate(ctx)`; default 0 (no speculation). Returns max speculative tokens in *k. */
+int kv_policy_speculation(kv_policy *p, const kv_policy_request *r, int *k, kv_error *err);
+/* Hooks `prefill_node(ctx)` / `decode_node(ctx)`; default: least loaded (queued + running + incoming:
+   a decode node counts the requests whose KV is already travelling to it), lowest index on ties.
+   Returns a node index within the pool. */
+int kv_policy_prefill_node(kv_policy *p, const kv_policy_request *r, const kv_policy_node *nodes,
+                           int n_nodes, int *node, kv_error *err);
+int kv_policy_decode_node(kv_policy *p, const kv_policy_request *r, const kv_policy_node *nodes,
+                          int n_nodes, int *node, kv_error *err);
+/* Hook `admit(ctx)`; default: admit when the request's KV fits in free memory. */
+int kv_policy_admit(kv_policy *p, const kv_policy_request *r, const kv_policy_node *node,
+                    double kv_bytes_needed, bool *admit, kv_error *err);
+
+/* --- Additions (policy owner) -------------------------------------------- */
+
+/* Tells the policy which model it serves, so every hook sees `ctx.model`
+   (kv_policy_encoding also sets it from its `m`). Call once after loading;
+   calling again with a different card clears the encoding cache. The policy
+   copies what it needs. */
+void kv_policy_set_model(kv_policy *p, const kv_policy_model *m);
+
+/* The file's `describe` string ("" when absent), for tables and reports. */
+const char *kv_policy_describe(const kv_policy *p);
+
+/* The declared parameters after scenario overrides, sorted by key. `value` is
+   rendered the way Lua's tostring renders it ("4", "0.02", "true", "strict").
+   Pointers stay valid until kv_policy_destroy. */
+int kv_policy_param_count(const kv_policy *p);
+const char *kv_policy_param_key(const kv_policy *p, int i);
+const char *kv_policy_param_value(const kv_policy *p, int i);
+/* Writes "key=value key=value ..." (sorted) into buf; returns buf. */
+const char *kv_policy_params_string(const kv_policy *p, char *buf, size_t size);
+
+/* Whether the file defines hook `hook` ("encode", "transfer", ...). */
+bool kv_policy_has_hook(const kv_policy *p, const char *hook);
+
+/* Answers are cached per (layer, KV head) for `encode`, and once for
+   `transfer` and `speculate`, whenever the hook's call read nothing of the
+   request (ctx.request, ctx.context_length) and called no math.random. A file
+   can opt out with `cache = false`; this switch turns caching off (benchmarks,
+   tests) or back on. Turning it off also empties the cache. */
+void kv_policy_set_cache(kv_policy *p, bool on);
+/* True when kv_policy_encoding(p, m, r, layer, kv_head) answers without running
+   the hook, so the same for every request r: the hook is absent, or its answer
+   for (layer, kv_head) under model m is cached. It stays so while
+   kv_policy_cache_epoch(p) is unchanged. */
+bool kv_policy_encoding_fixed(const kv_policy *p, const kv_policy_model *m, int layer, int kv_head);
+/* Changes whenever the caches are emptied (kv_policy_set_cache, a new model). */
+uint64_t kv_policy_cache_epoch(const kv_policy *p);
+
+typedef struct kv_policy_stats {
+    uint64_t lua_calls;       /* hook calls that ran Lua */
+    uint64_t cache_hits;      /* answers served from the cache */
+    uint64_t default_answers; /* answers given by an absent hook's default */
+    uint64_t memory_bytes;    /* Lua heap now */
+    uint64_t memory_peak_bytes;
+} kv_policy_stats;
+void kv_policy_get_stats(const kv_policy *p, kv_policy_stats *out);
+
+#endif

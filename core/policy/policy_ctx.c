@@ -1,0 +1,296 @@
+/* policy_ctx.c — the tables a policy hook sees: strict and read-only tables, ctx and its fields, the call body. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <lauxlib.h>
+#include <lua.h>
+
+#include "core/base/alloc.h"
+#include "core/policy/policy_internal.h"
+#include "core/policy/policy_sandbox.h"
+
+/* Fields of ctx, per hook (request and context_length are lazy). */
+static const char *const ctx_fields[H_COUNT][10] = {
+    [H_ENCODE] = {"layer", "head", "model", "params", "policy", "request", "context_length", NULL},
+    [H_TRANSFER] = {"model", "params", "policy", "request", "context_length", NULL},
+    [H_SPECULATE] = {"model", "params", "policy", "request", "context_length", NULL},
+    [H_PREFILL_NODE] = {"nodes", "pool", "model", "params", "policy", "request", "context_length", NULL},
+    [H_DECODE_NODE] = {"nodes", "pool", "model", "params", "policy", "request", "context_length", NULL},
+    [H_ADMIT] = {"node", "kv_bytes_needed", "model", "params", "policy", "request", "context_length", NULL},
+};
+
+kv_policy *kv_policy_of(lua_State *L)
+{
+    return (kv_policy *)kv_sandbox_of(L);
+}
+
+/* --- strict and read-only tables ----------------------------------------- */
+
+static int strict_error(lua_State *L, int t, const char *what)
+{
+    const char *keys[64];
+    int n = kv_policy_table_keys(L, t, keys);
+    char hint[512];
+    const char *key = lua_type(L, 2) == LUA_TSTRING ? lua_tostring(L, 2) : NULL;
+    if (!key)
+        return luaL_error(L, "%s has no field [%s]", what, luaL_tolstring(L, 2, NULL));
+    kv_policy_suggest(key, keys, n, "fields", hint, sizeof hint);
+    return luaL_error(L, "%s has no field '%s'%s", what, key, hint);
+}
+
+/* __index of request and node tables: every field is raw, so any miss is a typo. */
+static int strict_index(lua_State *L)
+{
+    return strict_error(L, 1, lua_tostring(L, lua_upvalueindex(1)));
+}
+
+/* __index of the table behind a read-only view (reached only for missing
+   keys): upvalue 1 is that table, 2 its name. */
+static int ro_missing(lua_State *L)
+{
+    return strict_error(L, lua_upvalueindex(1), lua_tostring(L, lua_upvalueindex(2)));
+}
+
+static int ro_newindex(lua_State *L)
+{
+    return luaL_error(L, "%s is read-only (tried to set '%s')", lua_tostring(L, lua_upvalueindex(1)),
+                      luaL_tolstring(L, 2, NULL));
+}
+
+/* __pairs of a read-only view: the real table (upvalue 1) in the sandbox's fixed key order. */
+static int ro_pairs(lua_State *L)
+{
+    lua_pushvalue(L, lua_upvalueindex(1));
+    kv_sandbox_push_pairs(L, -1);
+    return 3;
+}
+
+/* Pushes a read-only view of the table at idx, named `what` in messages.
+   Reads go proxy → real table through a table __index (no C call on the hot
+   path); the real table itself gets a strict metatable, so reading a missing
+   key is an error with a hint, also through a policy's own upvalue. */
+void kv_policy_push_readonly(lua_State *L, int idx, const char *what)
+{
+    idx = lua_absindex(L, idx);
+    if (!lua_getmetatable(L, idx)) {
+        lua_createtable(L, 0, 2);
+        lua_pushvalue(L, idx);
+        lua_pushstring(L, what);
+        lua_pushcclosure(L, ro_missing, 2);
+        lua_setfield(L, -2, "__index");
+        lua_pushstring(L, what);
+        lua_setfield(L, -2, "__name");
+        lua_setmetatable(L, idx);
+    } else {
+        lua_pop(L, 1);
+    }
+    lua_newtable(L);
+    lua_createtable(L, 0, 5);
+    lua_pushvalue(L, idx);
+    lua_setfield(L, -2, "__index");
+    lua_pushstring(L, what);
+    lua_pushcclosure(L, ro_newindex, 1);
+    lua_setfield(L, -2, "__newindex");
+    lua_pushvalue(L, idx);
+    lua_pushcclosure(L, ro_pairs, 1);
+    lua_setfield(L, -2, "__pairs");
+    lua_pushstring(L, what);
+    lua_setfield(L, -2, "__name");
+    lua_pushboolean(L, 0);
+    lua_setfield(L, -2, "__metatable");
+    lua_setmetatable(L, -2);
+}
+
+int kv_policy_make_strict_mt(lua_State *L, const char *what)
+{
+    lua_createtable(L, 0, 2);
+    lua_pushstring(L, what);
+    lua_pushcclosure(L, strict_index, 1);
+    lua_setfield(L, -2, "__index");
+    lua_pushstring(L, what);
+    lua_setfield(L, -2, "__name");
+    return luaL_ref(L, LUA_REGISTRYINDEX);
+}
+
+/* --- ctx ------------------------------------------------------------------ */
+
+static void push_request(lua_State *L, kv_policy *p, const kv_policy_request *r)
+{
+    lua_createtable(L, 0, 4);
+    lua_pushinteger(L, (lua_Integer)r->id);
+    lua_setfield(L, -2, "id");
+    lua_pushinteger(L, r->prompt_tokens);
+    lua_setfield(L, -2, "prompt_tokens");
+    lua_pushinteger(L, r->output_tokens);
+    lua_setfield(L, -2, "output_tokens");
+    lua_pushnumber(L, r->arrival_s);
+    lua_setfield(L, -2, "arrival_s");
+    lua_rawgeti(L, LUA_REGISTRYINDEX, p->request_mt_ref);
+    lua_setmetatable(L, -2);
+}
+
+static void push_node(lua_State *L, kv_policy *p, const kv_policy_node *n)
+{
+    lua_createtable(L, 0, 7);
+    lua_pushinteger(L, n->index);
+    lua_setfield(L, -2, "index");
+    lua_pushinteger(L, n->queued);
+    lua_setfield(L, -2, "queued");
+    lua_pushinteger(L, n->running);
+    lua_setfield(L, -2, "running");
+    lua_pushnumber(L, n->kv_free_bytes);
+    lua_setfield(L, -2, "kv_free_bytes");
+    lua_pushnumber(L, n->kv_used_bytes);
+    lua_setfield(L, -2, "kv_used_bytes");
+    lua_pushinteger(L, n->incoming);
+    lua_setfield(L, -2, "incoming");
+    lua_pushnumber(L, n->kv_reserved_bytes);
+    lua_setfield(L, -2, "kv_reserved_bytes");
+    lua_rawgeti(L, LUA_REGISTRYINDEX, p->node_mt_ref);
+    lua_setmetatable(L, -2);
+}
+
+/* __index of ctx: fills the request-dependent fields on first read (and notes
+   the read), answers nil for known-but-absent fields, errors on typos. */
+int kv_policy_ctx_index(lua_State *L)
+{
+    kv_policy *p = kv_policy_of(L);
+    const char *key = lua_type(L, 2) == LUA_TSTRING ? lua_tostring(L, 2) : NULL;
+    const char *const *fields = ctx_fields[p->cur.hook];
+    if (key && strcmp(key, "request") == 0) {
+        p->cur.read_request = true;
+        if (!p->cur.r)
+            return 0;
+        push_request(L, p, p->cur.r);
+        lua_pushvalue(L, -1);
+        lua_setfield(L, 1, "request"); /* raw from now on (ctx has no __newindex) */
+        return 1;
+    }
+    if (key && strcmp(key, "context_length") == 0) {
+        p->cur.read_request = true;
+        if (!p->cur.r)
+            return 0;
+        lua_pushinteger(L, p->cur.r->prompt_tokens);
+        lua_pushvalue(L, -1);
+        lua_setfield(L, 1, "context_length");
+        return 1;
+    }
+    int n = 0;
+    while (fields[n])
+        n++;
+    for (int i = 0; key && i < n; i++)
+        if (strcmp(key, fields[i]) == 0)
+            return 0; /* known field, absent in this call (e.g. ctx.model before a model is set) */
+    char hint[512];
+    if (!key)
+        return luaL_error(L, "ctx has no field [%s] in hook '%s'", luaL_tolstring(L, 2, NULL),
+                          kv_policy_hook_names[p->cur.hook]);
+    kv_policy_suggest(key, fields, n, "fields", hint, sizeof hint);
+    return luaL_error(L, "ctx has no field '%s' in hook '%s'%s", key, kv_policy_hook_names[p->cur.hook], hint);
+}
+
+static void build_model(lua_State *L, kv_policy *p)
+{
+    if (p->model_ref != LUA_NOREF)
+        luaL_unref(L, LUA_REGISTRYINDEX, p->model_ref);
+    p->model_ref = LUA_NOREF;
+    lua_createtable(L, 0, 5);
+    lua_pushstring(L, p->model.name ? p->model.name : "");
+    lua_setfield(L, -2, "name");
+    lua_pushinteger(L, p->model.layers);
+    lua_setfield(L, -2, "layers");
+    lua_pushinteger(L, p->model.heads);
+    lua_setfield(L, -2, "heads");
+    lua_pushinteger(L, p->model.kv_heads);
+    lua_setfield(L, -2, "kv_heads");
+    lua_pushinteger(L, p->model.head_dim);
+    lua_setfield(L, -2, "head_dim");
+    kv_policy_push_readonly(L, -1, "ctx.model");
+    p->model_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_pop(L, 1);
+    p->model_dirty = false;
+}
+
+static void push_ctx(lua_State *L, kv_policy *p)
+{
+    const kv_policy_call *c = &p->cur;
+    lua_createtable(L, 0, 8);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, p->params_ref);
+    lua_setfield(L, -2, "params");
+    if (p->model_ref != LUA_NOREF) {
+        lua_rawgeti(L, LUA_REGISTRYINDEX, p->model_ref);
+        lua_setfield(L, -2, "model");
+    }
+    lua_pushstring(L, p->name);
+    lua_setfield(L, -2, "policy");
+    switch (c->hook) {
+    case H_ENCODE:
+        lua_pushinteger(L, c->layer);
+        lua_setfield(L, -2, "layer");
+        lua_pushinteger(L, c->head);
+        lua_setfield(L, -2, "head");
+        break;
+    case H_PREFILL_NODE:
+    case H_DECODE_NODE:
+        lua_pushstring(L, c->hook == H_PREFILL_NODE ? "prefill" : "decode");
+        lua_setfield(L, -2, "pool");
+        lua_createtable(L, c->n_nodes, 0);
+        for (int i = 0; i < c->n_nodes; i++) {
+            push_node(L, p, &c->nodes[i]);
+            lua_rawseti(L, -2, i + 1);
+        }
+        lua_setfield(L, -2, "nodes");
+        break;
+    case H_ADMIT:
+        push_node(L, p, c->node);
+        lua_setfield(L, -2, "node");
+        lua_pushnumber(L, c->kv_bytes_needed);
+        lua_setfield(L, -2, "kv_bytes_needed");
+        break;
+    default:
+        break;
+    }
+    lua_rawgeti(L, LUA_REGISTRYINDEX, p->ctx_mt_ref);
+    lua_setmetatable(L, -2);
+}
+
+/* Runs inside lua_pcall: calls the hook on a fresh ctx and parses its answer into cur.out. */
+int kv_policy_call_body(lua_State *L)
+{
+    kv_policy *p = kv_policy_of(L);
+    kv_policy_call *c = &p->cur;
+    if (p->model_dirty)
+        build_model(L, p);
+    push_ctx(L, p);
+    int ctx_idx = lua_gettop(L); /* kept below the call: placement answers are checked against ctx.nodes */
+    lua_rawgeti(L, LUA_REGISTRYINDEX, p->hook_ref[c->hook]);
+    lua_pushvalue(L, ctx_idx);
+    lua_call(L, 1, 1);
+    int res = lua_gettop(L);
+    if (lua_isnil(L, res)) {
+        kv_policy_answer_bad(c, "nothing (nil); the hook must return an answer (or be removed to get the default)");
+        return 0;
+    }
+    switch (c->hook) {
+    case H_ENCODE:
+        kv_policy_answer_encoding(L, c, res, c->out);
+        break;
+    case H_TRANSFER:
+        kv_policy_answer_transfer(L, c, res, c->out);
+        break;
+    case H_SPECULATE:
+        kv_policy_answer_speculate(L, c, res, c->out);
+        break;
+    case H_PREFILL_NODE:
+    case H_DECODE_NODE:
+        lua_getfield(L, ctx_idx, "nodes");
+        kv_policy_answer_node(L, c, res, lua_gettop(L), c->out);
+        break;
+    case H_ADMIT:
+        kv_policy_answer_admit(L, c, res, c->out);
+        break;
+    }
+    return 0;
+}

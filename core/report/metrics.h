@@ -1,0 +1,38 @@
+/* metrics.h — per-policy summary statistics of a run, named as vLLM's benchmark names them. */
+#ifndef KV_METRICS_H
+#define KV_METRICS_H
+
+#include <stddef.h>
+
+#include "core/sim/engine.h"
+
+typedef struct kv_stat {
+    double mean, median, p90, p99;
+    size_t n; /* samples; 0 means the metric did not occur (printed as null) */
+} kv_stat;
+
+typedef struct kv_summary {
+    size_t completed;
+    double duration_s;           /* first arrival to last completion */
+    double request_throughput;   /* requests / s */
+    double output_throughput;    /* output tokens / s */
+    kv_stat ttft_ms, ttft_spec_ms, ttkt_ms, tpot_ms, itl_ms, e2el_ms;
+    kv_stat transfer_ms;         /* encode end to all KV at the decode node */
+    kv_stat anchor_transfer_ms;  /* encode end to anchor at the decode node */
+    kv_stat queue_ms;            /* arrival to prefill start */
+    double kv_wire_bytes;        /* total over requests */
+    double mean_kv_wire_bytes, mean_anchor_bytes, mean_residual_bytes;
+    double compression_ratio;    /* bf16 KV bytes / wire bytes */
+    double kept_tokens_fraction; /* DiffKV: mean */
+    double spec_tokens, accepted_tokens, wasted_tokens;
+    double spec_accept_rate;     /* accepted / speculated, NaN when nothing was speculated */
+    double kv_mem_peak_bytes;
+    int max_decode_batch;
+} kv_summary;
+
+/* Sorts a copy of values and fills mean/median/p90/p99 (linear interpolation, as numpy). */
+void kv_stat_compute(const double *values, size_t n, kv_stat *out);
+/* Summarises a run; bf16_bytes_per_token is 2 * layers * kv_heads * head_dim * 2. */
+void kv_summary_compute(const kv_run_result *r, double bf16_bytes_per_token, kv_summary *out);
+
+#endif

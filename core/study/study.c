@@ -1,0 +1,329 @@
+/* study.c — prepare a scenario's workload and policies, run each policy, hand results to the reports. */
+#include "core/study/study.h"
+
+#include <string.h>
+
+#include "core/base/alloc.h"
+#include "core/sim/engine.h"
+#include "core/timing/measure.h"
+#include "core/report/metrics.h"
+#include "core/accuracy/diffkv_scores.h"
+#include "core/accuracy/feed_lynx.h"
+#include "core/policy/policy.h"
+#include "core/timing/profile.h"
+#include "core/base/progress.h"
+#include "core/base/rng.h"
+#include "core/sim/timeline.h"
+#include "core/workload/workload.h"
+
+struct kv_study {
+    const kv_scenario *s;
+    kv_workload *workload;
+    kv_policy **policies;     /* [n] in scenario order */
+    char **files;             /* [n] resolved Lua paths */
+    kv_policy_outcome *outcomes;
+    size_t n;
+    kv_timeline *timeline;
+    kv_kernel_costs *costs;   /* [n] per policy */
+    kv_feed_acceptance *accepts; /* [n] Lynx acceptance measured on the reference model, when asked */
+    kv_profile *prefill_profile, *decode_profile; /* timing.source: profile; else NULL */
+    kv_diffkv_measured *dkv;  /* [n] DiffKV significance tables (z NULL: none needed) */
+    kv_engine_config engine;  /* what every run's engine reads of the scenario (built by kv_study_run) */
+    int ran;
+};
+
+static kv_length_kind length_kind(kv_workload_length dist)
+{
+    switch (dist) {
+    case KV_WORKLOAD_LENGTH_UNIFORM: return KV_LEN_UNIFORM;
+    case KV_WORKLOAD_LENGTH_LOGNORMAL: return KV_LEN_LOGNORMAL;
+    case KV_WORKLOAD_LENGTH_EMPIRICAL: return KV_LEN_EMPIRICAL;
+    case KV_WORKLOAD_LENGTH_FIXED: break;
+    }
+    return KV_LEN_FIXED;
+}
+
+static kv_arrival_kind arrival_kind(kv_workload_arrival arrival)
+{
+    switch (arrival) {
+    case KV_WORKLOAD_ARRIVAL_GAMMA: return KV_ARRIVAL_GAMMA;
+    case KV_WORKLOAD_ARRIVAL_FIXED: return KV_ARRIVAL_FIXED;
+    case KV_WORKLOAD_ARRIVAL_POISSON: break;
+    }
+    return KV_ARRIVAL_POISSON;
+}
+
+static kv_trace_format trace_format(kv_workload_trace_format format)
+{
+    switch (format) {
+    case KV_WORKLOAD_TRACE_AZURE: return KV_TRACE_AZURE;
+    case KV_WORKLOAD_TRACE_MOONCAKE: return KV_TRACE_MOONCAKE;
+    case KV_WORKLOAD_TRACE_BURSTGPT: return KV_TRACE_BURSTGPT;
+    case KV_WORKLOAD_TRACE_NONE: break;
+    }
+    return KV_TRACE_NONE;
+}
+
+static kv_length_dist length_dist(const kv_length_config *c)
+{
+    return (kv_length_dist){.kind = length_kind(c->dist), .value = c->value, .sigma = c->sigma,
+                            .min = c->min, .max = c->max, .samples = c->samples.items,
+                            .n_samples = c->samples.count};
+}
+
+static int make_workload(kv_study *st, kv_error *err)
+{
+    const kv_scenario *s = st->s;
+    kv_workload_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.requests = s->workload.requests;
+    cfg.arrival = arrival_kind(s->workload.arrival);
+    cfg.rate_per_s = s->workload.rate_per_s;
+    cfg.burstiness = s->workload.burstiness;
+    cfg.prompt = length_dist(&s->workload.prompt);
+    cfg.output = length_dist(&s->workload.output);
+    cfg.time_scale = s->workload.trace.time_scale;
+    cfg.repeat = s->workload.trace.repeat;
+    cfg.max_prompt_tokens = s->model_card.max_context;
+    char path[4096];
+    if (s->workload.trace.format != KV_WORKLOAD_TRACE_NONE) {
+        int rc = kv_scenario_find_file(s, s->workload.trace.path, "workload.trace.path", path, sizeof path, err);
+        if (rc)
+            return rc;
+        cfg.trace_format = trace_format(s->workload.trace.format);
+        cfg.trace_path = path;
+    }
+    kv_rng rng;
+    kv_rng_seed(&rng, (uint64_t)s->seed);
+    int rc = kv_workload_create(&cfg, &rng, &st->workload, err);
+    if (rc && strncmp(err->msg, "workload.", 9) == 0) {
+        /* Configuration errors name the key ("workload.trace.repeat: ..."); point at it in the file too
+           (trace file errors start with the trace's own path:line:col). */
+        char key[128], w[512];
+        size_t len = strcspn(err->msg, ": ");
+        snprintf(key, sizeof key, "%.*s", (int)(len < sizeof key ? len : sizeof key - 1), err->msg);
+        if (!kv_ytree_path(s->tree, key))
+            snprintf(key, sizeof key, "workload");
+        kv_error_prefix(err, "%s: ", kv_scenario_where(s, key, w, sizeof w));
+    }
+    return rc;
+}
+
+/* Collects policy.<name>.* (except `file`) as parameters for the policy host. */
+static int load_policy(kv_study *st, size_t i, kv_error *err)
+{
+    const kv_scenario *s = st->s;
+    const char *name = s->policies.items[i];
+    const kv_ynode *settings = s->policy_settings ? kv_ytree_get(s->policy_settings, name, NULL) : NULL;
+    const kv_ynode *file_node = settings ? kv_ytree_get(settings, "file", NULL) : NULL;
+    char rel[1024], path[4096], w[512];
+    if (file_node && file_node->kind != KV_YSCALAR)
+        return kv_error_set(err, KV_EINPUT, "%s: policy.%s.file: expected a path",
+                            kv_ytree_where(file_node, w, sizeof w), name);
+    snprintf(rel, sizeof rel, "%s", file_node ? file_node->value : "");
+    if (!file_node)
+        snprintf(rel, sizeof rel, "policies/%s.lua", name);
+    char key[300];
+    snprintf(key, sizeof key, file_node ? "policy.%s.file" : "policies", name);
+    int rc = kv_scenario_find_file(s, rel, key, path, sizeof path, err);
+    if (rc)
+        return rc;
+    size_t n_params = settings ? settings->count : 0;
+    kv_policy_param *params = kv_calloc(n_params + 1, sizeof *params);
+    char (*where)[512] = kv_calloc(n_params + 1, sizeof *where);
+    int np = 0;
+    for (size_t k = 0; k < n_params; k++) {
+        if (strcmp(settings->keys[k], "file") == 0)
+            continue;
+        const kv_ynode *v = settings->items[k];
+        if (strncmp(v->file, "--set", 5) == 0) /* given on the command line */
+            snprintf(where[np], sizeof where[np], "%s", v->file);
+        else
+            snprintf(where[np], sizeof where[np], "%s:%d:%d", settings->file, settings->key_lines[k],
+                     settings->key_cols[k]);
+        if (v->kind != KV_YSCALAR) {
+            rc = kv_error_set(err, KV_EINPUT, "%s: policy.%s.%s: expected a number, boolean or string", where[np],
+                              name, settings->keys[k]);
+            break;
+        }
+        params[np] = (kv_policy_param){settings->keys[k], v->value, where[np]}; /* np++ apart: unsequenced */
+        np++;
+    }
+    kv_policy_limits lim;
+    kv_scenario_policy_limits(s, &lim);
+    if (!rc)
+        rc = kv_policy_load(name, path, params, np, &lim, &st->policies[i], err);
+    kv_free(params);
+    kv_free(where);
+    if (!rc)
+        st->files[i] = kv_strdup(path);
+    return rc;
+}
+
+/* A study with its workload built and every policy loaded: what needs no measurement. */
+static int study_inputs(const kv_scenario *s, kv_study **out, kv_error *err)
+{
+    kv_study *st = kv_calloc(1, sizeof *st);
+    *out = st;
+    st->s = s;
+    st->n = s->policies.count;
+    st->policies = kv_calloc(st->n, sizeof *st->policies);
+    st->files = kv_calloc(st->n, sizeof *st->files);
+    st->outcomes = kv_calloc(st->n, sizeof *st->outcomes);
+    st->costs = kv_calloc(st->n, sizeof *st->costs);
+    st->dkv = kv_calloc(st->n, sizeof *st->dkv);
+    st->accepts = kv_calloc(st->n, sizeof *st->accepts);
+    int rc = make_workload(st, err);
+    if (!rc)
+        rc = kv_engine_check_network(s, s->network.model == KV_NETWORK_IDEAL ? KV_NET_IDEAL : KV_NET_SIMGRID, err);
+    for (size_t i = 0; !rc && i < st->n; i++)
+        rc = load_policy(st, i, err);
+    return rc;
+}
+
+int kv_study_check(const kv_scenario *s, kv_error *err)
+{
+    kv_study *st = NULL;
+    int rc = study_inputs(s, &st, err);
+    kv_study_destroy(st);
+    return rc;
+}
+
+int kv_study_prepare(const kv_scenario *s, kv_study **out, kv_error *err)
+{
+    *out = NULL;
+    kv_study *st = NULL;
+    int rc = study_inputs(s, &st, err);
+    size_t n_req = st->workload ? kv_workload_count(st->workload) : 0;
+    int first_prompt = n_req ? kv_workload_get(st->workload, 0)->prompt_tokens : 1;
+    for (size_t i = 0; !rc && i < st->n; i++)
+        rc = kv_measure_costs(s, st->policies[i], first_prompt, &st->costs[i], err);
+    if (!rc)
+        rc = kv_measure_profiles(s, &st->prefill_profile, &st->decode_profile, err);
+    for (size_t i = 0; !rc && st->prefill_profile && i < st->n; i++) {
+        char kernels[sizeof st->costs[i].source];
+        const char *pd = kv_profile_describe(st->prefill_profile), *dd = kv_profile_describe(st->decode_profile);
+        snprintf(kernels, sizeof kernels, "%s", st->costs[i].source);
+        if (strcmp(pd, dd) == 0)
+            snprintf(st->costs[i].source, sizeof st->costs[i].source, "profile %s %s; KV kernels: %s",
+                     s->timing.profile.file, pd, kernels);
+        else
+            snprintf(st->costs[i].source, sizeof st->costs[i].source,
+                     "profile %s, prefill: %s; decode: %s; KV kernels: %s", s->timing.profile.file, pd, dd, kernels);
+    }
+    if (!rc && s->lynx.from == KV_LYNX_FROM_REFERENCE_MODEL) {
+        /* Every speculative policy's acceptance, on prompts near the workload's (cached on disk). */
+        int *prompts = kv_calloc(n_req ? n_req : 1, sizeof *prompts);
+        for (size_t r = 0; r < n_req; r++)
+            prompts[r] = kv_workload_get(st->workload, r)->prompt_tokens;
+        rc = kv_feed_acceptance_measure(s, st->policies, st->n, prompts, n_req, stderr, st->accepts, err);
+        kv_free(prompts);
+    }
+    /* DiffKV's significance distribution, measured on the reference model (diffkv.scores: measured). */
+    double mean_prompt = 0;
+    for (size_t r = 0; r < n_req; r++)
+        mean_prompt += (double)kv_workload_get(st->workload, r)->prompt_tokens / (double)n_req;
+    for (size_t i = 0; !rc && i < st->n; i++) {
+        bool needed = false;
+        rc = kv_diffkv_scores_for_policy(s, st->policies[i], mean_prompt, &st->dkv[i], &needed, err);
+        /* Whether it was measured now or read back is said here, not in results.json: a rerun must
+           write the same bytes. */
+        if (!rc && needed && st->dkv[i].z)
+            fprintf(stderr, "kvsim: DiffKV significance of %s: %s\n", s->policies.items[i],
+                    st->dkv[i].cached ? "from the feed cache (measured before on the reference model)"
+                                      : "measured on the reference model (now in the feed cache)");
+    }
+    if (rc) {
+        kv_study_destroy(st);
+        return rc;
+    }
+    *out = st;
+    return KV_OK;
+}
+
+void kv_study_destroy(kv_study *st)
+{
+    if (!st)
+        return;
+    for (size_t i = 0; i < st->n; i++) {
+        kv_policy_destroy(st->policies[i]);
+        kv_free(st->files[i]);
+        kv_run_result_free(&st->outcomes[i].run);
+    }
+    kv_free(st->policies);
+    kv_free(st->files);
+    kv_free(st->outcomes);
+    kv_free(st->costs);
+    kv_profile_destroy(st->prefill_profile);
+    kv_profile_destroy(st->decode_profile);
+    for (size_t i = 0; st->dkv && i < st->n; i++)
+        kv_diffkv_measured_free(&st->dkv[i]);
+    kv_free(st->dkv);
+    kv_free(st->accepts);
+    kv_workload_destroy(st->workload);
+    kv_timeline_destroy(st->timeline);
+    kv_free(st);
+}
+
+size_t kv_study_request_count(const kv_study *st)
+{
+    return kv_workload_count(st->workload);
+}
+
+int kv_study_run(kv_study *st, kv_error *err)
+{
+    const kv_scenario *s = st->s;
+    if (s->outputs.trace && !st->timeline)
+        st->timeline = kv_timeline_create();
+    /* Once for every policy; its errors (weights that do not fit) read as they did when the first
+       policy's run found them. */
+    int rc = kv_engine_config_build(s, &st->engine, err);
+    if (rc)
+        return kv_error_prefix(err, "policy %s: ", s->policies.items[0]);
+    double bf16_per_token = kv_model_kv_values_per_token(&s->model_card) * 2.0;
+    for (size_t i = 0; i < st->n; i++) {
+        kv_progress *progress = kv_progress_create(stderr, s->outputs.progress, s->policies.items[i],
+                                                   kv_workload_count(st->workload));
+        kv_run_inputs in = {.config = &st->engine, .policy = st->policies[i], .workload = st->workload,
+                            .costs = &st->costs[i], .timeline = st->timeline, .progress = progress,
+                            .prefill_profile = st->prefill_profile, .decode_profile = st->decode_profile};
+        const kv_feed_acceptance *a = &st->accepts[i];
+        if (a->positions > 0) {
+            in.accept_conditional = a->accept_conditional;
+            in.accept_positions = a->positions;
+            in.accept_source = a->source;
+        }
+        if (st->dkv[i].z) {
+            in.diffkv_table = &st->dkv[i].table;
+            in.diffkv_source = st->dkv[i].source;
+        }
+        kv_policy_outcome *o = &st->outcomes[i];
+        o->name = s->policies.items[i];
+        o->file = st->files[i];
+        o->policy = st->policies[i];
+        o->acceptance_samples = a->positions > 0 ? a->speculations : 0;
+        rc = kv_engine_run(&in, &o->run, err);
+        kv_progress_finish(progress);
+        if (rc)
+            return kv_error_prefix(err, "policy %s: ", o->name);
+        kv_summary_compute(&o->run, bf16_per_token, &o->summary);
+    }
+    st->ran = 1;
+    return KV_OK;
+}
+
+const kv_policy_outcome *kv_study_outcomes(const kv_study *st, size_t *n)
+{
+    *n = st->ran ? st->n : 0;
+    return st->outcomes;
+}
+
+void kv_study_print(const kv_study *st, FILE *out)
+{
+    kv_report_table(out, st->s, st->outcomes, st->ran ? st->n : 0);
+}
+
+int kv_study_write(const kv_study *st, const char *dir, kv_error *err)
+{
+    return kv_report_write(dir, st->s, st->outcomes, st->ran ? st->n : 0, st->timeline, err);
+}

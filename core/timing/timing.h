@@ -1,0 +1,77 @@
+/* timing.h — how long operations take: a roofline over a device profile and a model card, or a profiled table.
+ *
+ * Roofline (timing.source: model or measured): a step costs max(FLOPs /
+ * (peak × compute_efficiency), bytes / (bandwidth × memory_efficiency)) over
+ * a node of `tp` devices, plus the tensor-parallel all-reduces (two per layer,
+ * ring: latency + 2(tp-1)/tp × activation bytes / interconnect bandwidth,
+ * not overlapped with compute), plus a fixed per-step overhead.
+ *
+ * Profile (timing.source: profile, core/timing/profile.h): the prefill part of a step
+ * is the table's prefill time for (prefill requests, mean prompt length), the
+ * decode part the table's decode step time for (decode requests, mean
+ * context), corrected for KV compression: the table was measured with bf16 KV,
+ * so the roofline time of reading the bf16 KV is taken off and the time of
+ * reading the step's real KV bytes is added. A verification of k tokens counts
+ * as k decode requests whose KV is read once. Mixed steps (colocated prefill
+ * inside a decode batch) add both parts.
+ *
+ * KV kernels (encode on the prefill node, merge on the decode node) are
+ * memory-bound: bytes moved / (bandwidth × kernel efficiency), where the
+ * kernel efficiency defaults to the device's memory efficiency and can be
+ * replaced by measured or calibrated values (timing.source: measured).
+ */
+#ifndef KV_TIMING_H
+#define KV_TIMING_H
+
+#include "core/config/cards.h"
+#include "core/timing/profile.h"
+
+typedef struct kv_timing {
+    const kv_model_card *model;
+    const kv_device_profile *device;
+    int tp;                      /* devices per node */
+    double encode_efficiency;    /* fraction of bandwidth KV encode kernels reach */
+    double decode_efficiency;    /* likewise for merge/dequantize kernels */
+    const kv_profile *profile;   /* step times from a profiled table; NULL: the roofline */
+} kv_timing;
+
+/* A roofline timing (profile NULL). */
+void kv_timing_init(kv_timing *t, const kv_model_card *m, const kv_device_profile *d, int tp);
+
+/* FLOPs of the matrix products for one token (all layers, no LM head). */
+double kv_timing_linear_flops_per_token(const kv_model_card *m);
+
+/* One step of work on a node, accumulated before it is costed. */
+typedef struct kv_step_work {
+    double flops;          /* total floating point operations */
+    double kv_bytes;       /* KV bytes read or written */
+    double tokens;         /* tokens processed (for the LM head and the all-reduces) */
+    double kernel_s;       /* extra kernel time already known (merge, compaction) */
+    /* What the profile is looked up by: */
+    double prefill_requests;   /* prompts prefilled in the step */
+    double prefill_tokens;     /* their tokens */
+    double decode_requests;    /* decode tokens in the step (a k-token verification counts k) */
+    double decode_context;     /* sum of their context lengths, tokens */
+    double decode_kv_bytes;    /* KV bytes the decode part reads */
+    double decode_kv_bf16_bytes; /* what the same reads would be in bf16 (the profile's KV) */
+} kv_step_work;
+
+/* Adds the prefill of one prompt of `tokens` tokens (causal attention). */
+void kv_step_add_prefill(const kv_timing *t, kv_step_work *w, double tokens);
+/* Adds one decode token of a request whose context is `context` tokens and
+   whose KV reads cost kv_bytes. */
+void kv_step_add_decode(const kv_timing *t, kv_step_work *w, double context, double kv_bytes);
+/* Adds a verification pass of k tokens over `context` tokens of KV (kv_bytes). */
+void kv_step_add_verify(const kv_timing *t, kv_step_work *w, double k, double context, double kv_bytes);
+/* Seconds the step takes: weights are read once per step. */
+double kv_step_seconds(const kv_timing *t, const kv_step_work *w);
+/* The roofline's seconds for the step, whatever t->profile says (for comparisons). */
+double kv_step_roofline_seconds(const kv_timing *t, const kv_step_work *w);
+/* Seconds of the step's tensor-parallel all-reduces (0 when tp is 1). */
+double kv_step_allreduce_seconds(const kv_timing *t, const kv_step_work *w);
+
+/* Seconds a memory-bound KV kernel takes for `bytes` moved (read + written). */
+double kv_timing_encode_seconds(const kv_timing *t, double bytes);
+double kv_timing_decode_kernel_seconds(const kv_timing *t, double bytes);
+
+#endif

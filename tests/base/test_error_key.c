@@ -1,0 +1,77 @@
+/* test_error_key.c — errors carry the dotted key they concern (kv_error.key): the network names its
+ * config's key, the engine resolves it to the scenario's file:line:col; one check per rule. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/base/error.h"
+#include "tests/net_support.h"
+#include "tests/support.h"
+
+Test(error_key, set_clears_and_set_key_records)
+{
+    kv_error err;
+    kv_error_clear(&err);
+    cr_expect_str_eq(err.key, "");
+    cr_expect_eq(kv_error_set_key(&err, KV_EINPUT, "network.model", "%s: bad", "x"), KV_EINPUT);
+    cr_expect_str_eq(err.key, "network.model");
+    cr_expect_str_eq(err.msg, "x: bad");
+    kv_error_prefix(&err, "while: ");
+    cr_expect_str_eq(err.key, "network.model", "a prefix keeps the key");
+    kv_error_set(&err, KV_EFAIL, "other");
+    cr_expect_str_eq(err.key, "", "a new error without a key clears the old one");
+    cr_expect_eq(kv_error_set_key(NULL, KV_EINPUT, "k", "m"), KV_EINPUT);
+}
+
+/* The dispatcher checks the rules every model shares, once, and names the key. */
+Test(error_key, net_names_the_key)
+{
+    const kv_net_model models[] = {KV_NET_IDEAL, KV_NET_SIMGRID};
+    for (size_t m = 0; m < 2; m++) {
+        kv_net_config cfg = nett_star(models[m], 4, 0, 1e-6);
+        kv_net *net = NULL;
+        kv_error err;
+        kv_error_clear(&err);
+        cr_expect_eq(kv_net_create(&cfg, nett_done, NULL, &net, &err), KV_EINPUT);
+        cr_expect_null(net);
+        cr_expect_str_eq(err.msg, "test.yaml: network.nic_bandwidth_gbps: must be a positive number");
+        cr_expect_str_eq(err.key, "network.nic_bandwidth_gbps");
+        cfg = nett_star(models[m], 4, 10, -1);
+        cr_expect_eq(kv_net_create(&cfg, nett_done, NULL, &net, &err), KV_EINPUT);
+        cr_expect_str_eq(err.key, "network.nic_latency_us");
+    }
+}
+
+/* A rule only the network knows (a fat-tree's spine count) comes back at the scenario's line and column. */
+Test(error_key, engine_resolves_the_key_to_the_scenario_position)
+{
+    char *dir = kvt_tempdir();
+    char *path = kvt_write(dir, "s.yaml",
+                           "name: t\n"
+                           "model: llama-3.1-8b\n"
+                           "cluster:\n"
+                           "  prefill: {nodes: 2, device: h100-sxm}\n"
+                           "  decode: {nodes: 2, device: h100-sxm}\n"
+                           "network:\n"
+                           "  model: simgrid\n"
+                           "  nic_bandwidth_gbps: 25\n"
+                           "  topology: fat-tree\n"
+                           "  hosts_per_leaf: 2\n"
+                           "  oversubscription: 3\n"
+                           "workload: {requests: 4, rate_per_s: 2}\n"
+                           "policies: [bf16]\n");
+    char args[1024], *out = NULL;
+    snprintf(args, sizeof args, "validate %s", path);
+    int rc = kvt_kvsim(args, &out);
+    if (out && strstr(out, "not built"))
+        cr_skip_test("skipped: SimGrid is not built into this kvsim");
+    cr_expect_eq(rc, 2, "got: %s", out);
+    char want[1200];
+    snprintf(want, sizeof want, "%s:11:21: network.oversubscription: does not give a whole number", path);
+    cr_expect(out && strstr(out, want), "want '%s' in: %s", want, out);
+    free(out);
+    free(path);
+    kvt_rmtree(dir);
+    free(dir);
+}
