@@ -30,7 +30,7 @@
 #include "core/base/error.h"
 #include "core/refmodel/kvstore.h"
 #include "core/refmodel/model.h"
-#include "core/policy/policy.h"
+#include "core/kv/encoding.h"
 
 typedef struct kv_eval_policy {
     const char *name;

@@ -38,7 +38,7 @@
 
 #include "backends/backend.h"
 #include "core/base/error.h"
-#include "core/policy/policy.h"
+#include "core/kv/encoding.h"
 
 typedef struct kv_kvstore kv_kvstore;
 

@@ -26,7 +26,7 @@
 #include "core/kv/diffkv.h"
 #include "core/base/error.h"
 #include "core/sim/kvmem.h"
-#include "core/policy/policy.h"
+#include "core/kv/encoding.h"
 
 #define KV_DIFFKV_TOKEN_META_BYTES 8 /* DiffKV stores a running score (f32) and a position (i32) per token */
 

@@ -9,7 +9,7 @@
 #include <lauxlib.h>
 #include <lualib.h>
 
-#include "core/policy/policy.h"
+#include "core/kv/encoding.h"
 #include "core/policy/policy_sandbox.h"
 #include "tests/support.h"
 
