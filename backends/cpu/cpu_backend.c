@@ -19,18 +19,6 @@
 
 /* ---- Buffers ------------------------------------------------------------------- */
 
-int kv_cpu_span(const kv_bref *r, size_t bytes, void **out, const char *kernel, const char *arg, kv_error *err)
-{
-    if (!r->buf)
-        return kv_error_set(err, KV_EINPUT, "%s: argument '%s' has no buffer", kernel, arg);
-    if (r->offset > r->buf->bytes || bytes > r->buf->bytes - r->offset)
-        return kv_error_set(err, KV_EINPUT,
-                            "%s: argument '%s' needs %zu bytes at offset %zu but its buffer holds %zu", kernel, arg,
-                            bytes, r->offset, r->buf->bytes);
-    *out = r->buf->data + r->offset;
-    return KV_OK;
-}
-
 static int cpu_buffer_alloc(void *ctx, size_t bytes, kv_buffer **out, kv_error *err)
 {
     (void)ctx;
