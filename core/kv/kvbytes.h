@@ -2,13 +2,13 @@
  *
  * The arithmetic is the packed layout of backends/backend.h (byte-aligned
  * groups, fp16 scale and zero per group), so the bytes the simulator sends are
- * the bytes the kernels produce (tests/test_kvbytes.c checks this against the
- * CPU backend's encode).
+ * the bytes the kernels produce (tests/kv/test_kvbytes.c checks this against the
+ * CPU reference's pack kernel).
  */
 #ifndef KV_KVBYTES_H
 #define KV_KVBYTES_H
 
-#include "core/policy/policy.h"
+#include "core/kv/encoding.h"
 
 /* DiffKV: what happens to the tokens outside the recent window. */
 typedef struct kv_tier_split {
