@@ -313,12 +313,15 @@ int kv_eval_scenario_load(const char *path, const char *exe_path, kv_eval_scenar
         rc = kv_error_set(err, KV_EINPUT, "%s: a scenario is a mapping of keys", kv_ytree_where(root, w, sizeof w));
     } else {
         const kv_ynode *seed = kv_ytree_get(root, "seed", NULL);
+        kv_scenario_limits limits;
         int sv = 1;
         if (seed)
             rc = get_int(seed, "seed", 0, INT_MAX, &sv, err);
         s->seed = (uint64_t)sv;
         if (!rc)
-            rc = kv_scenario_read_policy_limits(root, &s->policy_limits, err);
+            rc = kv_scenario_read_policy_limits(root, &limits, err);
+        if (!rc)
+            kv_policy_limits_from_scenario(&limits, &s->policy_limits);
         const kv_ynode *acc = kv_ytree_get(root, "accuracy", NULL);
         if (!rc && !acc)
             rc = kv_error_set(err, KV_EINPUT,

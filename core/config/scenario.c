@@ -9,7 +9,6 @@
 
 #include "core/base/alloc.h"
 #include "core/base/didyoumean.h"
-#include "core/policy/policy.h"
 
 #ifndef KV_DATA_DIR
 #define KV_DATA_DIR "."
@@ -281,19 +280,7 @@ int kv_scenario_find_file(const kv_scenario *s, const char *name, const char *ke
                         kv_scenario_where(s, key, w, sizeof w), key, name, s->dir, s->data_dir);
 }
 
-void kv_scenario_policy_limits(const kv_scenario *s, struct kv_policy_limits *out)
-{
-    *out = (kv_policy_limits){
-        .instructions_per_call = (uint64_t)s->policy_limits.instructions,
-        .memory_bytes = (uint64_t)s->policy_limits.memory_mib << 20,
-        .string_bytes = (uint64_t)s->policy_limits.string_kib << 10,
-        .hook_ms = s->policy_limits.hook_ms,
-        .run_s = s->policy_limits.run_s,
-        .print_bytes = (uint64_t)s->policy_limits.print_kib << 10,
-    };
-}
-
-int kv_scenario_read_policy_limits(const kv_ynode *root, struct kv_policy_limits *out, kv_error *err)
+int kv_scenario_read_policy_limits(const kv_ynode *root, kv_scenario_limits *out, kv_error *err)
 {
     /* The policy_limits keys of the table, bound to a mapping that holds only root's policy_limits entry. */
     enum { MAX_KEYS = 16 };
@@ -317,7 +304,7 @@ int kv_scenario_read_policy_limits(const kv_ynode *root, struct kv_policy_limits
     memset(&tmp, 0, sizeof tmp);
     int rc = kv_schema_bind(&limits_schema, &only, &tmp, err);
     if (!rc)
-        kv_scenario_policy_limits(&tmp, out);
+        *out = tmp.policy_limits;
     kv_schema_free(&limits_schema, &tmp);
     return rc;
 }

@@ -206,15 +206,13 @@ int kv_scenario_load(const char *path, const char *const *overrides, int n_overr
                      kv_error *err);
 void kv_scenario_destroy(kv_scenario *s); /* NULL is fine */
 
+/* Reads just the policy_limits section of a scenario's YAML tree, with the same defaults, ranges and
+   messages as kv_scenario_load, for programs that read the rest of the scenario themselves (kvsim eval).
+   The policy host turns it into its limits (kv_policy_limits_from_scenario, core/policy/policy.h). */
+int kv_scenario_read_policy_limits(const kv_ynode *root, kv_scenario_limits *out, kv_error *err);
 /* Resolves a file named in the scenario (trace, policy, platform): absolute,
    relative to the scenario's folder, or to kvsim's source tree. Writes into
    path; KV_EINPUT naming `key` when it does not exist. */
-/* The limits the scenario's policy_limits.* keys give each policy (kv_policy_load's `limits`). */
-struct kv_policy_limits;
-void kv_scenario_policy_limits(const kv_scenario *s, struct kv_policy_limits *out);
-/* Reads just the policy_limits section of a scenario's YAML tree, with the same defaults, ranges and
-   messages as kv_scenario_load, for programs that read the rest of the scenario themselves (kvsim eval). */
-int kv_scenario_read_policy_limits(const kv_ynode *root, struct kv_policy_limits *out, kv_error *err);
 int kv_scenario_find_file(const kv_scenario *s, const char *name, const char *key, char *path, size_t size,
                           kv_error *err);
 

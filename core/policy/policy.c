@@ -36,6 +36,7 @@
 
 #include "core/base/alloc.h"
 #include "core/base/infile.h"
+#include "core/config/scenario.h"
 #include "core/policy/policy_internal.h"
 #include "core/policy/policy_sandbox.h"
 
@@ -444,6 +445,18 @@ static void fill_limits(const kv_policy_limits *in, kv_sandbox_limits *out)
     out->print_cap_bytes = (size_t)print;
     out->hook_ns = (int64_t)(hook_ms * 1e6);
     out->run_ns = (int64_t)(run_s * 1e9);
+}
+
+void kv_policy_limits_from_scenario(const kv_scenario_limits *l, kv_policy_limits *out)
+{
+    *out = (kv_policy_limits){
+        .instructions_per_call = (uint64_t)l->instructions,
+        .memory_bytes = (uint64_t)l->memory_mib << 20,
+        .string_bytes = (uint64_t)l->string_kib << 10,
+        .hook_ms = l->hook_ms,
+        .run_s = l->run_s,
+        .print_bytes = (uint64_t)l->print_kib << 10,
+    };
 }
 
 int kv_policy_load(const char *name, const char *path, const kv_policy_param *params, int n_params,

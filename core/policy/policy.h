@@ -71,6 +71,10 @@ typedef struct kv_policy_limits {
 #define KV_POLICY_DEFAULT_PRINT_BYTES (64u * 1024u)       /* per policy */
 #define KV_POLICY_MAX_SPECULATE 4096                      /* largest answer `speculate` may give */
 
+/* The limits a scenario's policy_limits.* keys give each policy (kv_policy_load's `limits`). */
+struct kv_scenario_limits;
+void kv_policy_limits_from_scenario(const struct kv_scenario_limits *l, kv_policy_limits *out);
+
 /* Loads a policy file. KV_EINPUT on syntax errors, bad params, a bad return. */
 int kv_policy_load(const char *name, const char *path, const kv_policy_param *params, int n_params,
                    const kv_policy_limits *limits, kv_policy **out, kv_error *err);

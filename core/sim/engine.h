@@ -10,21 +10,12 @@
 #include "core/base/error.h"
 #include "core/policy/policy.h"
 #include "core/timing/profile.h"
+#include "core/timing/timing.h"
 #include "core/base/progress.h"
 #include "core/sim/timeline.h"
 #include "core/workload/workload.h"
 #include "backends/backend.h"
 #include "net/net.h"
-
-/* Kernel efficiencies measured on a backend (timing.source: measured) or
-   read from a calibration file; 0 means "use the device profile's". */
-typedef struct kv_kernel_costs {
-    double encode_efficiency;  /* fraction of memory bandwidth the encode kernel reaches */
-    double decode_efficiency;  /* likewise merge / dequantize */
-    double encode_s_per_value; /* measured: seconds per KV value encoded (0: use the roofline) */
-    double decode_s_per_value; /* measured: seconds per KV value merged/decoded (0: roofline) */
-    char source[1024];         /* "model (...)", "measured on cpu (...)", "model, kernel efficiencies from FILE" */
-} kv_kernel_costs;
 
 typedef struct kv_run_inputs {
     const kv_engine_config *config; /* built once from the scenario (core/sim/engine_config.h) */

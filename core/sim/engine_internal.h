@@ -154,9 +154,15 @@ typedef struct engine {
 int kv_engine_setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_error *err);
 void kv_engine_free(engine *e);
 
-/* engine.c: the policy's plan for one request (encodings, bytes on the wire, its cache), and the
-   network's completion callback. */
+/* What a policy hook sees of a request. */
+static inline kv_policy_request policy_request(const request *r)
+{
+    return (kv_policy_request){r->spec.id, r->spec.prompt_tokens, r->spec.output_tokens, r->spec.arrival_s};
+}
+
+/* engine_plan.c: the policy's plan for one request (encodings, bytes on the wire, its cache). */
 int kv_engine_plan_request(engine *e, request *r);
+/* engine.c: the network's completion callback. */
 void kv_engine_on_flow_done(void *user, kv_flow_id id, uint64_t tag, double t);
 
 #endif

@@ -150,7 +150,7 @@ static int load_policy(kv_study *st, size_t i, kv_error *err)
         np++;
     }
     kv_policy_limits lim;
-    kv_scenario_policy_limits(s, &lim);
+    kv_policy_limits_from_scenario(&s->policy_limits, &lim);
     if (!rc)
         rc = kv_policy_load(name, path, params, np, &lim, &st->policies[i], err);
     kv_free(params);

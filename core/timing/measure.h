@@ -2,7 +2,7 @@
 #ifndef KV_MEASURE_H
 #define KV_MEASURE_H
 
-#include "core/sim/engine.h"
+#include "core/timing/timing.h"
 #include "core/policy/policy.h"
 #include "core/timing/profile.h"
 #include "core/config/scenario.h"

@@ -26,6 +26,16 @@
 #include "core/config/cards.h"
 #include "core/timing/profile.h"
 
+/* Kernel efficiencies measured on a backend (timing.source: measured) or
+   read from a calibration file; 0 means "use the device profile's". */
+typedef struct kv_kernel_costs {
+    double encode_efficiency;  /* fraction of memory bandwidth the encode kernel reaches */
+    double decode_efficiency;  /* likewise merge / dequantize */
+    double encode_s_per_value; /* measured: seconds per KV value encoded (0: use the roofline) */
+    double decode_s_per_value; /* measured: seconds per KV value merged/decoded (0: roofline) */
+    char source[1024];         /* "model (...)", "measured on cpu (...)", "model, kernel efficiencies from FILE" */
+} kv_kernel_costs;
+
 typedef struct kv_timing {
     const kv_model_card *model;
     const kv_device_profile *device;
