@@ -295,16 +295,11 @@ int kv_sg_spawn(sg_net *net, const kv_net_config *cfg, uint32_t *links, kv_error
         if (kv_sg_read_full(net, msg, keep) != 0)
             keep = 0;
         msg[keep] = 0;
-        /* The child names the key its message concerns first ("network.priority: ..."): the message
-           is the child's protocol, so the key is taken from it here, once, inside the network layer. */
-        int keyed = strncmp(msg, "network.", 8) == 0;
-        char key[96] = "";
-        size_t k = keyed ? strcspn(msg, ":[ ") : 0;
-        if (k < sizeof key) {
-            memcpy(key, msg, k);
-            key[k] = 0;
-        }
-        rc = kv_error_set_key(err, ready.code, key, "%s: %s%s", src, keyed ? "" : "network: ", msg);
+        /* The child names the key its message concerns in the reply (sg_proto.h); without one the
+           message is about the network as a whole. */
+        ready.key[sizeof ready.key - 1] = 0;
+        rc = kv_error_set_key(err, ready.code, ready.key, "%s: %s: %s", src, ready.key[0] ? ready.key : "network",
+                              msg);
         return rc;
     }
     *links = ready.count;
