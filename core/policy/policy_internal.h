@@ -69,6 +69,17 @@ struct kv_policy {
     kv_policy_stats stats;
 };
 
+/* --- policy_params.c: the declared parameters ------------------------------- */
+
+/* Runs inside lua_pcall with the policy file's table at index t: reads its `params` defaults (the
+   type of each default is the declared type) into p->params, applies the scenario's overrides
+   (params, n_params) converted to that type, and keeps a read-only view of the table in
+   p->params_ref. KV_OK, or KV_EINPUT with err set. */
+int kv_policy_params_setup(lua_State *L, kv_policy *p, int t, const kv_policy_param *params, int n_params,
+                           kv_error *err);
+/* Frees p->params (the keys, values and where each was set). */
+void kv_policy_params_free(kv_policy *p);
+
 /* --- policy_ctx.c: the tables a hook sees ---------------------------------- */
 
 /* The policy whose sandbox runs L. */

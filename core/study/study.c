@@ -14,6 +14,7 @@
 #include "core/base/progress.h"
 #include "core/base/rng.h"
 #include "core/sim/timeline.h"
+#include "core/workload/trace.h"
 #include "core/workload/workload.h"
 
 struct kv_study {

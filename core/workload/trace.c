@@ -8,7 +8,7 @@
  * a UTF-8 byte-order mark and blank lines at the end of the file are accepted;
  * a blank line followed by more data is not.
  *
- * Ranges (workload.h): a time is at most KV_TRACE_MAX_TIME_S after the first row
+ * Ranges (trace.h): a time is at most KV_TRACE_MAX_TIME_S after the first row
  * (also after time_scale), a token count at most KV_TRACE_MAX_TOKENS, a trace at
  * most KV_WORKLOAD_MAX_REQUESTS rows; the file is a regular file of at most
  * KV_INPUT_MAX_TRACE bytes (infile.h). A header that does not match is reported
@@ -17,7 +17,7 @@
  * Times come back relative to the first row, so a sample cut from the middle of
  * a long trace starts at 0 s like one cut from its start.
  */
-#include "core/workload/workload.h"
+#include "core/workload/trace.h"
 
 #include <errno.h>
 #include <limits.h>

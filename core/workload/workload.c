@@ -14,6 +14,7 @@
 #include <stdbool.h>
 
 #include "core/base/alloc.h"
+#include "core/workload/trace.h"
 
 struct kv_workload {
     kv_request_spec *requests; /* [count], owned */

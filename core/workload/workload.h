@@ -25,13 +25,7 @@
 
 #include "core/base/error.h"
 #include "core/base/rng.h"
-
-typedef struct kv_request_spec {
-    uint64_t id;        /* 0, 1, 2, ... in arrival order */
-    double arrival_s;   /* simulated seconds from the start, non-decreasing */
-    int prompt_tokens;  /* >= 1 */
-    int output_tokens;  /* >= 1 */
-} kv_request_spec;
+#include "core/workload/trace.h"
 
 typedef enum kv_arrival_kind {
     KV_ARRIVAL_POISSON = 0, /* exponential gaps at rate_per_s */
@@ -57,19 +51,8 @@ typedef struct kv_length_dist {
     size_t n_samples;     /* KV_LEN_EMPIRICAL: >= 1 */
 } kv_length_dist;
 
-/* Ranges every trace row is checked against (docs/design-notes.md, "What kvsim guarantees about
-   its inputs"). A double holds times up to 1e9 s to about 0.12 us. */
-#define KV_TRACE_MAX_TIME_S 1e9            /* arrival after the first row, seconds (after time_scale) */
-#define KV_TRACE_MAX_TOKENS (1 << 24)      /* prompt or output tokens of one row (the cards' max_context) */
-#define KV_WORKLOAD_MAX_REQUESTS 100000000 /* requests in one list (workload.requests' maximum) */
-#define KV_WORKLOAD_MAX_COPIES 1000000     /* workload.trace.repeat's maximum */
-
-typedef enum kv_trace_format {
-    KV_TRACE_NONE = 0,
-    KV_TRACE_AZURE = 1,    /* CSV: TIMESTAMP,ContextTokens,GeneratedTokens */
-    KV_TRACE_MOONCAKE = 2, /* JSONL: timestamp (ms), input_length, output_length, hash_ids */
-    KV_TRACE_BURSTGPT = 3, /* CSV: Timestamp,Model,Request tokens,Response tokens,... */
-} kv_trace_format;
+#define KV_WORKLOAD_MAX_COPIES 1000000     /* workload.trace.repeat's maximum (KV_TRACE_* and
+                                              KV_WORKLOAD_MAX_REQUESTS: trace.h) */
 
 typedef struct kv_workload_config {
     int requests;              /* how many to make (synthetic, >= 1), or cap on the rows of all the trace's
@@ -100,16 +83,5 @@ int kv_workload_create(const kv_workload_config *cfg, kv_rng *rng, kv_workload *
 void kv_workload_destroy(kv_workload *w); /* NULL is fine */
 size_t kv_workload_count(const kv_workload *w);
 const kv_request_spec *kv_workload_get(const kv_workload *w, size_t i); /* NULL if i >= count */
-
-/* Reads a trace file into a list (used by kv_workload_create and the tests):
-   at most max_rows requests (0 = all), times relative to the first row and
-   multiplied by time_scale (0 = 1), ids 0, 1, 2, ... On success *out (free with
-   kv_free) holds *count >= 1 requests; on failure *out is NULL, *count 0 and
-   err says "path:line:col: field: what is wrong" (KV_EINPUT, also for a file
-   that cannot be opened; KV_EFAIL for a read error). BurstGPT rows whose
-   response tokens are 0 (failed requests) are skipped. */
-int kv_trace_read(kv_trace_format fmt, const char *path, int max_rows, double time_scale,
-                  kv_request_spec **out, size_t *count, kv_error *err);
-int kv_trace_format_parse(const char *s); /* "azure", "mooncake", "burstgpt"; -1 if unknown */
 
 #endif

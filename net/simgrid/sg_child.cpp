@@ -158,14 +158,15 @@ public:
     }
 
     /* Connects the watchdog and the priority hook and checks that SimGrid can give what cfg asks. */
-    int prepare(std::string* msg)
+    int prepare(kvsg::Error* err)
     {
         sg4::Engine::on_time_advance_cb([this](double) { count_step(); });
         if (cfg_->priority == KV_PRIO_NONE)
             return KV_OK;
         model_ = dynamic_cast<Model*>(sg4::Engine::get_instance()->get_netzone_root()->get_network_model());
         if (model_ == nullptr || model_->get_maxmin_system() == nullptr || !model_->is_update_lazy()) {
-            *msg = "network.priority: classes need an LMM network model (CM02, LV08, SMPI) with network/optim:Lazy";
+            err->key = "network.priority";
+            err->msg = "classes need an LMM network model (CM02, LV08, SMPI) with network/optim:Lazy";
             return KV_EINPUT;
         }
         weight_s_ = simgrid::config::get_value<double>("network/weight-S");
@@ -180,10 +181,11 @@ public:
         headroom_ = (c_hi > 0 ? c_lo / c_hi : 1.0) * w_min / (precision_ * kSafety);
         strict_range_ = std::min(kStrictRange, headroom_);
         if (cfg_->priority == KV_PRIO_STRICT && strict_range_ < kMinStrictRange) {
-            *msg = "network.priority: strict classes need maxmin/precision x " + std::to_string((int)kSafety) +
-                   " x " + std::to_string((int)kMinStrictRange) + " <= (slowest / fastest link bandwidth) x " +
-                   (w_min < 1 ? "0.05 (network/crosstraffic)" : "1") + "; maxmin/precision is " +
-                   std::to_string(precision_);
+            err->key = "network.priority";
+            err->msg = "strict classes need maxmin/precision x " + std::to_string((int)kSafety) + " x " +
+                       std::to_string((int)kMinStrictRange) + " <= (slowest / fastest link bandwidth) x " +
+                       (w_min < 1 ? "0.05 (network/crosstraffic)" : "1") + "; maxmin/precision is " +
+                       std::to_string(precision_);
             return KV_EINPUT;
         }
         sg4::Engine::on_time_advance_cb([this](double) { apply_pending_penalties(); });
@@ -644,13 +646,14 @@ void Driver::serve()
     }
 }
 
-void send_error(int fd, int code, const std::string& msg)
+void send_error(int fd, int code, const kvsg::Error& err)
 {
     kv_sg_reply h{};
     h.code = code;
-    h.msg_len = (uint32_t)msg.size();
+    h.msg_len = (uint32_t)err.msg.size();
+    std::snprintf(h.key, sizeof h.key, "%s", err.key.c_str());
     write_all(fd, &h, sizeof h);
-    write_all(fd, msg.data(), msg.size());
+    write_all(fd, err.msg.data(), err.msg.size());
 }
 
 /* SimGrid's routing can crash on a missing route (its Dijkstra zones dereference it;
@@ -659,7 +662,7 @@ void send_error(int fd, int code, const std::string& msg)
    its data: this is the child's only global state, set before each route_to. */
 struct RouteGuard {
     int fd;          /* the socket to kvsim */
-    kv_sg_reply head; /* the answer: KV_EINPUT, msg_len */
+    kv_sg_reply head; /* the answer: KV_EINPUT, msg_len, key */
     char msg[800];   /* its message */
 };
 RouteGuard route_guard;
@@ -684,14 +687,14 @@ std::string pair_name(const kv_net_config* cfg, const std::vector<sg4::Host*>& h
 void guard_pair(const kv_net_config* cfg, const std::vector<sg4::Host*>& hosts, int i, int j)
 {
     int n = std::snprintf(route_guard.msg, sizeof route_guard.msg,
-                          "network.platform_file: %s: SimGrid cannot route %s: its routing crashed on this platform",
+                          "%s: SimGrid cannot route %s: its routing crashed on this platform",
                           cfg->platform_file, pair_name(cfg, hosts, i, j).c_str());
     route_guard.head.msg_len = (uint32_t)std::min<size_t>((size_t)std::max(n, 0), sizeof route_guard.msg - 1);
 }
 
 /* A platform file must route every prefill host to every decode host (SimGrid aborts on
    the first transfer otherwise); with network/crosstraffic the way back is looked up too. */
-int check_routes(const kv_net_config* cfg, const std::vector<sg4::Host*>& hosts, int fd, std::string* msg)
+int check_routes(const kv_net_config* cfg, const std::vector<sg4::Host*>& hosts, int fd, kvsg::Error* err)
 {
     if (cfg->topology != KV_TOPO_PLATFORM || cfg->prefill_hosts <= 0)
         return KV_OK;
@@ -699,6 +702,7 @@ int check_routes(const kv_net_config* cfg, const std::vector<sg4::Host*>& hosts,
     route_guard.fd = fd;
     route_guard.head = kv_sg_reply{};
     route_guard.head.code = KV_EINPUT;
+    std::snprintf(route_guard.head.key, sizeof route_guard.head.key, "network.platform_file");
     struct sigaction sa {};
     sa.sa_handler = route_crashed;
     const int sigs[] = {SIGSEGV, SIGABRT, SIGBUS, SIGFPE};
@@ -724,9 +728,10 @@ int check_routes(const kv_net_config* cfg, const std::vector<sg4::Host*>& hosts,
                     none = true;
                 }
                 if (none) {
-                    *msg = std::string("network.platform_file: ") + cfg->platform_file +
-                           (back ? ": no return route (network/crosstraffic needs one) for " : ": no route from ") +
-                           pair_name(cfg, hosts, i, j);
+                    err->key = "network.platform_file";
+                    err->msg = std::string(cfg->platform_file) +
+                               (back ? ": no return route (network/crosstraffic needs one) for " : ": no route from ") +
+                               pair_name(cfg, hosts, i, j);
                     rc = KV_EINPUT;
                     break;
                 }
@@ -748,25 +753,25 @@ extern "C" void kv_sg_child_main(const kv_net_config* cfg, int fd)
     try {
         sg4::Engine engine(&argc, argv);
         kvsg::Platform platform;
-        std::string msg;
-        int rc = kvsg::build_platform(cfg, engine, &platform, &msg);
+        kvsg::Error err;
+        int rc = kvsg::build_platform(cfg, engine, &platform, &err);
         if (rc == KV_OK)
-            rc = check_routes(cfg, platform.hosts, fd, &msg);
+            rc = check_routes(cfg, platform.hosts, fd, &err);
         if (rc != KV_OK) {
-            send_error(fd, rc, msg);
+            send_error(fd, rc, err);
             _exit(0);
         }
         sg4::Host* home = platform.hosts[0];
         Driver driver(cfg, fd, std::move(platform));
-        rc = driver.prepare(&msg);
+        rc = driver.prepare(&err);
         if (rc != KV_OK) {
-            send_error(fd, rc, msg);
+            send_error(fd, rc, err);
             _exit(0);
         }
         sg4::Actor::create("kvsim-driver", home, [&driver] { driver.serve(); });
         engine.run();
     } catch (const std::exception& e) {
-        send_error(fd, KV_EFAIL, std::string("net simgrid: ") + e.what());
+        send_error(fd, KV_EFAIL, kvsg::Error{"", std::string("net simgrid: ") + e.what()});
     }
     _exit(0);
 }

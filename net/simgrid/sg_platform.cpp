@@ -225,7 +225,7 @@ void build_from_file(const kv_net_config* cfg, sg4::Engine& engine, std::vector<
         std::string what = e.what();
         if (what.find(file) == std::string::npos && what.find(file.substr(file.rfind('/') + 1)) == std::string::npos)
             what = file + ": " + what;
-        throw std::invalid_argument("network.platform_file: " + what);
+        throw KeyError("network.platform_file", what);
     }
     /* SimGrid accepts these and dies later in the run (inf, 1e-300 B/s, NaN latencies...). */
     for (const sg4::Link* l : engine.get_all_links()) {
@@ -241,17 +241,17 @@ void build_from_file(const kv_net_config* cfg, sg4::Engine& engine, std::vector<
             continue;
         int line = kv_sg_platform_line(cfg->platform_file, l->get_cname());
         char msg[900];
-        std::snprintf(msg, sizeof msg, "network.platform_file: %s%s%s: link '%s': %s, got %g B/s and %g s",
+        std::snprintf(msg, sizeof msg, "%s%s%s: link '%s': %s, got %g B/s and %g s",
                       cfg->platform_file, line > 0 ? ":" : "", line > 0 ? std::to_string(line).c_str() : "",
                       l->get_cname(), what, bw, lat);
-        throw std::invalid_argument(msg);
+        throw KeyError("network.platform_file", msg);
     }
     if (cfg->host_names) {
         for (int i = 0; i < cfg->hosts; i++) {
             sg4::Host* h = engine.host_by_name_or_null(cfg->host_names[i]);
             if (h == nullptr)
-                throw std::invalid_argument(std::string("network.host_names: no host '") + cfg->host_names[i] +
-                                            "' in " + cfg->platform_file);
+                throw KeyError("network.host_names",
+                               std::string("no host '") + cfg->host_names[i] + "' in " + cfg->platform_file);
             hosts->push_back(h);
         }
         return;
@@ -283,13 +283,14 @@ void apply_options(const kv_net_config* cfg)
 
 } // namespace
 
-int build_platform(const kv_net_config* cfg, sg4::Engine& engine, Platform* out, std::string* msg)
+int build_platform(const kv_net_config* cfg, sg4::Engine& engine, Platform* out, Error* err)
 {
     try {
         apply_options(cfg);
     } catch (const std::exception& e) {
         std::string what = e.what();
-        *msg = "network.options: " + what.substr(0, what.find('\n'));
+        err->key = "network.options";
+        err->msg = what.substr(0, what.find('\n'));
         return KV_EINPUT;
     }
     try {
@@ -323,9 +324,14 @@ int build_platform(const kv_net_config* cfg, sg4::Engine& engine, Platform* out,
                 out->links.push_back(l);
         std::sort(out->links.begin(), out->links.end(),
                   [](const sg4::Link* a, const sg4::Link* b) { return a->get_name() < b->get_name(); });
+    } catch (const KeyError& e) {
+        std::string what = e.what();
+        err->key = e.key;
+        err->msg = what.substr(0, what.find('\n'));
+        return KV_EINPUT;
     } catch (const std::exception& e) {
         std::string what = e.what();
-        *msg = what.substr(0, what.find('\n'));
+        err->msg = what.substr(0, what.find('\n'));
         return KV_EINPUT;
     }
     return KV_OK;

@@ -4,7 +4,8 @@
  * why). The parent (sg_net.c) writes fixed-size requests on a stream socket;
  * START is not answered (its errors come back with the next answer), every
  * other request is answered by one kv_sg_reply followed by `count` items and
- * `msg_len` bytes of error message. Both ends are the same program image, so
+ * `msg_len` bytes of error message (the key it concerns travels in the reply's
+ * `key`). Both ends are the same program image, so
  * structs travel in native layout.
  */
 #ifndef KV_SG_PROTO_H
@@ -45,6 +46,8 @@ typedef struct kv_sg_reply {
     uint32_t msg_len;         /* bytes of error message after the items */
     uint32_t flags;           /* KV_SG_STUCK: the child's watchdog stopped SimGrid (then it exits) */
     double t_now_s;           /* the network's time after the request */
+    char key[64];             /* an error's dotted scenario key ("network.priority"), "" if none; the
+                                 message then does not repeat it (the parent writes "key: msg") */
 } kv_sg_reply;
 
 typedef struct kv_sg_done {

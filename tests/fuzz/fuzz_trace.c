@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "core/base/alloc.h"
-#include "core/workload/workload.h"
+#include "core/workload/trace.h"
 #include "tests/fuzz/fuzz_util.h"
 
 #ifndef KV_FUZZ_FORMAT

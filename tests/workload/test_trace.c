@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include "core/base/alloc.h"
-#include "core/workload/workload.h"
+#include "core/workload/trace.h"
 #include "tests/support.h"
 
 #define SAMPLES "scenarios/traces/"
