@@ -2,6 +2,9 @@
 #define _GNU_SOURCE
 #include "tests/support.h"
 
+#include "core/policy/policy.h"
+
+#include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,4 +103,15 @@ char *kvt_source(const char *relative)
     if (asprintf(&path, "%s/%s", KV_SOURCE_DIR, relative) < 0)
         return NULL;
     return path;
+}
+
+kv_policy *kvt_policy_load(const char *path, const kv_policy_param *params, int n)
+{
+    kv_policy *p = NULL;
+    kv_error err;
+    kv_error_clear(&err);
+    int rc = kv_policy_load(NULL, path, params, n, NULL, &p, &err);
+    cr_assert_eq(rc, KV_OK, "loading %s failed: %s", path, err.msg);
+    cr_assert_not_null(p);
+    return p;
 }

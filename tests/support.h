@@ -4,6 +4,9 @@
 
 #include <stddef.h>
 
+struct kv_policy;
+struct kv_policy_param;
+
 /* Makes a fresh temporary folder; the returned path is owned by the caller (free). */
 char *kvt_tempdir(void);
 /* Writes text to dir/name; returns the full path (free it). */
@@ -17,5 +20,8 @@ int kvt_kvsim(const char *args, char **output);
 void kvt_rmtree(const char *dir);
 /* Path of a file in the source tree (free it). */
 char *kvt_source(const char *relative);
+/* Loads the policy at `path` with `params` (n of them) and the default limits, failing the
+   test (with the error) if it does not load; the caller owns it (kv_policy_destroy). */
+struct kv_policy *kvt_policy_load(const char *path, const struct kv_policy_param *params, int n);
 
 #endif

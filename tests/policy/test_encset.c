@@ -16,14 +16,6 @@
 static const kv_policy_model llama8b = {"Llama-3-8B", 32, 32, 8, 128};
 static const kv_policy_request short_req = {1, 1000, 200, 0.5}, long_req = {2, 9000, 100, 1.5};
 
-static kv_policy *load_ok(const char *path)
-{
-    kv_policy *p = NULL;
-    kv_error err = {0};
-    cr_assert_eq(kv_policy_load(NULL, path, NULL, 0, NULL, &p, &err), KV_OK, "loading %s: %s", path, err.msg);
-    return p;
-}
-
 /* Request-dependent: the bits follow the prompt length. */
 static const char *const ctxdep_lua =
     "return { name = 'ctxdep',\n"
@@ -68,7 +60,7 @@ static void bytes_by_head(kv_policy *p, const kv_policy_request *r, int tokens, 
 
 static void expect_exact_bytes(const char *path, bool want_fixed)
 {
-    kv_policy *p = load_ok(path), *ref = load_ok(path);
+    kv_policy *p = kvt_policy_load(path, NULL, 0), *ref = kvt_policy_load(path, NULL, 0);
     kv_policy_set_cache(ref, false);
     kv_encset *s = kv_encset_create(llama8b.layers, llama8b.kv_heads);
     kv_error err = {0};
@@ -131,7 +123,7 @@ Test(encset, per_head_and_request_dependent_policies)
 
 Test(encset, asks_again_when_the_policy_cache_is_emptied)
 {
-    kv_policy *p = load_ok("policies/int8.lua");
+    kv_policy *p = kvt_policy_load("policies/int8.lua", NULL, 0);
     kv_encset *s = kv_encset_create(llama8b.layers, llama8b.kv_heads);
     kv_error err = {0};
     const kv_encoding *enc = NULL;

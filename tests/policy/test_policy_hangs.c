@@ -400,10 +400,7 @@ Test(limits, xpcall_semantics, .timeout = 60)
                            "local ok4, e4 = pcall(xpcall, error)\n"
                            "assert(not ok4)\n"
                            "return { speculate = function(ctx) return 2 end }\n");
-    kv_policy *p = NULL;
-    kv_error err;
-    cr_assert_eq(kv_policy_load(NULL, path, NULL, 0, NULL, &p, &err), KV_OK, "%s", err.msg);
-    kv_policy_destroy(p);
+    kv_policy_destroy(kvt_policy_load(path, NULL, 0));
     free(path);
     kvt_rmtree(dir);
     free(dir);
