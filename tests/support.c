@@ -105,6 +105,19 @@ char *kvt_source(const char *relative)
     return path;
 }
 
+char *kvt_fixture_copy(const char *fixture, const char *dir, const char *name)
+{
+    char *src = NULL;
+    cr_assert(asprintf(&src, "%s/tests/fixtures/%s", KV_SOURCE_DIR, fixture) > 0);
+    char *text = kvt_read(src, NULL);
+    cr_assert_not_null(text, "missing fixture %s", src);
+    char *path = kvt_write(dir, name, text);
+    cr_assert_not_null(path, "could not write %s/%s", dir, name);
+    free(text);
+    free(src);
+    return path;
+}
+
 kv_policy *kvt_policy_load(const char *path, const kv_policy_param *params, int n)
 {
     kv_policy *p = NULL;

@@ -20,6 +20,9 @@ int kvt_kvsim(const char *args, char **output);
 void kvt_rmtree(const char *dir);
 /* Path of a file in the source tree (free it). */
 char *kvt_source(const char *relative);
+/* Copies tests/fixtures/<fixture> (e.g. "scenarios/sweep-base.yaml") to dir/name, failing the
+   test if it cannot; returns the copy's path (free it). */
+char *kvt_fixture_copy(const char *fixture, const char *dir, const char *name);
 /* Loads the policy at `path` with `params` (n of them) and the default limits, failing the
    test (with the error) if it does not load; the caller owns it (kv_policy_destroy). */
 struct kv_policy *kvt_policy_load(const char *path, const struct kv_policy_param *params, int n);

@@ -18,22 +18,6 @@
 #include "core/base/afile.h"
 #include "tests/support.h"
 
-/* A scenario that simulates for seconds (REQUESTS is --set per test), with every output on. */
-static const char *long_text = "name: outputs-long\n"
-                               "seed: 2\n"
-                               "model: llama-3.1-8b\n"
-                               "cluster:\n"
-                               "  prefill: {nodes: 1, device: h100-sxm}\n"
-                               "  decode: {nodes: 1, device: h100-sxm}\n"
-                               "network: {model: ideal, nic_bandwidth_gbps: 25}\n"
-                               "workload:\n"
-                               "  requests: 3000\n"
-                               "  rate_per_s: 20\n"
-                               "  prompt: {dist: fixed, value: 4000}\n"
-                               "  output: {dist: fixed, value: 64}\n"
-                               "outputs: {json: true, csv: true, trace: true}\n"
-                               "policies: [bf16, lynx]\n";
-
 static double now_s(void)
 {
     struct timespec ts;
@@ -153,7 +137,7 @@ static pid_t dead_pid(void)
 static void expect_signal_cleanup(int sig)
 {
     char *dir = kvt_tempdir();
-    char *scenario = kvt_write(dir, "long.yaml", long_text);
+    char *scenario = kvt_fixture_copy("scenarios/outputs-long.yaml", dir, "long.yaml");
     char *parent = path_in(dir, "runs");
     mkdir(parent, 0755);
     char *out = path_in(parent, "out");
@@ -197,7 +181,7 @@ Test(outputs_signals, sigint_mid_run_leaves_nothing)
 Test(outputs_stale, sigkill_leftovers_removed_by_next_run)
 {
     char *dir = kvt_tempdir();
-    char *scenario = kvt_write(dir, "long.yaml", long_text);
+    char *scenario = kvt_fixture_copy("scenarios/outputs-long.yaml", dir, "long.yaml");
     char *parent = path_in(dir, "runs");
     mkdir(parent, 0755);
     char *out = path_in(parent, "out");
@@ -290,7 +274,7 @@ static int same_file(const char *a, const char *b)
 Test(outputs_publish, failed_publish_leaves_folder_as_it_was)
 {
     char *dir = kvt_tempdir();
-    char *scenario = kvt_write(dir, "long.yaml", long_text);
+    char *scenario = kvt_fixture_copy("scenarios/outputs-long.yaml", dir, "long.yaml");
     char args[4096], *text = NULL;
 
     /* 1. An earlier run's folder whose trace.json is now a non-empty folder: the rename of one file
@@ -388,7 +372,7 @@ Test(outputs_publish, failed_publish_leaves_folder_as_it_was)
 Test(outputs_check, unwritable_out_exits_2_before_simulating)
 {
     char *dir = kvt_tempdir();
-    char *scenario = kvt_write(dir, "long.yaml", long_text);
+    char *scenario = kvt_fixture_copy("scenarios/outputs-long.yaml", dir, "long.yaml");
     char *file = kvt_write(dir, "file", "a file\n");
     /* A policy that fails only once the simulation runs (placement happens at the first transfer): a
        run that simulated before checking --out would report this error instead of the path. */
@@ -440,26 +424,10 @@ Test(outputs_check, unwritable_out_exits_2_before_simulating)
     free(dir);
 }
 
-/* A tiny base for a sweep. */
-static const char *sweep_base = "name: outputs-sweep\n"
-                                "seed: 2\n"
-                                "model: llama-3.1-8b\n"
-                                "cluster:\n"
-                                "  prefill: {nodes: 1, device: h100-sxm}\n"
-                                "  decode: {nodes: 1, device: h100-sxm}\n"
-                                "network: {model: ideal, nic_bandwidth_gbps: 25}\n"
-                                "workload:\n"
-                                "  requests: 4\n"
-                                "  rate_per_s: 2\n"
-                                "  prompt: {dist: fixed, value: 4000}\n"
-                                "  output: {dist: fixed, value: 8}\n"
-                                "outputs: {trace: false}\n"
-                                "policies: [bf16]\n";
-
 Test(outputs_sweep, resume_reruns_points_with_stale_temporaries)
 {
     char *dir = kvt_tempdir();
-    free(kvt_write(dir, "base.yaml", sweep_base));
+    free(kvt_fixture_copy("scenarios/sweep-base.yaml", dir, "base.yaml"));
     char *sweep = kvt_write(dir, "sweep.yaml", "name: st\nbase: base.yaml\nmatrix: {seed: [1, 2]}\n");
     char *out = path_in(dir, "out");
     char args[4096], *text = NULL;
@@ -624,7 +592,7 @@ Test(outputs_lib, rmtree_stays_inside_and_abort_keeps_dir)
 Test(outputs_plot, figures_staged_and_failed_plots_not_published)
 {
     char *dir = kvt_tempdir();
-    char *scenario = kvt_write(dir, "long.yaml", long_text);
+    char *scenario = kvt_fixture_copy("scenarios/outputs-long.yaml", dir, "long.yaml");
     /* A stand-in for Python with matplotlib: writes one figure where scripts/plot would. */
     char *py = kvt_write(dir, "fakepy", "#!/bin/sh\n"
                                         "[ \"$1\" = -c ] && exit 0\n"

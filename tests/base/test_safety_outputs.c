@@ -20,22 +20,6 @@
 #include "core/base/afile.h"
 #include "tests/support.h"
 
-/* A run of a fraction of a second, on the bf16 policy only (no reference model needed). */
-static const char *quick_text = "name: safety-outputs\n"
-                                "seed: 2\n"
-                                "model: llama-3.1-8b\n"
-                                "cluster:\n"
-                                "  prefill: {nodes: 1, device: h100-sxm}\n"
-                                "  decode: {nodes: 1, device: h100-sxm}\n"
-                                "network: {model: ideal, nic_bandwidth_gbps: 25}\n"
-                                "workload:\n"
-                                "  requests: 5\n"
-                                "  rate_per_s: 20\n"
-                                "  prompt: {dist: fixed, value: 4000}\n"
-                                "  output: {dist: fixed, value: 8}\n"
-                                "outputs: {json: true, csv: true, trace: false}\n"
-                                "policies: [bf16]\n";
-
 /* A policy that fails only once the simulation runs: a run that checked --out after simulating
    would report this instead of the path. */
 static const char *boom_text =
@@ -129,7 +113,7 @@ static int private_mounts(const char *probe, char *why, size_t why_size)
 Test(safety_outputs, symlinked_out_refused_before_simulating)
 {
     char *dir = kvt_tempdir();
-    char *scenario = kvt_write(dir, "quick.yaml", quick_text);
+    char *scenario = kvt_fixture_copy("scenarios/outputs-quick.yaml", dir, "quick.yaml");
     char *boom = kvt_write(dir, "boom.lua", boom_text);
     char *victim_parent = path_in(dir, "home");
     mkdir(victim_parent, 0755);
@@ -198,7 +182,7 @@ Test(safety_outputs, symlinked_out_refused_before_simulating)
 Test(safety_outputs, empty_out_exits_2)
 {
     char *dir = kvt_tempdir();
-    char *scenario = kvt_write(dir, "quick.yaml", quick_text);
+    char *scenario = kvt_fixture_copy("scenarios/outputs-quick.yaml", dir, "quick.yaml");
     char args[8192], *text = NULL;
     snprintf(args, sizeof args, "run %s --quiet --out ''", scenario);
     int rc = kvt_kvsim(args, &text);
@@ -214,7 +198,7 @@ Test(safety_outputs, empty_out_exits_2)
     free(eval_sc);
 
     /* A sweep whose file names a folder: --out '' must not fall back to it. */
-    free(kvt_write(dir, "base.yaml", quick_text));
+    free(kvt_fixture_copy("scenarios/outputs-quick.yaml", dir, "base.yaml"));
     char sweep_text[4400];
     snprintf(sweep_text, sizeof sweep_text, "name: st\nbase: base.yaml\nout: %s/fallback\nmatrix: {seed: [1, 2]}\n",
              dir);
@@ -243,7 +227,7 @@ Test(safety_outputs, empty_out_exits_2)
 Test(safety_outputs, special_files_in_dir_left_alone)
 {
     char *dir = kvt_tempdir();
-    char *scenario = kvt_write(dir, "quick.yaml", quick_text);
+    char *scenario = kvt_fixture_copy("scenarios/outputs-quick.yaml", dir, "quick.yaml");
     char *out = path_in(dir, "out");
     mkdir(out, 0755);
     free(kvt_write(out, "results.json", "{\"earlier\": 1}\n"));
@@ -297,7 +281,7 @@ Test(safety_outputs, special_files_in_dir_left_alone)
 Test(safety_outputs, only_owned_names_replaced_and_links_never_followed)
 {
     char *dir = kvt_tempdir();
-    char *scenario = kvt_write(dir, "quick.yaml", quick_text);
+    char *scenario = kvt_fixture_copy("scenarios/outputs-quick.yaml", dir, "quick.yaml");
     char *outside = path_in(dir, "outside");
     mkdir(outside, 0755);
     char *target_file = kvt_write(outside, "passwd", "root:x:0:0\n");
@@ -385,7 +369,7 @@ Test(safety_outputs, mounts_inside_dir_never_crossed)
         free(dir);
         cr_skip_test("skipped: %s", why);
     }
-    char *scenario = kvt_write(dir, "quick.yaml", quick_text);
+    char *scenario = kvt_fixture_copy("scenarios/outputs-quick.yaml", dir, "quick.yaml");
     char *boom = kvt_write(dir, "boom.lua", boom_text);
     char *out = path_in(dir, "out");
     mkdir(out, 0755);
@@ -487,7 +471,7 @@ Test(safety_outputs, mounts_inside_dir_never_crossed)
 Test(safety_outputs, stale_names_kvsim_did_not_make_left_alone)
 {
     char *dir = kvt_tempdir();
-    char *scenario = kvt_write(dir, "quick.yaml", quick_text);
+    char *scenario = kvt_fixture_copy("scenarios/outputs-quick.yaml", dir, "quick.yaml");
     char *victim = path_in(dir, "victim");
     mkdir(victim, 0755);
     char *victim_file = kvt_write(victim, "results.json", "{\"theirs\": 1}\n");

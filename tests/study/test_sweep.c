@@ -9,27 +9,10 @@
 #include "core/study/sweep.h"
 #include "tests/support.h"
 
-/* A tiny scenario: ideal network, a handful of requests, two policies (runs in tens of ms). */
-static const char *base_text =
-    "name: sweep-base\n"
-    "seed: 2\n"
-    "model: llama-3.1-8b\n"
-    "cluster:\n"
-    "  prefill: {nodes: 1, device: h100-sxm}\n"
-    "  decode: {nodes: 1, device: h100-sxm}\n"
-    "network: {model: ideal, nic_bandwidth_gbps: 25}\n"
-    "workload:\n"
-    "  requests: 4\n"
-    "  rate_per_s: 2\n"
-    "  prompt: {dist: fixed, value: 4000}\n"
-    "  output: {dist: fixed, value: 8}\n"
-    "outputs: {trace: false}\n"
-    "lynx: {from: scenario}\n"
-    "policies: [bf16, lynx]\n";
-
+/* Loads sweep_text as dir/sweep.yaml over the tiny base tests/fixtures/scenarios/sweep-base.yaml. */
 static kv_sweep *load(const char *dir, const char *sweep_text, kv_error *err, int *rc)
 {
-    char *base = kvt_write(dir, "base.yaml", base_text);
+    char *base = kvt_fixture_copy("scenarios/sweep-base.yaml", dir, "base.yaml");
     char *path = kvt_write(dir, "sweep.yaml", sweep_text);
     char out[1024];
     snprintf(out, sizeof out, "%s/out", dir);
@@ -200,7 +183,7 @@ static const char *crash_sweep = "name: crashy\n"
 Test(sweep_run, crashed_point_reported_others_finish_and_resume_skips)
 {
     char *dir = kvt_tempdir();
-    free(kvt_write(dir, "base.yaml", base_text));
+    free(kvt_fixture_copy("scenarios/sweep-base.yaml", dir, "base.yaml"));
     char *sweep = kvt_write(dir, "sweep.yaml", crash_sweep);
     char *out_dir = path_in(dir, "out");
     char args[2048], *out = NULL;
@@ -284,7 +267,7 @@ Test(sweep_run, crashed_point_reported_others_finish_and_resume_skips)
 Test(sweep_run, emitted_jobs_match_the_local_run)
 {
     char *dir = kvt_tempdir();
-    free(kvt_write(dir, "base.yaml", base_text));
+    free(kvt_fixture_copy("scenarios/sweep-base.yaml", dir, "base.yaml"));
     char *sweep = kvt_write(dir, "sweep.yaml", "base: base.yaml\nmode: zip\n"
                                                "matrix: {network.nic_bandwidth_gbps: [10, 50], seed: [4, 5]}\n");
     char *local = path_in(dir, "local"), *par = path_in(dir, "par"), *slurm = path_in(dir, "slurm");
@@ -402,7 +385,7 @@ static int is_png(const char *path)
 Test(sweep_plot, run_and_sweep_figures)
 {
     char *dir = kvt_tempdir();
-    free(kvt_write(dir, "base.yaml", base_text));
+    free(kvt_fixture_copy("scenarios/sweep-base.yaml", dir, "base.yaml"));
     char *sweep = kvt_write(dir, "sweep.yaml", "base: base.yaml\n"
                                                "set: {outputs.trace: true}\n"
                                                "matrix: {network.nic_bandwidth_gbps: [10, 100]}\n");
