@@ -5,10 +5,13 @@
 #include "core/policy/policy.h"
 
 #include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 char *kvt_tempdir(void)
 {
@@ -103,6 +106,43 @@ char *kvt_source(const char *relative)
     if (asprintf(&path, "%s/%s", KV_SOURCE_DIR, relative) < 0)
         return NULL;
     return path;
+}
+
+char *kvt_path(const char *dir, const char *name)
+{
+    char *p = NULL;
+    cr_assert(asprintf(&p, "%s/%s", dir, name) > 0);
+    return p;
+}
+
+char *kvt_listing(const char *dir)
+{
+    struct dirent **names = NULL;
+    int n = scandir(dir, &names, NULL, alphasort);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    cr_assert_not_null(f);
+    for (int i = 0; i < n; i++) {
+        if (strcmp(names[i]->d_name, ".") && strcmp(names[i]->d_name, ".."))
+            fprintf(f, "%s%s", len ? " " : "", names[i]->d_name);
+        fflush(f);
+        free(names[i]);
+    }
+    free(names);
+    fclose(f);
+    return buf;
+}
+
+pid_t kvt_dead_pid(void)
+{
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0)
+        _exit(0);
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+        ;
+    return pid;
 }
 
 char *kvt_fixture_copy(const char *fixture, const char *dir, const char *name)

@@ -3,6 +3,7 @@
 #define KV_TEST_SUPPORT_H
 
 #include <stddef.h>
+#include <sys/types.h>
 
 struct kv_policy;
 struct kv_policy_param;
@@ -20,6 +21,12 @@ int kvt_kvsim(const char *args, char **output);
 void kvt_rmtree(const char *dir);
 /* Path of a file in the source tree (free it). */
 char *kvt_source(const char *relative);
+/* dir/name (free it); fails the test if it cannot be made. */
+char *kvt_path(const char *dir, const char *name);
+/* The names in dir, sorted, joined by spaces ("" when empty or missing); free it. */
+char *kvt_listing(const char *dir);
+/* A pid that belonged to a process that has exited and been reaped (kill(pid, 0) fails with ESRCH). */
+pid_t kvt_dead_pid(void);
 /* Copies tests/fixtures/<fixture> (e.g. "scenarios/sweep-base.yaml") to dir/name, failing the
    test if it cannot; returns the copy's path (free it). */
 char *kvt_fixture_copy(const char *fixture, const char *dir, const char *name);
