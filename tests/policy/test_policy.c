@@ -20,13 +20,14 @@ static kv_encoding encode(kv_policy *p, const kv_policy_request *r, int layer, i
     return e;
 }
 
-static void expect_int(const kv_tensor_enc *t, int bits, int anchor, int group, int per_channel)
+/* `what` (e.g. "policies/int8.lua key") names the tensor in the messages. */
+static void expect_int(const char *what, const kv_tensor_enc *t, int bits, int anchor, int group, int per_channel)
 {
-    cr_expect_eq(t->kind, KV_TENSOR_INT);
-    cr_expect_eq(t->bits, bits, "bits %d, expected %d", t->bits, bits);
-    cr_expect_eq(t->anchor_bits, anchor, "anchor_bits %d, expected %d", t->anchor_bits, anchor);
-    cr_expect_eq(t->group_size, group, "group_size %d, expected %d", t->group_size, group);
-    cr_expect_eq(t->per_channel, per_channel);
+    cr_expect_eq(t->kind, KV_TENSOR_INT, "%s: kind %d", what, (int)t->kind);
+    cr_expect_eq(t->bits, bits, "%s: bits %d, expected %d", what, t->bits, bits);
+    cr_expect_eq(t->anchor_bits, anchor, "%s: anchor_bits %d, expected %d", what, t->anchor_bits, anchor);
+    cr_expect_eq(t->group_size, group, "%s: group_size %d, expected %d", what, t->group_size, group);
+    cr_expect_eq(t->per_channel, per_channel, "%s: per_channel %d", what, t->per_channel);
 }
 
 /* Every (layer, head) of the model gives the same encoding as (0, 0). */
@@ -62,45 +63,44 @@ Test(shipped, bf16)
     kv_policy_destroy(p);
 }
 
-Test(shipped, int8)
-{
-    kv_policy *p = kvt_policy_load("policies/int8.lua", NULL, 0);
-    kv_encoding e = encode(p, &req1, 0, 0);
-    expect_int(&e.key, 8, 0, 32, 0);
-    expect_int(&e.value, 8, 0, 32, 0);
-    cr_expect_not(e.diffkv);
-    expect_uniform(p);
-    kv_policy_destroy(p);
-}
+/* The shipped integer policies: one encoding, the same at every (layer, head). */
+typedef struct int_case {
+    const char *file;
+    int layer, head;                  /* where the first encoding is asked for */
+    int key[4], value[4];             /* bits, anchor_bits, group_size, per_channel */
+    int window;                       /* full_precision_window */
+} int_case;
 
-Test(shipped, int4)
-{
-    kv_policy *p = kvt_policy_load("policies/int4.lua", NULL, 0);
-    kv_encoding e = encode(p, &req1, 31, 7);
-    expect_int(&e.key, 4, 0, 32, 0);
-    expect_int(&e.value, 4, 0, 32, 0);
-    expect_uniform(p);
-    kv_policy_destroy(p);
-}
+static const int_case int_cases[] = {
+    {"policies/int8.lua", 0, 0, {8, 0, 32, 0}, {8, 0, 32, 0}, 0},
+    {"policies/int4.lua", 31, 7, {4, 0, 32, 0}, {4, 0, 32, 0}, 0},
+    {"policies/kivi2.lua", 5, 5, {2, 0, 32, 1}, {2, 0, 32, 0}, 128},
+};
 
-Test(shipped, kivi2)
+Test(shipped, int_policies)
 {
-    kv_policy *p = kvt_policy_load("policies/kivi2.lua", NULL, 0);
-    kv_encoding e = encode(p, &req1, 5, 5);
-    expect_int(&e.key, 2, 0, 32, 1);
-    expect_int(&e.value, 2, 0, 32, 0);
-    cr_expect_eq(e.full_precision_window, 128);
-    cr_expect_not(e.diffkv);
-    expect_uniform(p);
-    kv_policy_destroy(p);
+    for (size_t i = 0; i < sizeof int_cases / sizeof int_cases[0]; i++) {
+        const int_case *c = &int_cases[i];
+        char key[96], value[96];
+        snprintf(key, sizeof key, "%s key", c->file);
+        snprintf(value, sizeof value, "%s value", c->file);
+        kv_policy *p = kvt_policy_load(c->file, NULL, 0);
+        kv_encoding e = encode(p, &req1, c->layer, c->head);
+        expect_int(key, &e.key, c->key[0], c->key[1], c->key[2], c->key[3]);
+        expect_int(value, &e.value, c->value[0], c->value[1], c->value[2], c->value[3]);
+        cr_expect_eq(e.full_precision_window, c->window, "%s: window %d", c->file, e.full_precision_window);
+        cr_expect_not(e.diffkv, "%s", c->file);
+        expect_uniform(p);
+        kv_policy_destroy(p);
+    }
 }
 
 Test(shipped, lynx)
 {
     kv_policy *p = kvt_policy_load("policies/lynx.lua", NULL, 0);
     kv_encoding e = encode(p, &req1, 1, 1);
-    expect_int(&e.key, 8, 4, 32, 0);
-    expect_int(&e.value, 8, 4, 32, 0);
+    expect_int("key", &e.key, 8, 4, 32, 0);
+    expect_int("value", &e.value, 8, 4, 32, 0);
     expect_uniform(p);
     kv_transfer_plan tp;
     kv_error err;
@@ -122,10 +122,10 @@ Test(shipped, diffkv)
     kv_policy *p = kvt_policy_load("policies/diffkv.lua", NULL, 0);
     kv_encoding e = encode(p, &req1, 2, 6);
     cr_expect(e.diffkv);
-    expect_int(&e.key, 8, 0, 32, 0);
-    expect_int(&e.value, 4, 0, 32, 0);
-    expect_int(&e.key_low, 4, 0, 32, 0);
-    expect_int(&e.value_low, 2, 0, 32, 0);
+    expect_int("key", &e.key, 8, 0, 32, 0);
+    expect_int("value", &e.value, 4, 0, 32, 0);
+    expect_int("key_low", &e.key_low, 4, 0, 32, 0);
+    expect_int("value_low", &e.value_low, 2, 0, 32, 0);
     cr_expect_float_eq(e.alpha_high, 1.0, 1e-12);
     cr_expect_float_eq(e.alpha_low, 0.02, 1e-12);
     cr_expect_eq(e.window, 64);
@@ -158,7 +158,7 @@ Test(overrides, reach_the_policy)
     };
     kv_policy *p = kvt_policy_load("policies/lynx.lua", set, 6);
     kv_encoding e = encode(p, &req1, 0, 0);
-    expect_int(&e.key, 8, 3, 32, 0);
+    expect_int("key", &e.key, 8, 3, 32, 0);
     kv_transfer_plan tp;
     cr_assert_eq(kv_policy_transfer(p, &req1, &tp, NULL), KV_OK);
     cr_expect_eq(tp.order, KV_ORDER_CONCURRENT);
@@ -325,7 +325,7 @@ Test(cache, request_independent_answers_run_lua_once_per_layer_and_head)
     kv_policy_set_cache(p, false);
     kv_encoding e = encode(p, &req1, 4, 4);
     encode(p, &req1, 4, 4);
-    expect_int(&e.key, 8, 4, 32, 0);
+    expect_int("key", &e.key, 8, 4, 32, 0);
     kv_policy_get_stats(p, &st);
     cr_expect_eq(st.lua_calls, 32 * 8 + 4);
     kv_policy_destroy(p);
@@ -355,8 +355,8 @@ Test(cache, per_layer_answers_and_model_change)
     kv_policy *p = kvt_policy_load("tests/fixtures/policies/per_layer.lua", NULL, 0);
     cr_expect_eq(encode(p, &req1, 0, 1).key.kind, KV_TENSOR_BF16);
     kv_encoding e = encode(p, &req1, 1, 1);
-    expect_int(&e.key, 4, 0, 128, 0);
-    expect_int(&e.value, 4, 0, 32, 0);
+    expect_int("key", &e.key, 4, 0, 128, 0);
+    expect_int("value", &e.value, 4, 0, 32, 0);
     cr_expect_eq(encode(p, &req1, 1, 2).key.bits, 8);
     cr_expect_eq(encode(p, &req1, 1, 1).key.bits, 4);
     kv_policy_stats st;
