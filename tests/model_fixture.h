@@ -456,6 +456,27 @@ static inline char *kvt_tiny_model_file(const char *dir, uint64_t seed)
     return path;
 }
 
+/* Writes dir/text.txt, an English text long enough for the tiny model's eval prompts (300
+   lines of two kinds); returns its path (free it), NULL if it cannot be written. */
+static inline char *kvt_tiny_model_text(const char *dir)
+{
+    char *text = calloc(1, 40000);
+    if (!text)
+        return NULL;
+    for (int i = 0; i < 300; i++)
+        strcat(text, i % 3 ? "the cat sat on the mat and then it ran to the tower. " : "in the evening, winds rose.\n");
+    size_t n = strlen(dir) + 16;
+    char *path = malloc(n);
+    snprintf(path, n, "%s/text.txt", dir);
+    int rc = kvt_write_file(path, text, strlen(text));
+    free(text);
+    if (rc) {
+        free(path);
+        return NULL;
+    }
+    return path;
+}
+
 /* ---- The real model ---------------------------------------------------------------------------- */
 
 /* Path of the real SmolLM2-135M GGUF: runs scripts/fetch-model.sh (which finds
