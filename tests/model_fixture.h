@@ -13,6 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/base/alloc.h"
+#include "core/kv/encoding.h"
+#include "core/refmodel/model.h"
+
 /* ---- A growable byte buffer ----------------------------------------------------------- */
 
 typedef struct kvt_bytes {
@@ -475,6 +479,17 @@ static inline char *kvt_tiny_model_text(const char *dir)
         return NULL;
     }
     return path;
+}
+
+/* One encoding e for every (layer, KV head) of m, as the eval takes them (free with kv_free). */
+static inline kv_encoding *kvt_uniform_encodings(const kv_model *m, kv_encoding e)
+{
+    const kv_model_config *c = kv_model_get_config(m);
+    size_t n = (size_t)c->n_layers * c->n_kv_heads;
+    kv_encoding *out = kv_calloc(n, sizeof *out);
+    for (size_t i = 0; i < n; i++)
+        out[i] = e;
+    return out;
 }
 
 /* ---- The real model ---------------------------------------------------------------------------- */

@@ -2,7 +2,9 @@
 #define _GNU_SOURCE
 #include "tests/support.h"
 
+#include "core/config/scenario.h"
 #include "core/policy/policy.h"
+#include "core/study/study.h"
 
 #include <criterion/criterion.h>
 #include <dirent.h>
@@ -167,4 +169,14 @@ kv_policy *kvt_policy_load(const char *path, const kv_policy_param *params, int 
     cr_assert_eq(rc, KV_OK, "loading %s failed: %s", path, err.msg);
     cr_assert_not_null(p);
     return p;
+}
+
+kv_study *kvt_study_run(const char *path, const char **sets, int n_sets, kv_scenario **s)
+{
+    kv_error err = {0};
+    kv_study *st = NULL;
+    cr_assert_eq(kv_scenario_load(path, sets, n_sets, s, &err), 0, "%s: %s", path, err.msg);
+    cr_assert_eq(kv_study_prepare(*s, &st, &err), 0, "%s: %s", path, err.msg);
+    cr_assert_eq(kv_study_run(st, &err), 0, "%s: %s", path, err.msg);
+    return st;
 }

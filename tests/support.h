@@ -7,6 +7,8 @@
 
 struct kv_policy;
 struct kv_policy_param;
+struct kv_scenario;
+struct kv_study;
 
 /* Makes a fresh temporary folder; the returned path is owned by the caller (free). */
 char *kvt_tempdir(void);
@@ -33,5 +35,9 @@ char *kvt_fixture_copy(const char *fixture, const char *dir, const char *name);
 /* Loads the policy at `path` with `params` (n of them) and the default limits, failing the
    test (with the error) if it does not load; the caller owns it (kv_policy_destroy). */
 struct kv_policy *kvt_policy_load(const char *path, const struct kv_policy_param *params, int n);
+/* Loads the scenario at `path` with `sets` (n_sets "key=value" overrides) into *s, prepares and
+   runs its study, failing the test on any error; the caller owns both (kv_study_destroy,
+   kv_scenario_free). */
+struct kv_study *kvt_study_run(const char *path, const char **sets, int n_sets, struct kv_scenario **s);
 
 #endif

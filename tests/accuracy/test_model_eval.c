@@ -11,23 +11,13 @@
 #include "tests/model_fixture.h"
 #include "tests/support.h"
 
-static kv_encoding *uniform(const kv_model *m, kv_encoding e)
-{
-    const kv_model_config *c = kv_model_get_config(m);
-    size_t n = (size_t)c->n_layers * c->n_kv_heads;
-    kv_encoding *out = kv_calloc(n, sizeof *out);
-    for (size_t i = 0; i < n; i++)
-        out[i] = e;
-    return out;
-}
-
 static kv_eval_result *run_tiny(kv_model *m, const char *text)
 {
     kv_tensor_enc bf = {KV_TENSOR_BF16, 16, 0, 0, 0};
-    kv_encoding *e_bf = uniform(m, (kv_encoding){.key = bf, .value = bf});
-    kv_encoding *e_i4 = uniform(m, (kv_encoding){.key = {KV_TENSOR_INT, 4, 0, 16, 0}, .value = {KV_TENSOR_INT, 4, 0, 16, 0}});
-    kv_encoding *e_ly = uniform(m, (kv_encoding){.key = {KV_TENSOR_INT, 8, 4, 16, 0}, .value = {KV_TENSOR_INT, 8, 4, 16, 0}});
-    kv_encoding *e_dk = uniform(m, (kv_encoding){.key = {KV_TENSOR_INT, 8, 0, 16, 0}, .value = {KV_TENSOR_INT, 4, 0, 16, 0},
+    kv_encoding *e_bf = kvt_uniform_encodings(m, (kv_encoding){.key = bf, .value = bf});
+    kv_encoding *e_i4 = kvt_uniform_encodings(m, (kv_encoding){.key = {KV_TENSOR_INT, 4, 0, 16, 0}, .value = {KV_TENSOR_INT, 4, 0, 16, 0}});
+    kv_encoding *e_ly = kvt_uniform_encodings(m, (kv_encoding){.key = {KV_TENSOR_INT, 8, 4, 16, 0}, .value = {KV_TENSOR_INT, 8, 4, 16, 0}});
+    kv_encoding *e_dk = kvt_uniform_encodings(m, (kv_encoding){.key = {KV_TENSOR_INT, 8, 0, 16, 0}, .value = {KV_TENSOR_INT, 4, 0, 16, 0},
                                                  .diffkv = true, .key_low = {KV_TENSOR_INT, 4, 0, 16, 0},
                                                  .value_low = {KV_TENSOR_INT, 2, 0, 16, 0}, .alpha_high = 1.0,
                                                  .alpha_low = 0.02, .window = 8});

@@ -186,16 +186,6 @@ static char *report_text(kv_study *st, const kv_scenario *s, bool csv)
     return text;
 }
 
-static kv_study *run(const char *path, const char **sets, int n_sets, kv_scenario **s)
-{
-    kv_error err = {0};
-    kv_study *st = NULL;
-    cr_assert_eq(kv_scenario_load(path, sets, n_sets, s, &err), 0, "%s", err.msg);
-    cr_assert_eq(kv_study_prepare(*s, &st, &err), 0, "%s", err.msg);
-    cr_assert_eq(kv_study_run(st, &err), 0, "%s", err.msg);
-    return st;
-}
-
 /* Copy of policies/<name>.lua that opts out of the policy host's cache. */
 static char *uncached_copy(const char *dir, const char *name)
 {
@@ -235,7 +225,7 @@ static void expect_same_runs(const char *scenario, const char *const *policies, 
         sets_b[nb++] = owned[i];
     }
     kv_scenario *sa = NULL, *sb = NULL;
-    kv_study *a = run(scenario, sets_a, (int)na, &sa), *b = run(scenario, sets_b, (int)nb, &sb);
+    kv_study *a = kvt_study_run(scenario, sets_a, (int)na, &sa), *b = kvt_study_run(scenario, sets_b, (int)nb, &sb);
     for (int csv = 0; csv < 2; csv++) {
         char *ta = report_text(a, sa, csv), *tb = report_text(b, sb, csv);
         cr_expect(strcmp(ta, tb) == 0, "%s: %s differs between reused and per-request encodings", scenario,
@@ -281,7 +271,7 @@ Test(encset_runs, request_dependent_encodings_follow_each_request, .timeout = 30
     snprintf(file_set, sizeof file_set, "policy.ctxdep.file=%s", path);
     const char *sets[] = {"policies=[ctxdep]", file_set, "outputs.trace=false", "workload.requests=60"};
     kv_scenario *s = NULL;
-    kv_study *st = run("scenarios/quickstart.yaml", sets, 4, &s);
+    kv_study *st = kvt_study_run("scenarios/quickstart.yaml", sets, 4, &s);
     size_t n = 0;
     const kv_policy_outcome *o = kv_study_outcomes(st, &n);
     cr_assert_eq(n, 1);

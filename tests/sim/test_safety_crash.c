@@ -149,16 +149,6 @@ Test(safety_crash, eval_needle_context_below_the_needle_exits_2_naming_the_key_a
     free(dir);
 }
 
-static kv_encoding *eval_uniform(const kv_model *m, kv_encoding e)
-{
-    const kv_model_config *c = kv_model_get_config(m);
-    size_t n = (size_t)c->n_layers * c->n_kv_heads;
-    kv_encoding *out = kv_calloc(n, sizeof *out);
-    for (size_t i = 0; i < n; i++)
-        out[i] = e;
-    return out;
-}
-
 /* The C API: every accuracy.* length, small or near INT_MAX, is KV_EINPUT naming its key (no sum wraps). */
 Test(safety_crash, eval_lengths_out_of_range_are_input_errors, .timeout = 120)
 {
@@ -167,7 +157,7 @@ Test(safety_crash, eval_lengths_out_of_range_are_input_errors, .timeout = 120)
     kv_error err;
     cr_assert_eq(kv_model_load(model_path, &m, &err), KV_OK, "%s", err.msg);
     kv_tensor_enc bf = {KV_TENSOR_BF16, 16, 0, 0, 0};
-    kv_encoding *e_bf = eval_uniform(m, (kv_encoding){.key = bf, .value = bf});
+    kv_encoding *e_bf = kvt_uniform_encodings(m, (kv_encoding){.key = bf, .value = bf});
     kv_eval_policy pols[] = {{"bf16", e_bf, 0}};
     const char *texts[] = {text};
     const kv_eval_config base = {texts, 1, 48, 12, 6, 1, 200, 0, 3, 7, NULL};
@@ -225,8 +215,8 @@ Test(safety_crash, eval_large_policy_speculation_is_bounded, .timeout = 300)
     kv_error err;
     cr_assert_eq(kv_model_load(model_path, &m, &err), KV_OK, "%s", err.msg);
     kv_tensor_enc bf = {KV_TENSOR_BF16, 16, 0, 0, 0}, ly = {KV_TENSOR_INT, 8, 4, 16, 0};
-    kv_encoding *e_bf = eval_uniform(m, (kv_encoding){.key = bf, .value = bf});
-    kv_encoding *e_ly = eval_uniform(m, (kv_encoding){.key = ly, .value = ly});
+    kv_encoding *e_bf = kvt_uniform_encodings(m, (kv_encoding){.key = bf, .value = bf});
+    kv_encoding *e_ly = kvt_uniform_encodings(m, (kv_encoding){.key = ly, .value = ly});
     /* 3 lynx rows x 3 prompt lengths at k = 400 (a 48-token prompt + 400 fits 512): 9 jobs, > 2048 rows. */
     kv_eval_policy pols[] = {{"bf16", e_bf, 0}, {"a", e_ly, 400}, {"b", e_ly, 400}, {"c", e_ly, 400},
                              {"far", e_ly, 4096}};
