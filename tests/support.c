@@ -37,25 +37,33 @@ char *kvt_write(const char *dir, const char *name, const char *text)
     return path;
 }
 
-char *kvt_read(const char *path, size_t *len)
+/* The rest of stream f, NUL-terminated (free it); its length in *len where len is not NULL. */
+static char *read_stream(FILE *f, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 4096, n = 0;
+    size_t cap = 4096, n = 0, got;
     char *buf = malloc(cap);
-    size_t got;
+    cr_assert_not_null(buf);
     while ((got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
         n += got;
         if (cap - n < 2) {
             cap *= 2;
             buf = realloc(buf, cap);
+            cr_assert_not_null(buf);
         }
     }
-    fclose(f);
     buf[n] = '\0';
     if (len)
         *len = n;
+    return buf;
+}
+
+char *kvt_read(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    char *buf = read_stream(f, len);
+    fclose(f);
     return buf;
 }
 
@@ -71,17 +79,7 @@ int kvt_kvsim(const char *args, char **output)
     free(cmd);
     if (!p)
         return -1;
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    size_t got;
-    while ((got = fread(buf + n, 1, cap - n - 1, p)) > 0) {
-        n += got;
-        if (cap - n < 2) {
-            cap *= 2;
-            buf = realloc(buf, cap);
-        }
-    }
-    buf[n] = '\0';
+    char *buf = read_stream(p, NULL);
     int status = pclose(p);
     if (output)
         *output = buf;
