@@ -13,6 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/base/alloc.h"
+#include "core/kv/encoding.h"
+#include "core/refmodel/model.h"
+
 /* ---- A growable byte buffer ----------------------------------------------------------- */
 
 typedef struct kvt_bytes {
@@ -454,6 +458,38 @@ static inline char *kvt_tiny_model_file(const char *dir, uint64_t seed)
         return NULL;
     }
     return path;
+}
+
+/* Writes dir/text.txt, an English text long enough for the tiny model's eval prompts (300
+   lines of two kinds); returns its path (free it), NULL if it cannot be written. */
+static inline char *kvt_tiny_model_text(const char *dir)
+{
+    char *text = calloc(1, 40000);
+    if (!text)
+        return NULL;
+    for (int i = 0; i < 300; i++)
+        strcat(text, i % 3 ? "the cat sat on the mat and then it ran to the tower. " : "in the evening, winds rose.\n");
+    size_t n = strlen(dir) + 16;
+    char *path = malloc(n);
+    snprintf(path, n, "%s/text.txt", dir);
+    int rc = kvt_write_file(path, text, strlen(text));
+    free(text);
+    if (rc) {
+        free(path);
+        return NULL;
+    }
+    return path;
+}
+
+/* One encoding e for every (layer, KV head) of m, as the eval takes them (free with kv_free). */
+static inline kv_encoding *kvt_uniform_encodings(const kv_model *m, kv_encoding e)
+{
+    const kv_model_config *c = kv_model_get_config(m);
+    size_t n = (size_t)c->n_layers * c->n_kv_heads;
+    kv_encoding *out = kv_calloc(n, sizeof *out);
+    for (size_t i = 0; i < n; i++)
+        out[i] = e;
+    return out;
 }
 
 /* ---- The real model ---------------------------------------------------------------------------- */

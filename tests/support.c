@@ -2,10 +2,18 @@
 #define _GNU_SOURCE
 #include "tests/support.h"
 
+#include "core/config/scenario.h"
+#include "core/policy/policy.h"
+#include "core/study/study.h"
+
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 char *kvt_tempdir(void)
 {
@@ -29,25 +37,33 @@ char *kvt_write(const char *dir, const char *name, const char *text)
     return path;
 }
 
-char *kvt_read(const char *path, size_t *len)
+/* The rest of stream f, NUL-terminated (free it); its length in *len where len is not NULL. */
+static char *read_stream(FILE *f, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 4096, n = 0;
+    size_t cap = 4096, n = 0, got;
     char *buf = malloc(cap);
-    size_t got;
+    cr_assert_not_null(buf);
     while ((got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
         n += got;
         if (cap - n < 2) {
             cap *= 2;
             buf = realloc(buf, cap);
+            cr_assert_not_null(buf);
         }
     }
-    fclose(f);
     buf[n] = '\0';
     if (len)
         *len = n;
+    return buf;
+}
+
+char *kvt_read(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    char *buf = read_stream(f, len);
+    fclose(f);
     return buf;
 }
 
@@ -63,17 +79,7 @@ int kvt_kvsim(const char *args, char **output)
     free(cmd);
     if (!p)
         return -1;
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    size_t got;
-    while ((got = fread(buf + n, 1, cap - n - 1, p)) > 0) {
-        n += got;
-        if (cap - n < 2) {
-            cap *= 2;
-            buf = realloc(buf, cap);
-        }
-    }
-    buf[n] = '\0';
+    char *buf = read_stream(p, NULL);
     int status = pclose(p);
     if (output)
         *output = buf;
@@ -100,4 +106,75 @@ char *kvt_source(const char *relative)
     if (asprintf(&path, "%s/%s", KV_SOURCE_DIR, relative) < 0)
         return NULL;
     return path;
+}
+
+char *kvt_path(const char *dir, const char *name)
+{
+    char *p = NULL;
+    cr_assert(asprintf(&p, "%s/%s", dir, name) > 0);
+    return p;
+}
+
+char *kvt_listing(const char *dir)
+{
+    struct dirent **names = NULL;
+    int n = scandir(dir, &names, NULL, alphasort);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    cr_assert_not_null(f);
+    for (int i = 0; i < n; i++) {
+        if (strcmp(names[i]->d_name, ".") && strcmp(names[i]->d_name, ".."))
+            fprintf(f, "%s%s", len ? " " : "", names[i]->d_name);
+        fflush(f);
+        free(names[i]);
+    }
+    free(names);
+    fclose(f);
+    return buf;
+}
+
+pid_t kvt_dead_pid(void)
+{
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0)
+        _exit(0);
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+        ;
+    return pid;
+}
+
+char *kvt_fixture_copy(const char *fixture, const char *dir, const char *name)
+{
+    char *src = NULL;
+    cr_assert(asprintf(&src, "%s/tests/fixtures/%s", KV_SOURCE_DIR, fixture) > 0);
+    char *text = kvt_read(src, NULL);
+    cr_assert_not_null(text, "missing fixture %s", src);
+    char *path = kvt_write(dir, name, text);
+    cr_assert_not_null(path, "could not write %s/%s", dir, name);
+    free(text);
+    free(src);
+    return path;
+}
+
+kv_policy *kvt_policy_load(const char *path, const kv_policy_param *params, int n)
+{
+    kv_policy *p = NULL;
+    kv_error err;
+    kv_error_clear(&err);
+    int rc = kv_policy_load(NULL, path, params, n, NULL, &p, &err);
+    cr_assert_eq(rc, KV_OK, "loading %s failed: %s", path, err.msg);
+    cr_assert_not_null(p);
+    return p;
+}
+
+kv_study *kvt_study_run(const char *path, const char **sets, int n_sets, kv_scenario **s)
+{
+    kv_error err = {0};
+    kv_study *st = NULL;
+    cr_assert_eq(kv_scenario_load(path, sets, n_sets, s, &err), 0, "%s: %s", path, err.msg);
+    cr_assert_eq(kv_study_prepare(*s, &st, &err), 0, "%s: %s", path, err.msg);
+    cr_assert_eq(kv_study_run(st, &err), 0, "%s: %s", path, err.msg);
+    return st;
 }

@@ -3,6 +3,12 @@
 #define KV_TEST_SUPPORT_H
 
 #include <stddef.h>
+#include <sys/types.h>
+
+struct kv_policy;
+struct kv_policy_param;
+struct kv_scenario;
+struct kv_study;
 
 /* Makes a fresh temporary folder; the returned path is owned by the caller (free). */
 char *kvt_tempdir(void);
@@ -17,5 +23,21 @@ int kvt_kvsim(const char *args, char **output);
 void kvt_rmtree(const char *dir);
 /* Path of a file in the source tree (free it). */
 char *kvt_source(const char *relative);
+/* dir/name (free it); fails the test if it cannot be made. */
+char *kvt_path(const char *dir, const char *name);
+/* The names in dir, sorted, joined by spaces ("" when empty or missing); free it. */
+char *kvt_listing(const char *dir);
+/* A pid that belonged to a process that has exited and been reaped (kill(pid, 0) fails with ESRCH). */
+pid_t kvt_dead_pid(void);
+/* Copies tests/fixtures/<fixture> (e.g. "scenarios/sweep-base.yaml") to dir/name, failing the
+   test if it cannot; returns the copy's path (free it). */
+char *kvt_fixture_copy(const char *fixture, const char *dir, const char *name);
+/* Loads the policy at `path` with `params` (n of them) and the default limits, failing the
+   test (with the error) if it does not load; the caller owns it (kv_policy_destroy). */
+struct kv_policy *kvt_policy_load(const char *path, const struct kv_policy_param *params, int n);
+/* Loads the scenario at `path` with `sets` (n_sets "key=value" overrides) into *s, prepares and
+   runs its study, failing the test on any error; the caller owns both (kv_study_destroy,
+   kv_scenario_free). */
+struct kv_study *kvt_study_run(const char *path, const char **sets, int n_sets, struct kv_scenario **s);
 
 #endif

@@ -11,34 +11,13 @@
 #include "tests/model_fixture.h"
 #include "tests/support.h"
 
-/* A text long enough for the tiny model's prompts. */
-static char *write_text(const char *dir)
-{
-    char *text = calloc(1, 40000);
-    for (int i = 0; i < 300; i++)
-        strcat(text, i % 3 ? "the cat sat on the mat and then it ran to the tower. " : "in the evening, winds rose.\n");
-    char *path = kvt_write(dir, "text.txt", text);
-    free(text);
-    return path;
-}
-
-static kv_encoding *uniform(const kv_model *m, kv_encoding e)
-{
-    const kv_model_config *c = kv_model_get_config(m);
-    size_t n = (size_t)c->n_layers * c->n_kv_heads;
-    kv_encoding *out = kv_calloc(n, sizeof *out);
-    for (size_t i = 0; i < n; i++)
-        out[i] = e;
-    return out;
-}
-
 static kv_eval_result *run_tiny(kv_model *m, const char *text)
 {
     kv_tensor_enc bf = {KV_TENSOR_BF16, 16, 0, 0, 0};
-    kv_encoding *e_bf = uniform(m, (kv_encoding){.key = bf, .value = bf});
-    kv_encoding *e_i4 = uniform(m, (kv_encoding){.key = {KV_TENSOR_INT, 4, 0, 16, 0}, .value = {KV_TENSOR_INT, 4, 0, 16, 0}});
-    kv_encoding *e_ly = uniform(m, (kv_encoding){.key = {KV_TENSOR_INT, 8, 4, 16, 0}, .value = {KV_TENSOR_INT, 8, 4, 16, 0}});
-    kv_encoding *e_dk = uniform(m, (kv_encoding){.key = {KV_TENSOR_INT, 8, 0, 16, 0}, .value = {KV_TENSOR_INT, 4, 0, 16, 0},
+    kv_encoding *e_bf = kvt_uniform_encodings(m, (kv_encoding){.key = bf, .value = bf});
+    kv_encoding *e_i4 = kvt_uniform_encodings(m, (kv_encoding){.key = {KV_TENSOR_INT, 4, 0, 16, 0}, .value = {KV_TENSOR_INT, 4, 0, 16, 0}});
+    kv_encoding *e_ly = kvt_uniform_encodings(m, (kv_encoding){.key = {KV_TENSOR_INT, 8, 4, 16, 0}, .value = {KV_TENSOR_INT, 8, 4, 16, 0}});
+    kv_encoding *e_dk = kvt_uniform_encodings(m, (kv_encoding){.key = {KV_TENSOR_INT, 8, 0, 16, 0}, .value = {KV_TENSOR_INT, 4, 0, 16, 0},
                                                  .diffkv = true, .key_low = {KV_TENSOR_INT, 4, 0, 16, 0},
                                                  .value_low = {KV_TENSOR_INT, 2, 0, 16, 0}, .alpha_high = 1.0,
                                                  .alpha_low = 0.02, .window = 8});
@@ -58,7 +37,7 @@ static kv_eval_result *run_tiny(kv_model *m, const char *text)
 Test(eval, tiny_model_api)
 {
     char *dir = kvt_tempdir();
-    char *model_path = kvt_tiny_model_file(dir, 5), *text = write_text(dir);
+    char *model_path = kvt_tiny_model_file(dir, 5), *text = kvt_tiny_model_text(dir);
     kv_model *m;
     kv_error err;
     cr_assert_eq(kv_model_load(model_path, &m, &err), KV_OK, "%s", err.msg);
@@ -138,7 +117,7 @@ static char *tiny_scenario(const char *dir, const char *model, const char *text,
 Test(eval, command_line_tiny_model)
 {
     char *dir = kvt_tempdir();
-    char *model = kvt_tiny_model_file(dir, 5), *text = write_text(dir);
+    char *model = kvt_tiny_model_file(dir, 5), *text = kvt_tiny_model_text(dir);
     char *sc = tiny_scenario(dir, model, text, "bf16, int4, kivi2, lynx, diffkv", "");
     char args[2048], *out = NULL;
     snprintf(args, sizeof args, "eval %s --out %s/res --quiet", sc, dir);
@@ -181,7 +160,7 @@ static void expect_exit2(const char *args, const char *needle)
 Test(eval, bad_inputs_exit_2)
 {
     char *dir = kvt_tempdir();
-    char *model = kvt_tiny_model_file(dir, 5), *text = write_text(dir), args[2048], path[600];
+    char *model = kvt_tiny_model_file(dir, 5), *text = kvt_tiny_model_text(dir), args[2048], path[600];
     /* A missing model file. */
     char *sc = tiny_scenario(dir, "/nonexistent/model.gguf", text, "bf16", "");
     snprintf(args, sizeof args, "eval %s --quiet", sc);
@@ -275,7 +254,7 @@ Test(eval, bad_inputs_exit_2)
 Test(eval, scenario_policy_limits_apply)
 {
     char *dir = kvt_tempdir();
-    char *model = kvt_tiny_model_file(dir, 5), *text = write_text(dir), args[2048], extra[1024];
+    char *model = kvt_tiny_model_file(dir, 5), *text = kvt_tiny_model_text(dir), args[2048], extra[1024];
     /* About 60000 instructions at the top level: fine under the default budget (10 x 1e6 while loading). */
     char *lua = kvt_write(dir, "loopy.lua", "local n = 0\nfor i = 1, 20000 do n = n + i end\nreturn {}\n");
     snprintf(extra, sizeof extra, "policy:\n  loopy: {file: %s}\n", lua);

@@ -18,34 +18,11 @@
 #include "core/base/afile.h"
 #include "tests/support.h"
 
-/* A scenario that simulates for seconds (REQUESTS is --set per test), with every output on. */
-static const char *long_text = "name: outputs-long\n"
-                               "seed: 2\n"
-                               "model: llama-3.1-8b\n"
-                               "cluster:\n"
-                               "  prefill: {nodes: 1, device: h100-sxm}\n"
-                               "  decode: {nodes: 1, device: h100-sxm}\n"
-                               "network: {model: ideal, nic_bandwidth_gbps: 25}\n"
-                               "workload:\n"
-                               "  requests: 3000\n"
-                               "  rate_per_s: 20\n"
-                               "  prompt: {dist: fixed, value: 4000}\n"
-                               "  output: {dist: fixed, value: 64}\n"
-                               "outputs: {json: true, csv: true, trace: true}\n"
-                               "policies: [bf16, lynx]\n";
-
 static double now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static char *path_in(const char *dir, const char *name)
-{
-    char *p = NULL;
-    cr_assert(asprintf(&p, "%s/%s", dir, name) > 0);
-    return p;
 }
 
 static const char *kvsim_bin(void)
@@ -77,25 +54,6 @@ static pid_t spawn_run(const char *scenario, int requests, const char *out)
         _exit(127);
     }
     return pid;
-}
-
-/* The names in dir, sorted, joined by spaces ("" when empty or missing). Free it. */
-static char *listing(const char *dir)
-{
-    struct dirent **names = NULL;
-    int n = scandir(dir, &names, NULL, alphasort);
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    for (int i = 0; i < n; i++) {
-        if (strcmp(names[i]->d_name, ".") && strcmp(names[i]->d_name, ".."))
-            fprintf(f, "%s%s", len ? " " : "", names[i]->d_name);
-        fflush(f);
-        free(names[i]);
-    }
-    free(names);
-    fclose(f);
-    return buf;
 }
 
 /* Whether dir has an entry whose name starts with prefix. */
@@ -139,24 +97,13 @@ static int wait_exit(pid_t pid)
     return status;
 }
 
-/* A pid that belonged to a process that has exited (so kill(pid, 0) fails with ESRCH). */
-static pid_t dead_pid(void)
-{
-    pid_t pid = fork();
-    cr_assert(pid >= 0);
-    if (pid == 0)
-        _exit(0);
-    wait_exit(pid);
-    return pid;
-}
-
 static void expect_signal_cleanup(int sig)
 {
     char *dir = kvt_tempdir();
-    char *scenario = kvt_write(dir, "long.yaml", long_text);
-    char *parent = path_in(dir, "runs");
+    char *scenario = kvt_fixture_copy("scenarios/outputs-long.yaml", dir, "long.yaml");
+    char *parent = kvt_path(dir, "runs");
     mkdir(parent, 0755);
-    char *out = path_in(parent, "out");
+    char *out = kvt_path(parent, "out");
     pid_t pid = spawn_run(scenario, 20000, out);
     int status = 0, exited = 0;
     /* Anything of the output appearing (the staging folder, or DIR itself) means the run is past its
@@ -171,7 +118,7 @@ static void expect_signal_cleanup(int sig)
     cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 128 + sig,
               "signal %d: expected exit %d, got %s %d", sig, 128 + sig, WIFEXITED(status) ? "exit" : "signal",
               WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
-    char *left = listing(parent);
+    char *left = kvt_listing(parent);
     cr_expect_str_eq(left, "", "signal %d left in the parent folder: %s", sig, left);
     free(left);
     free(out);
@@ -197,10 +144,10 @@ Test(outputs_signals, sigint_mid_run_leaves_nothing)
 Test(outputs_stale, sigkill_leftovers_removed_by_next_run)
 {
     char *dir = kvt_tempdir();
-    char *scenario = kvt_write(dir, "long.yaml", long_text);
-    char *parent = path_in(dir, "runs");
+    char *scenario = kvt_fixture_copy("scenarios/outputs-long.yaml", dir, "long.yaml");
+    char *parent = kvt_path(dir, "runs");
     mkdir(parent, 0755);
-    char *out = path_in(parent, "out");
+    char *out = kvt_path(parent, "out");
     pid_t pid = spawn_run(scenario, 20000, out);
     int status = 0, exited = 0;
     char prefix[64];
@@ -211,17 +158,17 @@ Test(outputs_stale, sigkill_leftovers_removed_by_next_run)
         wait_exit(pid);
     }
     cr_expect(seen && !exited, "no staging folder %s appeared while the run was going (got: %s)", prefix,
-              listing(parent));
-    char *left = listing(parent);
+              kvt_listing(parent));
+    char *left = kvt_listing(parent);
     cr_expect_str_eq(left, prefix, "after kill -9 only the staging folder is left, DIR is not there: %s", left);
     free(left);
 
     /* A fake stale temporary of another dead process, with content, and one of a live process (us). */
     char fake[64], live[64];
-    snprintf(fake, sizeof fake, "out.tmp.%ld", (long)dead_pid());
+    snprintf(fake, sizeof fake, "out.tmp.%ld", (long)kvt_dead_pid());
     snprintf(live, sizeof live, "out.tmp.%ld", (long)getpid());
-    char *fake_dir = path_in(parent, fake);
-    char *live_dir = path_in(parent, live);
+    char *fake_dir = kvt_path(parent, fake);
+    char *live_dir = kvt_path(parent, live);
     mkdir(fake_dir, 0755);
     free(kvt_write(fake_dir, KV_OUTDIR_MARK, "results.json\n")); /* what marks a staging folder as kvsim's */
     free(kvt_write(fake_dir, "results.json", "{\"half\": "));
@@ -234,20 +181,20 @@ Test(outputs_stale, sigkill_leftovers_removed_by_next_run)
     free(text);
     char want[128];
     snprintf(want, sizeof want, "out %s", live);
-    left = listing(parent);
+    left = kvt_listing(parent);
     cr_expect_str_eq(left, want, "the dead processes' temporaries are gone, the live one stays: %s", left);
     free(left);
-    left = listing(out);
+    left = kvt_listing(out);
     cr_expect_str_eq(left, "requests.csv results.json trace.json", "got: %s", left);
     free(left);
     rmdir(live_dir);
 
     /* DIR missing and DIR.old.<deadpid> present: the previous folder comes back, then the run replaces its
        own files in it and keeps the rest. */
-    char *out2 = path_in(parent, "out2");
+    char *out2 = kvt_path(parent, "out2");
     char old[64];
-    snprintf(old, sizeof old, "out2.old.%ld", (long)dead_pid());
-    char *old_dir = path_in(parent, old);
+    snprintf(old, sizeof old, "out2.old.%ld", (long)kvt_dead_pid());
+    char *old_dir = kvt_path(parent, old);
     mkdir(old_dir, 0755);
     free(kvt_write(old_dir, "note.txt", "mine\n"));
     free(kvt_write(old_dir, "results.json", "{}\n"));
@@ -255,10 +202,10 @@ Test(outputs_stale, sigkill_leftovers_removed_by_next_run)
     rc = kvt_kvsim(args, &text);
     cr_expect_eq(rc, 0, "%s", text);
     free(text);
-    left = listing(out2);
+    left = kvt_listing(out2);
     cr_expect_str_eq(left, "note.txt requests.csv results.json trace.json", "got: %s", left);
     free(left);
-    char *results = path_in(out2, "results.json");
+    char *results = kvt_path(out2, "results.json");
     char *body = kvt_read(results, NULL);
     cr_expect(body && strstr(body, "\"policies\""), "results.json is the new run's");
     free(body);
@@ -290,20 +237,20 @@ static int same_file(const char *a, const char *b)
 Test(outputs_publish, failed_publish_leaves_folder_as_it_was)
 {
     char *dir = kvt_tempdir();
-    char *scenario = kvt_write(dir, "long.yaml", long_text);
+    char *scenario = kvt_fixture_copy("scenarios/outputs-long.yaml", dir, "long.yaml");
     char args[4096], *text = NULL;
 
     /* 1. An earlier run's folder whose trace.json is now a non-empty folder: the rename of one file
        used to fail after results.json was already replaced. Now the run's files go in as a set: the
        run either succeeds with all three new, or fails leaving every file as it was. */
-    char *out = path_in(dir, "out");
+    char *out = kvt_path(dir, "out");
     snprintf(args, sizeof args, "run %s --set workload.requests=5 --quiet --out %s", scenario, out);
     cr_assert_eq(kvt_kvsim(args, &text), 0, "%s", text);
     free(text);
-    char *results = path_in(out, "results.json");
-    char *trace = path_in(out, "trace.json");
+    char *results = kvt_path(out, "results.json");
+    char *trace = kvt_path(out, "trace.json");
     free(kvt_write(out, "results.json", "{\"earlier\": true}\n"));
-    char *before = path_in(dir, "before.json");
+    char *before = kvt_path(dir, "before.json");
     free(kvt_write(dir, "before.json", "{\"earlier\": true}\n"));
     unlink(trace);
     mkdir(trace, 0755);
@@ -319,15 +266,15 @@ Test(outputs_publish, failed_publish_leaves_folder_as_it_was)
         cr_expect(stat(trace, &st) == 0 && S_ISDIR(st.st_mode));
     }
     free(text);
-    char *left = listing(dir);
+    char *left = kvt_listing(dir);
     cr_expect_str_eq(left, "before.json long.yaml out", "no temporaries: %s", left);
     free(left);
 
     /* 2. DIR is replaced by a regular file while the run simulates: publishing fails, the file stays as
        it is, and the staging folder is removed. */
-    char *parent = path_in(dir, "p2");
+    char *parent = kvt_path(dir, "p2");
     mkdir(parent, 0755);
-    char *out2 = path_in(parent, "out");
+    char *out2 = kvt_path(parent, "out");
     pid_t pid = spawn_run(scenario, 8000, out2); /* seconds of simulation: time to swap DIR */
     int status = 0, exited = 0;
     int seen = wait_for_entry(parent, "out.tmp.", pid, &status, &exited);
@@ -339,16 +286,16 @@ Test(outputs_publish, failed_publish_leaves_folder_as_it_was)
     char *body = kvt_read(out2, NULL);
     cr_expect(body && strcmp(body, "not a folder\n") == 0, "the file is left as it was");
     free(body);
-    left = listing(parent);
+    left = kvt_listing(parent);
     cr_expect_str_eq(left, "out", "no staging folder is left: %s", left);
     free(left);
 
     /* 3. DIR holds a socket: kvsim never moves what it does not own, so the run publishes its own
        names beside it and the socket stays as it was. */
-    char *out3 = path_in(dir, "out3");
+    char *out3 = kvt_path(dir, "out3");
     mkdir(out3, 0755);
     free(kvt_write(out3, "results.json", "{\"earlier\": true}\n"));
-    char *sock_path = path_in(out3, "s.sock");
+    char *sock_path = kvt_path(out3, "s.sock");
     int s = socket(AF_UNIX, SOCK_STREAM, 0);
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     snprintf(sa.sun_path, sizeof sa.sun_path, "%s", sock_path);
@@ -359,16 +306,16 @@ Test(outputs_publish, failed_publish_leaves_folder_as_it_was)
     rc = kvt_kvsim(args, &text);
     cr_expect_eq(rc, 0, "a socket in DIR is left alone:\n%s", text);
     free(text);
-    left = listing(out3);
+    left = kvt_listing(out3);
     cr_expect_str_eq(left, "requests.csv results.json s.sock trace.json", "the socket stays: %s", left);
     free(left);
     cr_expect(lstat(sock_path, &sock_after) == 0 && S_ISSOCK(sock_after.st_mode) &&
                   sock_after.st_ino == sock_before.st_ino, "the socket is the same one");
-    char *r3 = path_in(out3, "results.json");
+    char *r3 = kvt_path(out3, "results.json");
     cr_expect(!same_file(r3, before), "results.json is the new run's");
     free(r3);
     close(s);
-    left = listing(dir);
+    left = kvt_listing(dir);
     cr_expect_str_eq(left, "before.json long.yaml out out3 p2", "no temporaries: %s", left);
     free(left);
 
@@ -388,7 +335,7 @@ Test(outputs_publish, failed_publish_leaves_folder_as_it_was)
 Test(outputs_check, unwritable_out_exits_2_before_simulating)
 {
     char *dir = kvt_tempdir();
-    char *scenario = kvt_write(dir, "long.yaml", long_text);
+    char *scenario = kvt_fixture_copy("scenarios/outputs-long.yaml", dir, "long.yaml");
     char *file = kvt_write(dir, "file", "a file\n");
     /* A policy that fails only once the simulation runs (placement happens at the first transfer): a
        run that simulated before checking --out would report this error instead of the path. */
@@ -403,7 +350,7 @@ Test(outputs_check, unwritable_out_exits_2_before_simulating)
 
     /* Under a regular file: no folder can be made there, not even by root. */
     const char *bad[] = {"/etc/passwd/x", NULL, NULL};
-    char *under = path_in(file, "sub/out");
+    char *under = kvt_path(file, "sub/out");
     bad[1] = under;
     bad[2] = file; /* an existing file as the folder */
     for (size_t i = 0; i < 3; i++) {
@@ -417,7 +364,7 @@ Test(outputs_check, unwritable_out_exits_2_before_simulating)
         free(text);
     }
     free(boom);
-    char *left = listing(dir);
+    char *left = kvt_listing(dir);
     cr_expect_str_eq(left, "boom.lua file long.yaml", "nothing written: %s", left);
     free(left);
     char *body = kvt_read(file, NULL);
@@ -440,28 +387,12 @@ Test(outputs_check, unwritable_out_exits_2_before_simulating)
     free(dir);
 }
 
-/* A tiny base for a sweep. */
-static const char *sweep_base = "name: outputs-sweep\n"
-                                "seed: 2\n"
-                                "model: llama-3.1-8b\n"
-                                "cluster:\n"
-                                "  prefill: {nodes: 1, device: h100-sxm}\n"
-                                "  decode: {nodes: 1, device: h100-sxm}\n"
-                                "network: {model: ideal, nic_bandwidth_gbps: 25}\n"
-                                "workload:\n"
-                                "  requests: 4\n"
-                                "  rate_per_s: 2\n"
-                                "  prompt: {dist: fixed, value: 4000}\n"
-                                "  output: {dist: fixed, value: 8}\n"
-                                "outputs: {trace: false}\n"
-                                "policies: [bf16]\n";
-
 Test(outputs_sweep, resume_reruns_points_with_stale_temporaries)
 {
     char *dir = kvt_tempdir();
-    free(kvt_write(dir, "base.yaml", sweep_base));
+    free(kvt_fixture_copy("scenarios/sweep-base.yaml", dir, "base.yaml"));
     char *sweep = kvt_write(dir, "sweep.yaml", "name: st\nbase: base.yaml\nmatrix: {seed: [1, 2]}\n");
-    char *out = path_in(dir, "out");
+    char *out = kvt_path(dir, "out");
     char args[4096], *text = NULL;
     snprintf(args, sizeof args, "sweep %s -j 2 --out %s", sweep, out);
     cr_assert_eq(kvt_kvsim(args, &text), 0, "%s", text);
@@ -470,17 +401,17 @@ Test(outputs_sweep, resume_reruns_points_with_stale_temporaries)
 
     /* Point 0 looks finished, but a run of it was killed with -9 (its staging folder is there), and the
        sweep itself was killed while writing points.json. */
-    pid_t dead = dead_pid();
+    pid_t dead = kvt_dead_pid();
     char name[128];
     snprintf(name, sizeof name, "p00-seed=1.tmp.%ld", (long)dead);
-    char *stale = path_in(out, name);
+    char *stale = kvt_path(out, name);
     mkdir(stale, 0755);
     free(kvt_write(stale, KV_OUTDIR_MARK, "results.json\n")); /* what marks a staging folder as kvsim's */
     free(kvt_write(stale, "results.json", "{\"half"));
     snprintf(name, sizeof name, "points.json.tmp.%ld", (long)dead);
     free(kvt_write(out, name, "{\"sweep\""));
-    char *point0 = path_in(out, "p00-seed=1");
-    char *point0_cmd = path_in(point0, "command.txt");
+    char *point0 = kvt_path(out, "p00-seed=1");
+    char *point0_cmd = kvt_path(point0, "command.txt");
     cr_expect(access(point0_cmd, F_OK) == 0);
 
     int rc = kvt_kvsim(args, &text);
@@ -488,11 +419,11 @@ Test(outputs_sweep, resume_reruns_points_with_stale_temporaries)
     cr_expect(strstr(text, "1 ran, 1 skipped, 0 failed") != NULL, "the interrupted point runs again:\n%s", text);
     cr_expect(strstr(text, "p00-seed=1 ok") != NULL, "%s", text);
     free(text);
-    char *left = listing(out);
+    char *left = kvt_listing(out);
     cr_expect_str_eq(left, "p00-seed=1 p01-seed=2 points.json sweep.csv", "temporaries removed: %s", left);
     free(left);
     cr_expect(access(point0_cmd, F_OK) == 0, "the point keeps its command.txt across the republish");
-    char *csv_path = path_in(out, "sweep.csv");
+    char *csv_path = kvt_path(out, "sweep.csv");
     char *csv = kvt_read(csv_path, NULL);
     cr_expect(csv && !strstr(csv, ".tmp."), "sweep.csv lists no temporary:\n%s", csv);
     free(csv);
@@ -514,12 +445,12 @@ Test(outputs_sweep, resume_reruns_points_with_stale_temporaries)
 static void publish_over(int exchange_off)
 {
     char *dir = kvt_tempdir();
-    char *out = path_in(dir, "out");
+    char *out = kvt_path(dir, "out");
     mkdir(out, 0755);
     char *note = kvt_write(out, "note.txt", "mine\n");
     free(kvt_write(out, "results.json", "{\"old\": 1}\n"));
     free(kvt_write(out, "trace.json", "old trace\n"));
-    char *sub = path_in(out, "sub");
+    char *sub = kvt_path(out, "sub");
     mkdir(sub, 0755);
     free(kvt_write(sub, "deep.txt", "deep\n"));
     struct stat before;
@@ -537,19 +468,19 @@ static void publish_over(int exchange_off)
     cr_assert_eq(kv_outdir_commit(&od, &err), KV_OK, "%s", err.msg);
     cr_expect(!slot.armed, "disarmed after publishing");
 
-    char *left = listing(dir);
+    char *left = kvt_listing(dir);
     cr_expect_str_eq(left, "out", "exchange_off=%d: %s", exchange_off, left);
     free(left);
-    left = listing(out);
+    left = kvt_listing(out);
     cr_expect_str_eq(left, "note.txt results.json sub", "trace.json (owned, not written) is gone: %s", left);
     free(left);
-    char *results = path_in(out, "results.json");
+    char *results = kvt_path(out, "results.json");
     char *body = kvt_read(results, NULL);
     cr_expect_str_eq(body, "{\"new\": 1}\n");
     free(body);
     struct stat after;
     cr_expect(stat(note, &after) == 0 && after.st_ino == before.st_ino, "note.txt is the same file (linked)");
-    char *deep = path_in(sub, "deep.txt");
+    char *deep = kvt_path(sub, "deep.txt");
     body = kvt_read(deep, NULL);
     cr_expect(body && strcmp(body, "deep\n") == 0, "sub-folders are kept");
     free(body);
@@ -576,12 +507,12 @@ Test(outputs_lib, publish_by_two_renames)
 Test(outputs_lib, rmtree_stays_inside_and_abort_keeps_dir)
 {
     char *dir = kvt_tempdir();
-    char *outside = path_in(dir, "outside");
+    char *outside = kvt_path(dir, "outside");
     mkdir(outside, 0755);
     char *precious = kvt_write(outside, "precious", "keep\n");
-    char *tree = path_in(dir, "tree");
+    char *tree = kvt_path(dir, "tree");
     mkdir(tree, 0755);
-    char *link = path_in(tree, "link");
+    char *link = kvt_path(tree, "link");
     cr_assert_eq(symlink(outside, link), 0);
     char path[4096];
     snprintf(path, sizeof path, "%s", tree);
@@ -594,7 +525,7 @@ Test(outputs_lib, rmtree_stays_inside_and_abort_keeps_dir)
     cr_expect(access(tree, F_OK) != 0, "the tree is gone");
     cr_expect(access(precious, F_OK) == 0, "what a symbolic link pointed to is not");
 
-    char *out = path_in(dir, "out");
+    char *out = kvt_path(dir, "out");
     mkdir(out, 0755);
     free(kvt_write(out, "results.json", "{}\n"));
     kv_outdir od;
@@ -603,10 +534,10 @@ Test(outputs_lib, rmtree_stays_inside_and_abort_keeps_dir)
     cr_assert_eq(kv_outdir_begin(&od, out, owned, 1, NULL, &err), KV_OK, "%s", err.msg);
     free(kvt_write(kv_outdir_staging(&od), "results.json", "{\"new\": 1}\n"));
     kv_outdir_abort(&od);
-    char *left = listing(dir);
+    char *left = kvt_listing(dir);
     cr_expect_str_eq(left, "out outside", "%s", left);
     free(left);
-    left = listing(out);
+    left = kvt_listing(out);
     cr_expect_str_eq(left, "results.json", "%s", left);
     free(left);
 
@@ -624,7 +555,7 @@ Test(outputs_lib, rmtree_stays_inside_and_abort_keeps_dir)
 Test(outputs_plot, figures_staged_and_failed_plots_not_published)
 {
     char *dir = kvt_tempdir();
-    char *scenario = kvt_write(dir, "long.yaml", long_text);
+    char *scenario = kvt_fixture_copy("scenarios/outputs-long.yaml", dir, "long.yaml");
     /* A stand-in for Python with matplotlib: writes one figure where scripts/plot would. */
     char *py = kvt_write(dir, "fakepy", "#!/bin/sh\n"
                                         "[ \"$1\" = -c ] && exit 0\n"
@@ -633,7 +564,7 @@ Test(outputs_plot, figures_staged_and_failed_plots_not_published)
                                         "[ -e \"$2/fail-plots\" ] && exit 1\n"
                                         "exit 0\n");
     chmod(py, 0755);
-    char *out = path_in(dir, "out");
+    char *out = kvt_path(dir, "out");
     char args[4096], *text = NULL;
     snprintf(args, sizeof args, "run %s --set workload.requests=5 --quiet --plot --out %s", scenario, out);
     setenv("KVSIM_PYTHON", py, 1);
@@ -643,7 +574,7 @@ Test(outputs_plot, figures_staged_and_failed_plots_not_published)
     snprintf(want, sizeof want, "wrote %s/figures/a{.png}", out);
     cr_expect(strstr(text, want) != NULL, "the message names the final folder, not the staging one:\n%s", text);
     free(text);
-    char *fig = path_in(out, "figures/a.png");
+    char *fig = kvt_path(out, "figures/a.png");
     cr_expect(access(fig, F_OK) == 0, "the figure was published with the results");
 
     /* The plotting fails this time (the marker file is carried into the staging folder). */
@@ -652,10 +583,10 @@ Test(outputs_plot, figures_staged_and_failed_plots_not_published)
     rc = kvt_kvsim(args, &text);
     cr_expect_eq(rc, 1, "a failed plot makes the run exit 1:\n%s", text);
     free(text);
-    char *left = listing(out);
+    char *left = kvt_listing(out);
     cr_expect_str_eq(left, "fail-plots requests.csv results.json trace.json", "no half-drawn figures: %s", left);
     free(left);
-    left = listing(dir);
+    left = kvt_listing(dir);
     cr_expect_str_eq(left, "fakepy long.yaml out", "no temporaries: %s", left);
     free(left);
     unsetenv("KVSIM_PYTHON");

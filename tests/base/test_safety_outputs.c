@@ -20,63 +20,10 @@
 #include "core/base/afile.h"
 #include "tests/support.h"
 
-/* A run of a fraction of a second, on the bf16 policy only (no reference model needed). */
-static const char *quick_text = "name: safety-outputs\n"
-                                "seed: 2\n"
-                                "model: llama-3.1-8b\n"
-                                "cluster:\n"
-                                "  prefill: {nodes: 1, device: h100-sxm}\n"
-                                "  decode: {nodes: 1, device: h100-sxm}\n"
-                                "network: {model: ideal, nic_bandwidth_gbps: 25}\n"
-                                "workload:\n"
-                                "  requests: 5\n"
-                                "  rate_per_s: 20\n"
-                                "  prompt: {dist: fixed, value: 4000}\n"
-                                "  output: {dist: fixed, value: 8}\n"
-                                "outputs: {json: true, csv: true, trace: false}\n"
-                                "policies: [bf16]\n";
-
 /* A policy that fails only once the simulation runs: a run that checked --out after simulating
    would report this instead of the path. */
 static const char *boom_text =
     "return { name = 'boom', decode_node = function(ctx) error('the simulation ran') end }\n";
-
-static char *path_in(const char *dir, const char *name)
-{
-    char *p = NULL;
-    cr_assert(asprintf(&p, "%s/%s", dir, name) > 0);
-    return p;
-}
-
-/* The names in dir, sorted, joined by spaces ("" when empty or missing). Free it. */
-static char *listing(const char *dir)
-{
-    struct dirent **names = NULL;
-    int n = scandir(dir, &names, NULL, alphasort);
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    for (int i = 0; i < n; i++) {
-        if (strcmp(names[i]->d_name, ".") && strcmp(names[i]->d_name, ".."))
-            fprintf(f, "%s%s", len ? " " : "", names[i]->d_name);
-        fflush(f);
-        free(names[i]);
-    }
-    free(names);
-    fclose(f);
-    return buf;
-}
-
-/* A pid that belonged to a process that has exited (kill(pid, 0) fails with ESRCH). */
-static pid_t dead_pid(void)
-{
-    pid_t pid = fork();
-    cr_assert(pid >= 0);
-    if (pid == 0)
-        _exit(0);
-    waitpid(pid, NULL, 0);
-    return pid;
-}
 
 /* Whether path's text is exactly text. */
 static int holds(const char *path, const char *text)
@@ -129,20 +76,20 @@ static int private_mounts(const char *probe, char *why, size_t why_size)
 Test(safety_outputs, symlinked_out_refused_before_simulating)
 {
     char *dir = kvt_tempdir();
-    char *scenario = kvt_write(dir, "quick.yaml", quick_text);
+    char *scenario = kvt_fixture_copy("scenarios/outputs-quick.yaml", dir, "quick.yaml");
     char *boom = kvt_write(dir, "boom.lua", boom_text);
-    char *victim_parent = path_in(dir, "home");
+    char *victim_parent = kvt_path(dir, "home");
     mkdir(victim_parent, 0755);
-    char *victim = path_in(victim_parent, "other");
+    char *victim = kvt_path(victim_parent, "other");
     mkdir(victim, 0755);
     char *precious = kvt_write(victim, "results.json", "{\"theirs\": 1}\n");
-    char *sub = path_in(victim, "sub");
+    char *sub = kvt_path(victim, "sub");
     mkdir(sub, 0700);
     free(kvt_write(sub, "deep", "deep\n"));
     ino_t sub_ino = inode_of(sub), precious_ino = inode_of(precious);
-    char *runs = path_in(dir, "runs");
+    char *runs = kvt_path(dir, "runs");
     mkdir(runs, 0755);
-    char *link = path_in(runs, "run1");
+    char *link = kvt_path(runs, "run1");
     cr_assert_eq(symlink(victim, link), 0);
 
     char extra[4200];
@@ -167,15 +114,15 @@ Test(safety_outputs, symlinked_out_refused_before_simulating)
     free(text);
     free(eval_sc);
 
-    char *left = listing(victim);
+    char *left = kvt_listing(victim);
     cr_expect_str_eq(left, "results.json sub", "the linked folder is as it was: %s", left);
     free(left);
     cr_expect(holds(precious, "{\"theirs\": 1}\n") && inode_of(precious) == precious_ino, "its file untouched");
     cr_expect(inode_of(sub) == sub_ino, "its sub-folder is the same folder");
-    left = listing(victim_parent);
+    left = kvt_listing(victim_parent);
     cr_expect_str_eq(left, "other", "nothing beside the linked folder: %s", left);
     free(left);
-    left = listing(runs);
+    left = kvt_listing(runs);
     cr_expect_str_eq(left, "run1", "nothing beside the link: %s", left);
     free(left);
     struct stat st;
@@ -198,7 +145,7 @@ Test(safety_outputs, symlinked_out_refused_before_simulating)
 Test(safety_outputs, empty_out_exits_2)
 {
     char *dir = kvt_tempdir();
-    char *scenario = kvt_write(dir, "quick.yaml", quick_text);
+    char *scenario = kvt_fixture_copy("scenarios/outputs-quick.yaml", dir, "quick.yaml");
     char args[8192], *text = NULL;
     snprintf(args, sizeof args, "run %s --quiet --out ''", scenario);
     int rc = kvt_kvsim(args, &text);
@@ -214,7 +161,7 @@ Test(safety_outputs, empty_out_exits_2)
     free(eval_sc);
 
     /* A sweep whose file names a folder: --out '' must not fall back to it. */
-    free(kvt_write(dir, "base.yaml", quick_text));
+    free(kvt_fixture_copy("scenarios/outputs-quick.yaml", dir, "base.yaml"));
     char sweep_text[4400];
     snprintf(sweep_text, sizeof sweep_text, "name: st\nbase: base.yaml\nout: %s/fallback\nmatrix: {seed: [1, 2]}\n",
              dir);
@@ -227,7 +174,7 @@ Test(safety_outputs, empty_out_exits_2)
     rc = kvt_kvsim(args, &text);
     cr_expect(rc == 2 && strstr(text, "--collect"), "sweep --collect '': exit %d:\n%s", rc, text);
     free(text);
-    char *left = listing(dir);
+    char *left = kvt_listing(dir);
     cr_expect_str_eq(left, "base.yaml quick.yaml sweep.yaml", "nothing written: %s", left);
     free(left);
 
@@ -243,18 +190,18 @@ Test(safety_outputs, empty_out_exits_2)
 Test(safety_outputs, special_files_in_dir_left_alone)
 {
     char *dir = kvt_tempdir();
-    char *scenario = kvt_write(dir, "quick.yaml", quick_text);
-    char *out = path_in(dir, "out");
+    char *scenario = kvt_fixture_copy("scenarios/outputs-quick.yaml", dir, "quick.yaml");
+    char *out = kvt_path(dir, "out");
     mkdir(out, 0755);
     free(kvt_write(out, "results.json", "{\"earlier\": 1}\n"));
-    char *sock_path = path_in(out, "app.sock");
+    char *sock_path = kvt_path(out, "app.sock");
     int s = socket(AF_UNIX, SOCK_STREAM, 0);
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     snprintf(sa.sun_path, sizeof sa.sun_path, "%s", sock_path);
     cr_assert_eq(bind(s, (struct sockaddr *)&sa, sizeof sa), 0, "%s", strerror(errno));
-    char *fifo = path_in(out, "pipe");
+    char *fifo = kvt_path(out, "pipe");
     cr_assert_eq(mkfifo(fifo, 0600), 0);
-    char *dev = path_in(out, "null-device");
+    char *dev = kvt_path(out, "null-device");
     int have_dev = mknod(dev, S_IFCHR | 0600, makedev(1, 3)) == 0; /* needs CAP_MKNOD */
     if (!have_dev)
         cr_log_info("no device node in this test: mknod: %s", strerror(errno));
@@ -264,7 +211,7 @@ Test(safety_outputs, special_files_in_dir_left_alone)
     int rc = run_out(scenario, out, NULL, &text);
     cr_expect_eq(rc, 0, "the run publishes beside them:\n%s", text);
     free(text);
-    char *left = listing(out);
+    char *left = kvt_listing(out);
     cr_expect_str_eq(left, have_dev ? "app.sock null-device pipe requests.csv results.json"
                                     : "app.sock pipe requests.csv results.json",
                      "%s", left);
@@ -274,10 +221,10 @@ Test(safety_outputs, special_files_in_dir_left_alone)
     cr_expect(lstat(fifo, &st) == 0 && S_ISFIFO(st.st_mode) && st.st_ino == fifo_ino, "the FIFO stays");
     if (have_dev)
         cr_expect(lstat(dev, &st) == 0 && S_ISCHR(st.st_mode) && st.st_ino == dev_ino, "the device stays");
-    char *results = path_in(out, "results.json");
+    char *results = kvt_path(out, "results.json");
     cr_expect(!holds(results, "{\"earlier\": 1}\n"), "results.json is the new run's");
     free(results);
-    left = listing(dir);
+    left = kvt_listing(dir);
     cr_expect_str_eq(left, "out quick.yaml", "no temporaries: %s", left);
     free(left);
     close(s);
@@ -297,25 +244,25 @@ Test(safety_outputs, special_files_in_dir_left_alone)
 Test(safety_outputs, only_owned_names_replaced_and_links_never_followed)
 {
     char *dir = kvt_tempdir();
-    char *scenario = kvt_write(dir, "quick.yaml", quick_text);
-    char *outside = path_in(dir, "outside");
+    char *scenario = kvt_fixture_copy("scenarios/outputs-quick.yaml", dir, "quick.yaml");
+    char *outside = kvt_path(dir, "outside");
     mkdir(outside, 0755);
     char *target_file = kvt_write(outside, "passwd", "root:x:0:0\n");
-    char *target_dir = path_in(outside, "figs");
+    char *target_dir = kvt_path(outside, "figs");
     mkdir(target_dir, 0755);
     char *target_fig = kvt_write(target_dir, "keep.png", "png\n");
 
-    char *out = path_in(dir, "out");
+    char *out = kvt_path(dir, "out");
     mkdir(out, 0755);
     char *note = kvt_write(out, "note.txt", "mine\n");
-    char *sub = path_in(out, "sub");
+    char *sub = kvt_path(out, "sub");
     mkdir(sub, 0750);
     free(kvt_write(sub, "deep.txt", "deep\n"));
     int chowned = geteuid() == 0 && chown(sub, 4321, 4321) == 0; /* as root: owned by someone else */
-    char *results = path_in(out, "results.json");
-    char *csv = path_in(out, "requests.csv");
-    char *figures = path_in(out, "figures");
-    char *trace = path_in(out, "trace.json");
+    char *results = kvt_path(out, "results.json");
+    char *csv = kvt_path(out, "requests.csv");
+    char *figures = kvt_path(out, "figures");
+    char *trace = kvt_path(out, "trace.json");
     cr_assert_eq(symlink(target_file, results), 0);
     cr_assert_eq(symlink("/nonexistent/kvsim-test", csv), 0);
     cr_assert_eq(symlink(target_dir, figures), 0);
@@ -328,7 +275,7 @@ Test(safety_outputs, only_owned_names_replaced_and_links_never_followed)
     int rc = run_out(scenario, out, NULL, &text);
     cr_expect_eq(rc, 0, "%s", text);
     free(text);
-    char *left = listing(out);
+    char *left = kvt_listing(out);
     cr_expect_str_eq(left, "note.txt requests.csv results.json sub", "owned names not written go: %s", left);
     free(left);
     struct stat st;
@@ -336,7 +283,7 @@ Test(safety_outputs, only_owned_names_replaced_and_links_never_followed)
     cr_expect(lstat(csv, &st) == 0 && S_ISREG(st.st_mode), "requests.csv is a file now");
     cr_expect(holds(target_file, "root:x:0:0\n"), "what results.json pointed to is not written");
     cr_expect(holds(target_fig, "png\n"), "what figures/ pointed to is not removed");
-    left = listing(outside);
+    left = kvt_listing(outside);
     cr_expect_str_eq(left, "figs passwd", "%s", left);
     free(left);
     cr_expect(access("/nonexistent/kvsim-test", F_OK) != 0);
@@ -348,7 +295,7 @@ Test(safety_outputs, only_owned_names_replaced_and_links_never_followed)
                   sub_after.st_mode == sub_before.st_mode && sub_after.st_uid == sub_before.st_uid,
               "sub/ is the same folder, same mode and owner (chowned: %d; uid %ld -> %ld)", chowned,
               (long)sub_before.st_uid, (long)sub_after.st_uid);
-    left = listing(dir);
+    left = kvt_listing(dir);
     cr_expect_str_eq(left, "out outside quick.yaml", "no temporaries: %s", left);
     free(left);
 
@@ -376,7 +323,7 @@ Test(safety_outputs, only_owned_names_replaced_and_links_never_followed)
 Test(safety_outputs, mounts_inside_dir_never_crossed)
 {
     char *dir = kvt_tempdir();
-    char *probe = path_in(dir, "probe");
+    char *probe = kvt_path(dir, "probe");
     mkdir(probe, 0755);
     char why[256];
     if (!private_mounts(probe, why, sizeof why)) {
@@ -385,12 +332,12 @@ Test(safety_outputs, mounts_inside_dir_never_crossed)
         free(dir);
         cr_skip_test("skipped: %s", why);
     }
-    char *scenario = kvt_write(dir, "quick.yaml", quick_text);
+    char *scenario = kvt_fixture_copy("scenarios/outputs-quick.yaml", dir, "quick.yaml");
     char *boom = kvt_write(dir, "boom.lua", boom_text);
-    char *out = path_in(dir, "out");
+    char *out = kvt_path(dir, "out");
     mkdir(out, 0755);
     free(kvt_write(out, "results.json", "{\"earlier\": 1}\n"));
-    char *data = path_in(out, "data");
+    char *data = kvt_path(out, "data");
     mkdir(data, 0755);
     cr_assert_eq(mount("kvsim-test", data, "tmpfs", 0, "size=1m"), 0, "%s", strerror(errno));
     char *mounted_file = kvt_write(data, "on-the-mount", "keep\n");
@@ -402,17 +349,17 @@ Test(safety_outputs, mounts_inside_dir_never_crossed)
         free(text);
         cr_expect(holds(mounted_file, "keep\n"), "run %d: the mounted file system is untouched", i);
     }
-    char *left = listing(out);
+    char *left = kvt_listing(out);
     cr_expect_str_eq(left, "data requests.csv results.json", "%s", left);
     free(left);
-    left = listing(dir);
+    left = kvt_listing(dir);
     cr_expect_str_eq(left, "boom.lua out probe quick.yaml", "no temporaries: %s", left);
     free(left);
 
     /* A tmpfs at DIR/figures, then a bind mount of an outside folder at DIR/figures/keep. */
     char extra[4200];
     snprintf(extra, sizeof extra, "--set policies=[boom] --set policy.boom.file=%s", boom);
-    char *figures = path_in(out, "figures");
+    char *figures = kvt_path(out, "figures");
     mkdir(figures, 0755);
     cr_assert_eq(mount("kvsim-test", figures, "tmpfs", 0, "size=1m"), 0, "%s", strerror(errno));
     char *fig = kvt_write(figures, "a.png", "png\n");
@@ -424,10 +371,10 @@ Test(safety_outputs, mounts_inside_dir_never_crossed)
     cr_expect(holds(fig, "png\n"), "the mounted figures stay");
     umount2(figures, MNT_DETACH);
 
-    char *precious = path_in(dir, "precious");
+    char *precious = kvt_path(dir, "precious");
     mkdir(precious, 0755);
     char *precious_file = kvt_write(precious, "thesis.tex", "years of work\n");
-    char *keep = path_in(figures, "keep");
+    char *keep = kvt_path(figures, "keep");
     mkdir(keep, 0755);
     cr_assert_eq(mount(precious, keep, NULL, MS_BIND, NULL), 0, "%s", strerror(errno));
     rc = run_out(scenario, out, extra, &text);
@@ -440,7 +387,7 @@ Test(safety_outputs, mounts_inside_dir_never_crossed)
     free(text);
     umount2(keep, MNT_DETACH);
     cr_expect(holds(precious_file, "years of work\n"), "the bind-mounted folder is untouched");
-    left = listing(dir);
+    left = kvt_listing(dir);
     cr_expect_str_eq(left, "boom.lua out precious probe quick.yaml", "no temporaries: %s", left);
     free(left);
 
@@ -448,11 +395,11 @@ Test(safety_outputs, mounts_inside_dir_never_crossed)
        and the next run is not blocked by it. */
     umount2(data, MNT_DETACH);
     char stale_name[64];
-    snprintf(stale_name, sizeof stale_name, "out.tmp.%ld", (long)dead_pid());
-    char *stale = path_in(dir, stale_name);
+    snprintf(stale_name, sizeof stale_name, "out.tmp.%ld", (long)kvt_dead_pid());
+    char *stale = kvt_path(dir, stale_name);
     mkdir(stale, 0755);
     free(kvt_write(stale, KV_OUTDIR_MARK, "results.json\n"));
-    char *stale_mnt = path_in(stale, "m");
+    char *stale_mnt = kvt_path(stale, "m");
     mkdir(stale_mnt, 0755);
     cr_assert_eq(mount("kvsim-test", stale_mnt, "tmpfs", 0, "size=1m"), 0, "%s", strerror(errno));
     char *stale_file = kvt_write(stale_mnt, "f", "keep\n");
@@ -487,21 +434,21 @@ Test(safety_outputs, mounts_inside_dir_never_crossed)
 Test(safety_outputs, stale_names_kvsim_did_not_make_left_alone)
 {
     char *dir = kvt_tempdir();
-    char *scenario = kvt_write(dir, "quick.yaml", quick_text);
-    char *victim = path_in(dir, "victim");
+    char *scenario = kvt_fixture_copy("scenarios/outputs-quick.yaml", dir, "quick.yaml");
+    char *victim = kvt_path(dir, "victim");
     mkdir(victim, 0755);
     char *victim_file = kvt_write(victim, "results.json", "{\"theirs\": 1}\n");
-    char *runs = path_in(dir, "runs");
+    char *runs = kvt_path(dir, "runs");
     mkdir(runs, 0755);
-    char *out = path_in(runs, "out");
+    char *out = kvt_path(runs, "out");
 
     char tmp_link[64], old_link[64], plain[64], foreign[64];
-    snprintf(tmp_link, sizeof tmp_link, "out.tmp.%ld", (long)dead_pid());
-    snprintf(old_link, sizeof old_link, "out.old.%ld", (long)dead_pid());
-    snprintf(plain, sizeof plain, "out.tmp.%ld", (long)dead_pid());
-    snprintf(foreign, sizeof foreign, "out.tmp.%ld", (long)dead_pid());
-    char *p_tmp_link = path_in(runs, tmp_link), *p_old_link = path_in(runs, old_link);
-    char *p_plain = path_in(runs, plain), *p_foreign = path_in(runs, foreign);
+    snprintf(tmp_link, sizeof tmp_link, "out.tmp.%ld", (long)kvt_dead_pid());
+    snprintf(old_link, sizeof old_link, "out.old.%ld", (long)kvt_dead_pid());
+    snprintf(plain, sizeof plain, "out.tmp.%ld", (long)kvt_dead_pid());
+    snprintf(foreign, sizeof foreign, "out.tmp.%ld", (long)kvt_dead_pid());
+    char *p_tmp_link = kvt_path(runs, tmp_link), *p_old_link = kvt_path(runs, old_link);
+    char *p_plain = kvt_path(runs, plain), *p_foreign = kvt_path(runs, foreign);
     cr_assert_eq(symlink(victim, p_tmp_link), 0);
     cr_assert_eq(symlink(victim, p_old_link), 0); /* DIR is missing: an old-style restore must not take it */
     mkdir(p_plain, 0755);
@@ -520,10 +467,10 @@ Test(safety_outputs, stale_names_kvsim_did_not_make_left_alone)
     free(text);
     struct stat st;
     cr_expect(lstat(out, &st) == 0 && S_ISDIR(st.st_mode), "DIR is a new real folder, not a renamed link");
-    char *left = listing(out);
+    char *left = kvt_listing(out);
     cr_expect_str_eq(left, "requests.csv results.json", "%s", left);
     free(left);
-    left = listing(victim);
+    left = kvt_listing(victim);
     cr_expect_str_eq(left, "results.json", "the folder the links point to is as it was: %s", left);
     free(left);
     cr_expect(holds(victim_file, "{\"theirs\": 1}\n"));
@@ -566,7 +513,7 @@ static void make_previous(const char *out)
     free(kvt_write(out, "results.json", "{\"old\": 1}\n"));
     free(kvt_write(out, "requests.csv", "old csv\n"));
     free(kvt_write(out, "trace.json", "old trace\n"));
-    char *figures = path_in(out, "figures");
+    char *figures = kvt_path(out, "figures");
     mkdir(figures, 0755);
     free(kvt_write(figures, "old.png", "old png\n"));
     free(figures);
@@ -578,7 +525,7 @@ static void stage_new(kv_outdir *od)
     const char *s = kv_outdir_staging(od);
     free(kvt_write(s, "results.json", "{\"new\": 1}\n"));
     free(kvt_write(s, "requests.csv", "new csv\n"));
-    char *figures = path_in(s, "figures");
+    char *figures = kvt_path(s, "figures");
     mkdir(figures, 0755);
     free(kvt_write(figures, "new.png", "new png\n"));
     free(figures);
@@ -588,18 +535,18 @@ static void stage_new(kv_outdir *od)
 static int is_previous(const char *out, const ino_t *ino)
 {
     const char *names[] = {"note.txt", "results.json", "requests.csv", "trace.json", "figures"};
-    char *left = listing(out);
+    char *left = kvt_listing(out);
     int ok = left && strcmp(left, "figures note.txt requests.csv results.json trace.json") == 0;
     free(left);
     for (size_t i = 0; ok && i < 5; i++) {
-        char *p = path_in(out, names[i]);
+        char *p = kvt_path(out, names[i]);
         ok = inode_of(p) == ino[i];
         free(p);
     }
-    char *p = path_in(out, "results.json");
+    char *p = kvt_path(out, "results.json");
     ok = ok && holds(p, "{\"old\": 1}\n");
     free(p);
-    p = path_in(out, "figures/old.png");
+    p = kvt_path(out, "figures/old.png");
     ok = ok && holds(p, "old png\n");
     free(p);
     return ok;
@@ -607,16 +554,16 @@ static int is_previous(const char *out, const ino_t *ino)
 
 static int is_new(const char *out)
 {
-    char *left = listing(out);
+    char *left = kvt_listing(out);
     int ok = left && strcmp(left, "figures note.txt requests.csv results.json") == 0;
     free(left);
-    char *p = path_in(out, "results.json");
+    char *p = kvt_path(out, "results.json");
     ok = ok && holds(p, "{\"new\": 1}\n");
     free(p);
-    p = path_in(out, "figures/new.png");
+    p = kvt_path(out, "figures/new.png");
     ok = ok && holds(p, "new png\n");
     free(p);
-    p = path_in(out, "note.txt");
+    p = kvt_path(out, "note.txt");
     ok = ok && holds(p, "mine\n");
     free(p);
     return ok;
@@ -627,12 +574,12 @@ static int is_new(const char *out)
 Test(safety_outputs, failed_publish_undone_at_every_step)
 {
     char *dir = kvt_tempdir();
-    char *out = path_in(dir, "out");
+    char *out = kvt_path(dir, "out");
     make_previous(out);
     const char *names[] = {"note.txt", "results.json", "requests.csv", "trace.json", "figures"};
     ino_t ino[5];
     for (size_t i = 0; i < 5; i++) {
-        char *p = path_in(out, names[i]);
+        char *p = kvt_path(out, names[i]);
         ino[i] = inode_of(p);
         free(p);
     }
@@ -648,30 +595,30 @@ Test(safety_outputs, failed_publish_undone_at_every_step)
             od.test_stop_after = stop;
             cr_expect_eq(kv_outdir_commit(&od, &err), KV_EFAIL, "plain %d stop %d: the publish fails", plain, stop);
             cr_expect(strstr(err.msg, "left as it was") != NULL, "plain %d stop %d: %s", plain, stop, err.msg);
-            cr_expect(is_previous(out, ino), "plain %d stop %d: DIR is as it was: %s", plain, stop, listing(out));
+            cr_expect(is_previous(out, ino), "plain %d stop %d: DIR is as it was: %s", plain, stop, kvt_listing(out));
             cr_expect(!slot.armed, "disarmed");
-            char *left = listing(dir);
+            char *left = kvt_listing(dir);
             cr_expect_str_eq(left, "out", "plain %d stop %d: no temporaries: %s", plain, stop, left);
             free(left);
         }
     }
     /* DIR absent: a failed publish leaves it absent. */
-    char *fresh = path_in(dir, "fresh");
+    char *fresh = kvt_path(dir, "fresh");
     kv_outdir od;
     kv_error err = {0};
     cr_assert_eq(kv_outdir_begin(&od, fresh, run_names, 4, NULL, &err), KV_OK, "%s", err.msg);
     stage_new(&od);
     od.test_stop_after = 2;
     cr_expect_eq(kv_outdir_commit(&od, &err), KV_EFAIL);
-    char *left = listing(dir);
+    char *left = kvt_listing(dir);
     cr_expect_str_eq(left, "out", "no fresh/ and no temporaries: %s", left);
     free(left);
     /* And with no stop the publish goes through. */
     cr_assert_eq(kv_outdir_begin(&od, out, run_names, 4, NULL, &err), KV_OK, "%s", err.msg);
     stage_new(&od);
     cr_expect_eq(kv_outdir_commit(&od, &err), KV_OK, "%s", err.msg);
-    cr_expect(is_new(out), "published: %s", listing(out));
-    char *note = path_in(out, "note.txt");
+    cr_expect(is_new(out), "published: %s", kvt_listing(out));
+    char *note = kvt_path(out, "note.txt");
     cr_expect(inode_of(note) == ino[0], "note.txt is the same file");
     free(note);
 
@@ -686,7 +633,7 @@ Test(safety_outputs, failed_publish_undone_at_every_step)
 Test(safety_outputs, killed_publish_finished_by_next_command)
 {
     char *dir = kvt_tempdir();
-    char *out = path_in(dir, "out");
+    char *out = kvt_path(dir, "out");
     for (int stop = 1; stop <= 6; stop++) {
         kvt_rmtree(out);
         make_previous(out);
@@ -709,7 +656,7 @@ Test(safety_outputs, killed_publish_finished_by_next_command)
                   stop);
         char staging[64];
         snprintf(staging, sizeof staging, "out.tmp.%ld", (long)pid);
-        char *left = listing(dir);
+        char *left = kvt_listing(dir);
         char want[128];
         snprintf(want, sizeof want, "out %s", staging);
         cr_expect_str_eq(left, want, "stop %d: the staging folder is left: %s", stop, left);
@@ -719,8 +666,8 @@ Test(safety_outputs, killed_publish_finished_by_next_command)
         kv_error err = {0};
         cr_expect_eq(kv_stale_reap(dir, "out", &c, &err), KV_OK, "%s", err.msg);
         cr_expect(c.restored == 1 && c.kept == 0, "stop %d: restored %zu kept %zu", stop, c.restored, c.kept);
-        cr_expect(is_new(out), "stop %d: DIR holds the new set: %s", stop, listing(out));
-        left = listing(dir);
+        cr_expect(is_new(out), "stop %d: DIR holds the new set: %s", stop, kvt_listing(out));
+        left = kvt_listing(dir);
         cr_expect_str_eq(left, "out", "stop %d: no temporaries: %s", stop, left);
         free(left);
     }

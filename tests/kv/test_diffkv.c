@@ -509,17 +509,12 @@ Test(diffkv, count_process_matches_tier_probabilities)
    check the engine's mechanics; the measured default is tests/accuracy/test_diffkv_measured.c's). */
 static kv_study *run_scenario(const char *path, const char **sets, int n_sets, kv_scenario **s)
 {
-    kv_error err = {0};
-    kv_study *st = NULL;
     const char *all[16];
     cr_assert(n_sets < 16);
     for (int i = 0; i < n_sets; i++)
         all[i] = sets[i];
     all[n_sets] = "diffkv.scores=lognormal";
-    cr_assert_eq(kv_scenario_load(path, all, n_sets + 1, s, &err), 0, "%s", err.msg);
-    cr_assert_eq(kv_study_prepare(*s, &st, &err), 0, "%s", err.msg);
-    cr_assert_eq(kv_study_run(st, &err), 0, "%s", err.msg);
-    return st;
+    return kvt_study_run(path, all, n_sets + 1, s);
 }
 
 static const kv_policy_outcome *outcome(const kv_study *st, const char *name)

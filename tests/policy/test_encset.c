@@ -16,14 +16,6 @@
 static const kv_policy_model llama8b = {"Llama-3-8B", 32, 32, 8, 128};
 static const kv_policy_request short_req = {1, 1000, 200, 0.5}, long_req = {2, 9000, 100, 1.5};
 
-static kv_policy *load_ok(const char *path)
-{
-    kv_policy *p = NULL;
-    kv_error err = {0};
-    cr_assert_eq(kv_policy_load(NULL, path, NULL, 0, NULL, &p, &err), KV_OK, "loading %s: %s", path, err.msg);
-    return p;
-}
-
 /* Request-dependent: the bits follow the prompt length. */
 static const char *const ctxdep_lua =
     "return { name = 'ctxdep',\n"
@@ -68,7 +60,7 @@ static void bytes_by_head(kv_policy *p, const kv_policy_request *r, int tokens, 
 
 static void expect_exact_bytes(const char *path, bool want_fixed)
 {
-    kv_policy *p = load_ok(path), *ref = load_ok(path);
+    kv_policy *p = kvt_policy_load(path, NULL, 0), *ref = kvt_policy_load(path, NULL, 0);
     kv_policy_set_cache(ref, false);
     kv_encset *s = kv_encset_create(llama8b.layers, llama8b.kv_heads);
     kv_error err = {0};
@@ -131,7 +123,7 @@ Test(encset, per_head_and_request_dependent_policies)
 
 Test(encset, asks_again_when_the_policy_cache_is_emptied)
 {
-    kv_policy *p = load_ok("policies/int8.lua");
+    kv_policy *p = kvt_policy_load("policies/int8.lua", NULL, 0);
     kv_encset *s = kv_encset_create(llama8b.layers, llama8b.kv_heads);
     kv_error err = {0};
     const kv_encoding *enc = NULL;
@@ -194,16 +186,6 @@ static char *report_text(kv_study *st, const kv_scenario *s, bool csv)
     return text;
 }
 
-static kv_study *run(const char *path, const char **sets, int n_sets, kv_scenario **s)
-{
-    kv_error err = {0};
-    kv_study *st = NULL;
-    cr_assert_eq(kv_scenario_load(path, sets, n_sets, s, &err), 0, "%s", err.msg);
-    cr_assert_eq(kv_study_prepare(*s, &st, &err), 0, "%s", err.msg);
-    cr_assert_eq(kv_study_run(st, &err), 0, "%s", err.msg);
-    return st;
-}
-
 /* Copy of policies/<name>.lua that opts out of the policy host's cache. */
 static char *uncached_copy(const char *dir, const char *name)
 {
@@ -243,7 +225,7 @@ static void expect_same_runs(const char *scenario, const char *const *policies, 
         sets_b[nb++] = owned[i];
     }
     kv_scenario *sa = NULL, *sb = NULL;
-    kv_study *a = run(scenario, sets_a, (int)na, &sa), *b = run(scenario, sets_b, (int)nb, &sb);
+    kv_study *a = kvt_study_run(scenario, sets_a, (int)na, &sa), *b = kvt_study_run(scenario, sets_b, (int)nb, &sb);
     for (int csv = 0; csv < 2; csv++) {
         char *ta = report_text(a, sa, csv), *tb = report_text(b, sb, csv);
         cr_expect(strcmp(ta, tb) == 0, "%s: %s differs between reused and per-request encodings", scenario,
@@ -289,7 +271,7 @@ Test(encset_runs, request_dependent_encodings_follow_each_request, .timeout = 30
     snprintf(file_set, sizeof file_set, "policy.ctxdep.file=%s", path);
     const char *sets[] = {"policies=[ctxdep]", file_set, "outputs.trace=false", "workload.requests=60"};
     kv_scenario *s = NULL;
-    kv_study *st = run("scenarios/quickstart.yaml", sets, 4, &s);
+    kv_study *st = kvt_study_run("scenarios/quickstart.yaml", sets, 4, &s);
     size_t n = 0;
     const kv_policy_outcome *o = kv_study_outcomes(st, &n);
     cr_assert_eq(n, 1);

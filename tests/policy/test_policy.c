@@ -5,20 +5,10 @@
 #include <string.h>
 
 #include "core/policy/policy.h"
+#include "tests/support.h"
 
 static const kv_policy_model llama8b = {"Llama-3-8B", 32, 32, 8, 128};
 static const kv_policy_request req1 = {1, 1000, 200, 0.5};
-
-static kv_policy *load_ok(const char *path, const kv_policy_param *params, int n)
-{
-    kv_policy *p = NULL;
-    kv_error err;
-    kv_error_clear(&err);
-    int rc = kv_policy_load(NULL, path, params, n, NULL, &p, &err);
-    cr_assert_eq(rc, KV_OK, "loading %s failed: %s", path, err.msg);
-    cr_assert_not_null(p);
-    return p;
-}
 
 static kv_encoding encode(kv_policy *p, const kv_policy_request *r, int layer, int head)
 {
@@ -30,13 +20,14 @@ static kv_encoding encode(kv_policy *p, const kv_policy_request *r, int layer, i
     return e;
 }
 
-static void expect_int(const kv_tensor_enc *t, int bits, int anchor, int group, int per_channel)
+/* `what` (e.g. "policies/int8.lua key") names the tensor in the messages. */
+static void expect_int(const char *what, const kv_tensor_enc *t, int bits, int anchor, int group, int per_channel)
 {
-    cr_expect_eq(t->kind, KV_TENSOR_INT);
-    cr_expect_eq(t->bits, bits, "bits %d, expected %d", t->bits, bits);
-    cr_expect_eq(t->anchor_bits, anchor, "anchor_bits %d, expected %d", t->anchor_bits, anchor);
-    cr_expect_eq(t->group_size, group, "group_size %d, expected %d", t->group_size, group);
-    cr_expect_eq(t->per_channel, per_channel);
+    cr_expect_eq(t->kind, KV_TENSOR_INT, "%s: kind %d", what, (int)t->kind);
+    cr_expect_eq(t->bits, bits, "%s: bits %d, expected %d", what, t->bits, bits);
+    cr_expect_eq(t->anchor_bits, anchor, "%s: anchor_bits %d, expected %d", what, t->anchor_bits, anchor);
+    cr_expect_eq(t->group_size, group, "%s: group_size %d, expected %d", what, t->group_size, group);
+    cr_expect_eq(t->per_channel, per_channel, "%s: per_channel %d", what, t->per_channel);
 }
 
 /* Every (layer, head) of the model gives the same encoding as (0, 0). */
@@ -52,7 +43,7 @@ static void expect_uniform(kv_policy *p)
 
 Test(shipped, bf16)
 {
-    kv_policy *p = load_ok("policies/bf16.lua", NULL, 0);
+    kv_policy *p = kvt_policy_load("policies/bf16.lua", NULL, 0);
     cr_expect_str_eq(kv_policy_name(p), "bf16");
     kv_encoding e = encode(p, &req1, 3, 2);
     cr_expect_eq(e.key.kind, KV_TENSOR_BF16);
@@ -72,45 +63,44 @@ Test(shipped, bf16)
     kv_policy_destroy(p);
 }
 
-Test(shipped, int8)
-{
-    kv_policy *p = load_ok("policies/int8.lua", NULL, 0);
-    kv_encoding e = encode(p, &req1, 0, 0);
-    expect_int(&e.key, 8, 0, 32, 0);
-    expect_int(&e.value, 8, 0, 32, 0);
-    cr_expect_not(e.diffkv);
-    expect_uniform(p);
-    kv_policy_destroy(p);
-}
+/* The shipped integer policies: one encoding, the same at every (layer, head). */
+typedef struct int_case {
+    const char *file;
+    int layer, head;                  /* where the first encoding is asked for */
+    int key[4], value[4];             /* bits, anchor_bits, group_size, per_channel */
+    int window;                       /* full_precision_window */
+} int_case;
 
-Test(shipped, int4)
-{
-    kv_policy *p = load_ok("policies/int4.lua", NULL, 0);
-    kv_encoding e = encode(p, &req1, 31, 7);
-    expect_int(&e.key, 4, 0, 32, 0);
-    expect_int(&e.value, 4, 0, 32, 0);
-    expect_uniform(p);
-    kv_policy_destroy(p);
-}
+static const int_case int_cases[] = {
+    {"policies/int8.lua", 0, 0, {8, 0, 32, 0}, {8, 0, 32, 0}, 0},
+    {"policies/int4.lua", 31, 7, {4, 0, 32, 0}, {4, 0, 32, 0}, 0},
+    {"policies/kivi2.lua", 5, 5, {2, 0, 32, 1}, {2, 0, 32, 0}, 128},
+};
 
-Test(shipped, kivi2)
+Test(shipped, int_policies)
 {
-    kv_policy *p = load_ok("policies/kivi2.lua", NULL, 0);
-    kv_encoding e = encode(p, &req1, 5, 5);
-    expect_int(&e.key, 2, 0, 32, 1);
-    expect_int(&e.value, 2, 0, 32, 0);
-    cr_expect_eq(e.full_precision_window, 128);
-    cr_expect_not(e.diffkv);
-    expect_uniform(p);
-    kv_policy_destroy(p);
+    for (size_t i = 0; i < sizeof int_cases / sizeof int_cases[0]; i++) {
+        const int_case *c = &int_cases[i];
+        char key[96], value[96];
+        snprintf(key, sizeof key, "%s key", c->file);
+        snprintf(value, sizeof value, "%s value", c->file);
+        kv_policy *p = kvt_policy_load(c->file, NULL, 0);
+        kv_encoding e = encode(p, &req1, c->layer, c->head);
+        expect_int(key, &e.key, c->key[0], c->key[1], c->key[2], c->key[3]);
+        expect_int(value, &e.value, c->value[0], c->value[1], c->value[2], c->value[3]);
+        cr_expect_eq(e.full_precision_window, c->window, "%s: window %d", c->file, e.full_precision_window);
+        cr_expect_not(e.diffkv, "%s", c->file);
+        expect_uniform(p);
+        kv_policy_destroy(p);
+    }
 }
 
 Test(shipped, lynx)
 {
-    kv_policy *p = load_ok("policies/lynx.lua", NULL, 0);
+    kv_policy *p = kvt_policy_load("policies/lynx.lua", NULL, 0);
     kv_encoding e = encode(p, &req1, 1, 1);
-    expect_int(&e.key, 8, 4, 32, 0);
-    expect_int(&e.value, 8, 4, 32, 0);
+    expect_int("key", &e.key, 8, 4, 32, 0);
+    expect_int("value", &e.value, 8, 4, 32, 0);
     expect_uniform(p);
     kv_transfer_plan tp;
     kv_error err;
@@ -129,13 +119,13 @@ Test(shipped, lynx)
 
 Test(shipped, diffkv)
 {
-    kv_policy *p = load_ok("policies/diffkv.lua", NULL, 0);
+    kv_policy *p = kvt_policy_load("policies/diffkv.lua", NULL, 0);
     kv_encoding e = encode(p, &req1, 2, 6);
     cr_expect(e.diffkv);
-    expect_int(&e.key, 8, 0, 32, 0);
-    expect_int(&e.value, 4, 0, 32, 0);
-    expect_int(&e.key_low, 4, 0, 32, 0);
-    expect_int(&e.value_low, 2, 0, 32, 0);
+    expect_int("key", &e.key, 8, 0, 32, 0);
+    expect_int("value", &e.value, 4, 0, 32, 0);
+    expect_int("key_low", &e.key_low, 4, 0, 32, 0);
+    expect_int("value_low", &e.value_low, 2, 0, 32, 0);
     cr_expect_float_eq(e.alpha_high, 1.0, 1e-12);
     cr_expect_float_eq(e.alpha_low, 0.02, 1e-12);
     cr_expect_eq(e.window, 64);
@@ -145,7 +135,7 @@ Test(shipped, diffkv)
 
 Test(shipped, params_are_listed_sorted)
 {
-    kv_policy *p = load_ok("policies/lynx.lua", NULL, 0);
+    kv_policy *p = kvt_policy_load("policies/lynx.lua", NULL, 0);
     cr_assert_eq(kv_policy_param_count(p), 9);
     for (int i = 1; i < kv_policy_param_count(p); i++)
         cr_expect(strcmp(kv_policy_param_key(p, i - 1), kv_policy_param_key(p, i)) < 0);
@@ -166,9 +156,9 @@ Test(overrides, reach_the_policy)
         {"speculate", "4", "s.yaml:6:5"},   {"layerwise", "true", "s.yaml:7:5"},
         {"anchor_weight", "1", "s.yaml:8:5"}, {"priority", "weighted", "s.yaml:9:5"},
     };
-    kv_policy *p = load_ok("policies/lynx.lua", set, 6);
+    kv_policy *p = kvt_policy_load("policies/lynx.lua", set, 6);
     kv_encoding e = encode(p, &req1, 0, 0);
-    expect_int(&e.key, 8, 3, 32, 0);
+    expect_int("key", &e.key, 8, 3, 32, 0);
     kv_transfer_plan tp;
     cr_assert_eq(kv_policy_transfer(p, &req1, &tp, NULL), KV_OK);
     cr_expect_eq(tp.order, KV_ORDER_CONCURRENT);
@@ -187,7 +177,7 @@ Test(overrides, reach_the_policy)
 Test(overrides, integral_float_for_int_and_int_for_float)
 {
     kv_policy_param set[] = {{"group_size", "64.0", NULL}, {"alpha_high", "3", NULL}, {"alpha_low", "0", NULL}};
-    kv_policy *p = load_ok("policies/diffkv.lua", set, 3);
+    kv_policy *p = kvt_policy_load("policies/diffkv.lua", set, 3);
     kv_encoding e = encode(p, &req1, 0, 0);
     cr_expect_eq(e.key.group_size, 64);
     cr_expect_float_eq(e.alpha_high, 3.0, 1e-12);
@@ -198,7 +188,7 @@ Test(overrides, integral_float_for_int_and_int_for_float)
 Test(overrides, group_zero_means_head_dim_in_diffkv)
 {
     kv_policy_param set[] = {{"group_size", "0", NULL}};
-    kv_policy *p = load_ok("policies/diffkv.lua", set, 1);
+    kv_policy *p = kvt_policy_load("policies/diffkv.lua", set, 1);
     kv_encoding e = encode(p, &req1, 0, 0);
     cr_expect_eq(e.key.group_size, 128);
     cr_expect_eq(e.value_low.group_size, 128);
@@ -250,7 +240,7 @@ Test(overrides, wrong_type_is_rejected)
 Test(overrides, out_of_range_value_fails_at_first_call_naming_the_override)
 {
     kv_policy_param set[] = {{"anchor_bits", "8", "s.yaml:3:9"}};
-    kv_policy *p = load_ok("policies/lynx.lua", set, 1);
+    kv_policy *p = kvt_policy_load("policies/lynx.lua", set, 1);
     kv_encoding e;
     kv_error err;
     cr_assert_eq(kv_policy_encoding(p, &llama8b, &req1, 0, 0, &e, &err), KV_EINPUT);
@@ -262,7 +252,7 @@ Test(overrides, out_of_range_value_fails_at_first_call_naming_the_override)
 
 Test(defaults, absent_hooks)
 {
-    kv_policy *p = load_ok("tests/fixtures/policies/empty.lua", NULL, 0);
+    kv_policy *p = kvt_policy_load("tests/fixtures/policies/empty.lua", NULL, 0);
     cr_expect_str_eq(kv_policy_name(p), "empty");
     kv_encoding e = encode(p, &req1, 0, 0);
     cr_expect_eq(e.key.kind, KV_TENSOR_BF16);
@@ -295,7 +285,7 @@ Test(defaults, absent_hooks)
 
 Test(placement, custom_hooks)
 {
-    kv_policy *p = load_ok("tests/fixtures/policies/placement.lua", NULL, 0);
+    kv_policy *p = kvt_policy_load("tests/fixtures/policies/placement.lua", NULL, 0);
     kv_policy_node nodes[] = {{0, 0, 0, 1e9, 0}, {1, 5, 5, 4e9, 0}, {2, 0, 0, 2e9, 0}};
     int n = -1;
     kv_error err;
@@ -315,7 +305,7 @@ Test(placement, custom_hooks)
 
 Test(cache, request_independent_answers_run_lua_once_per_layer_and_head)
 {
-    kv_policy *p = load_ok("policies/lynx.lua", NULL, 0);
+    kv_policy *p = kvt_policy_load("policies/lynx.lua", NULL, 0);
     kv_policy_request r2 = {2, 9000, 10, 1.0};
     for (int pass = 0; pass < 3; pass++)
         for (int l = 0; l < llama8b.layers; l++)
@@ -335,7 +325,7 @@ Test(cache, request_independent_answers_run_lua_once_per_layer_and_head)
     kv_policy_set_cache(p, false);
     kv_encoding e = encode(p, &req1, 4, 4);
     encode(p, &req1, 4, 4);
-    expect_int(&e.key, 8, 4, 32, 0);
+    expect_int("key", &e.key, 8, 4, 32, 0);
     kv_policy_get_stats(p, &st);
     cr_expect_eq(st.lua_calls, 32 * 8 + 4);
     kv_policy_destroy(p);
@@ -343,7 +333,7 @@ Test(cache, request_independent_answers_run_lua_once_per_layer_and_head)
 
 Test(cache, per_request_answers_are_not_cached)
 {
-    kv_policy *p = load_ok("tests/fixtures/policies/per_request.lua", NULL, 0);
+    kv_policy *p = kvt_policy_load("tests/fixtures/policies/per_request.lua", NULL, 0);
     kv_policy_request shortr = {7, 100, 50, 0}, longr = {8, 8000, 500, 0};
     cr_expect_eq(encode(p, &shortr, 0, 0).key.bits, 8);
     cr_expect_eq(encode(p, &longr, 0, 0).key.bits, 4);
@@ -362,11 +352,11 @@ Test(cache, per_request_answers_are_not_cached)
 
 Test(cache, per_layer_answers_and_model_change)
 {
-    kv_policy *p = load_ok("tests/fixtures/policies/per_layer.lua", NULL, 0);
+    kv_policy *p = kvt_policy_load("tests/fixtures/policies/per_layer.lua", NULL, 0);
     cr_expect_eq(encode(p, &req1, 0, 1).key.kind, KV_TENSOR_BF16);
     kv_encoding e = encode(p, &req1, 1, 1);
-    expect_int(&e.key, 4, 0, 128, 0);
-    expect_int(&e.value, 4, 0, 32, 0);
+    expect_int("key", &e.key, 4, 0, 128, 0);
+    expect_int("value", &e.value, 4, 0, 32, 0);
     cr_expect_eq(encode(p, &req1, 1, 2).key.bits, 8);
     cr_expect_eq(encode(p, &req1, 1, 1).key.bits, 4);
     kv_policy_stats st;
@@ -385,7 +375,7 @@ Test(cache, per_layer_answers_and_model_change)
 
 Test(cache, file_can_opt_out)
 {
-    kv_policy *p = load_ok("tests/fixtures/policies/no_cache.lua", NULL, 0);
+    kv_policy *p = kvt_policy_load("tests/fixtures/policies/no_cache.lua", NULL, 0);
     cr_expect_eq(encode(p, &req1, 0, 0).key.bits, 8);
     cr_expect_eq(encode(p, &req1, 0, 0).key.bits, 4);
     cr_expect_eq(encode(p, &req1, 0, 0).key.bits, 8);
@@ -394,8 +384,8 @@ Test(cache, file_can_opt_out)
 
 Test(cache, random_is_not_cached_and_is_reproducible)
 {
-    kv_policy *a = load_ok("tests/fixtures/policies/random.lua", NULL, 0);
-    kv_policy *b = load_ok("tests/fixtures/policies/random.lua", NULL, 0);
+    kv_policy *a = kvt_policy_load("tests/fixtures/policies/random.lua", NULL, 0);
+    kv_policy *b = kvt_policy_load("tests/fixtures/policies/random.lua", NULL, 0);
     int distinct = 0, prev = -1;
     for (int i = 0; i < 40; i++) {
         int x = encode(a, &req1, 0, 0).key.bits;
@@ -411,14 +401,14 @@ Test(cache, random_is_not_cached_and_is_reproducible)
 
 Test(sandbox, only_safe_libraries)
 {
-    kv_policy *p = load_ok("tests/fixtures/policies/sandbox_probe.lua", NULL, 0);
+    kv_policy *p = kvt_policy_load("tests/fixtures/policies/sandbox_probe.lua", NULL, 0);
     cr_expect_str_eq(kv_policy_describe(p), "ok");
     kv_policy_destroy(p);
 }
 
 Test(sandbox, empty_string_rep_returns_at_once)
 {
-    kv_policy *p = load_ok("tests/fixtures/policies/rep_empty.lua", NULL, 0);
+    kv_policy *p = kvt_policy_load("tests/fixtures/policies/rep_empty.lua", NULL, 0);
     cr_expect_eq(encode(p, &req1, 0, 0).key.kind, KV_TENSOR_BF16);
     kv_policy_destroy(p);
 }
@@ -434,7 +424,7 @@ Test(sandbox, finalizers_are_refused, .timeout = 20)
 
 Test(sandbox, endless_close_handler_is_stopped, .timeout = 20)
 {
-    kv_policy *p = load_ok("tests/fixtures/policies/close_loop.lua", NULL, 0);
+    kv_policy *p = kvt_policy_load("tests/fixtures/policies/close_loop.lua", NULL, 0);
     kv_encoding e;
     kv_error err;
     cr_assert_eq(kv_policy_encoding(p, &llama8b, &req1, 0, 0, &e, &err), KV_EINPUT);
@@ -444,7 +434,7 @@ Test(sandbox, endless_close_handler_is_stopped, .timeout = 20)
 
 Test(sandbox, memory_stays_small)
 {
-    kv_policy *p = load_ok("policies/lynx.lua", NULL, 0);
+    kv_policy *p = kvt_policy_load("policies/lynx.lua", NULL, 0);
     kv_policy_set_cache(p, false);
     for (int i = 0; i < 20000; i++)
         encode(p, &req1, i % 32, i % 8);

@@ -308,17 +308,9 @@ Test(answer, diffkv_thresholds_and_window)
     expect_has(encode_fails(FIX "bad_window.lua", NULL), "diffkv.window = -3; expected an integer from 0 to");
 }
 
-static kv_policy *load_ok(const char *file)
-{
-    kv_policy *p = NULL;
-    kv_error err;
-    cr_assert_eq(kv_policy_load(NULL, file, NULL, 0, NULL, &p, &err), KV_OK, "%s", err.msg);
-    return p;
-}
-
 Test(answer, transfer_order_suggests)
 {
-    kv_policy *p = load_ok(FIX "bad_transfer.lua");
+    kv_policy *p = kvt_policy_load(FIX "bad_transfer.lua", NULL, 0);
     kv_transfer_plan tp;
     kv_error err;
     cr_assert_eq(kv_policy_transfer(p, &req42, &tp, &err), KV_EINPUT);
@@ -330,7 +322,7 @@ Test(answer, transfer_order_suggests)
 
 Test(answer, speculate_type)
 {
-    kv_policy *p = load_ok(FIX "bad_speculate.lua");
+    kv_policy *p = kvt_policy_load(FIX "bad_speculate.lua", NULL, 0);
     int k;
     kv_error err;
     cr_assert_eq(kv_policy_speculation(p, &req42, &k, &err), KV_EINPUT);
@@ -340,7 +332,7 @@ Test(answer, speculate_type)
 
 Test(answer, node_out_of_range)
 {
-    kv_policy *p = load_ok(FIX "bad_node.lua");
+    kv_policy *p = kvt_policy_load(FIX "bad_node.lua", NULL, 0);
     kv_policy_node nodes[] = {{0, 0, 0, 1e9, 0}, {1, 0, 0, 1e9, 0}};
     int n;
     kv_error err;
@@ -352,7 +344,7 @@ Test(answer, node_out_of_range)
 
 Test(answer, admit_type)
 {
-    kv_policy *p = load_ok(FIX "bad_admit.lua");
+    kv_policy *p = kvt_policy_load(FIX "bad_admit.lua", NULL, 0);
     kv_policy_node node = {3, 0, 0, 1e9, 0};
     bool ok;
     kv_error err;

@@ -8,6 +8,7 @@
  */
 #define _GNU_SOURCE /* asprintf */
 #include <criterion/criterion.h>
+#include <criterion/parameterized.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,321 +101,250 @@ static run_result run_policy(const char *lua, const char *extra)
     return r;
 }
 
-/* The run must exit 2 within `max_s`, with each of want[] in the output and no results. */
-static void expect_stopped(const char *lua, const char *extra, double max_s, const char *const *want)
+/* One case: `lua` as hang.lua, `extra` YAML appended to the scenario. The run must
+   exit `rc` within `max_s` seconds (0: only the test's own timeout), print each of
+   want[] (empty entries end the list), print fewer than `max_out` bytes where that
+   is not 0, and leave a results.json only where it succeeded. The text lives in
+   the row itself (no pointers), so the table can be handed to Criterion's test
+   processes as it is. */
+typedef struct hang_case {
+    char name[48];
+    char lua[512];
+    char extra[64];
+    int rc;
+    double max_s;
+    char want[3][384];
+    size_t max_out;
+} hang_case;
+
+static void expect_case(const hang_case *c)
 {
-    run_result r = run_policy(lua, extra);
-    cr_expect_eq(r.rc, 2, "exit %d after %.1f s:\n%.4000s", r.rc, r.secs, r.out ? r.out : "");
-    cr_expect_lt(r.secs, max_s, "took %.1f s (limit %.0f s)", r.secs, max_s);
-    cr_expect_not(r.has_results, "a failed run must leave no results.json");
-    for (int i = 0; want[i]; i++)
-        cr_expect(r.out && strstr(r.out, want[i]), "expected \"%s\" in:\n%.4000s", want[i], r.out ? r.out : "");
+    cr_log_info("case %s", c->name);
+    run_result r = run_policy(c->lua, c->extra[0] ? c->extra : NULL);
+    cr_expect_eq(r.rc, c->rc, "[%s] exit %d (expected %d) after %.1f s:\n%.4000s", c->name, r.rc, c->rc, r.secs,
+                 r.out ? r.out : "");
+    if (c->max_s > 0)
+        cr_expect_lt(r.secs, c->max_s, "[%s] took %.1f s (limit %.0f s)", c->name, r.secs, c->max_s);
+    if (c->rc != 0)
+        cr_expect_not(r.has_results, "[%s] a failed run must leave no results.json", c->name);
+    else
+        cr_expect(r.has_results, "[%s] a run that succeeds writes results.json", c->name);
+    for (int i = 0; i < 3 && c->want[i][0]; i++)
+        cr_expect(r.out && strstr(r.out, c->want[i]), "[%s] expected \"%s\" in:\n%.4000s", c->name, c->want[i],
+                  r.out ? r.out : "");
+    if (c->max_out)
+        cr_expect_lt(r.out_len, c->max_out, "[%s] printed %zu bytes (limit %zu)", c->name, r.out_len, c->max_out);
     free(r.out);
 }
 
-#define WANT(...) ((const char *const[]){__VA_ARGS__, NULL})
 #define BUDGET "used up its instruction budget (1000000 per call) in hook 'encode'"
 #define HOOK_TIME "hit its time limit of 1000 ms per call (policy_limits.hook_ms) in hook 'encode'"
 #define STRING_CAP "over its limit of 1 MiB per string (policy_limits.string_kib)"
 /* A pattern function whose bound of work the budget cannot pay is refused before it runs. */
 #define REFUSED(call) "hit its instruction budget (1000000 per call, policy_limits.instructions): " call
 #define BEFORE "more than the 1000000 left (refused before running) in hook 'encode'"
+/* A policy that stops the run: exit 2 within 20 s. */
+#define STOPPED(name, lua, extra, ...) {name, lua, extra, 2, 20, {__VA_ARGS__}, 0}
+/* An encode hook that runs `stmt` once (then answers bf16) or in an endless loop. */
+#define ENCODE_ONCE(stmt) "return {\n  encode = function(ctx)\n    " stmt "\n    return 'bf16'\n  end,\n}\n"
+#define ENCODE_LOOP(stmt) "return {\n  encode = function(ctx)\n    while true do " stmt " end\n  end,\n}\n"
 
-/* 1. A loop in an xpcall message handler: the budget's own error used to run the
-      handler with hooks off, so nothing could stop it. */
-Test(hang, xpcall_handler_after_the_budget, .timeout = 60)
-{
-    expect_stopped("return {\n"
-                   "  encode = function(ctx)\n"
-                   "    xpcall(function() while true do end end,\n"
-                   "           function(e) while true do end end)\n"
-                   "    return 'bf16'\n"
-                   "  end,\n"
-                   "}\n",
-                   NULL, 20, WANT("hang.lua:3: policy 'hang' " BUDGET, "(defined at "));
-}
-
-Test(hang, xpcall_handler_of_an_ordinary_error, .timeout = 60)
-{
-    expect_stopped("return {\n"
-                   "  encode = function(ctx)\n"
-                   "    xpcall(error, function(e)\n"
-                   "      local n = 0\n"
-                   "      while true do n = n + 1 end\n"
-                   "    end)\n"
-                   "    return 'bf16'\n"
-                   "  end,\n"
-                   "}\n",
-                   NULL, 20, WANT("hang.lua:5: policy 'hang' " BUDGET));
-}
-
-/* 2. %b on a megabyte of '(': quadratic inside one C call (bound: a start per byte, a scan per start). */
-Test(hang, balanced_pattern, .timeout = 60)
-{
-    expect_stopped("local s = string.rep('(', 1000000)\n"
-                   "return {\n"
-                   "  encode = function(ctx)\n"
-                   "    local i = s:find('%b()')\n"
-                   "    return 'bf16'\n"
-                   "  end,\n"
-                   "}\n",
-                   NULL, 20,
-                   WANT("hang.lua:4: policy 'hang' " REFUSED("string.find('%b()') on a string of 1000000 bytes "
-                                                            "could take up to 1.0e+12 steps, ") BEFORE));
-}
-
-/* 3. A long literal needle, through the plain search and through the matcher. */
-Test(hang, long_literal_needle, .timeout = 60)
-{
-    const char *tail = "return {\n"
-                       "  encode = function(ctx)\n"
-                       "    local i = hay:find(needle)\n"
-                       "    return 'bf16'\n"
-                       "  end,\n"
-                       "}\n";
-    char lua[1024];
-    snprintf(lua, sizeof lua, "local hay = string.rep('a', 1000000)\nlocal needle = string.rep('a', 500000) .. 'b'\n%s",
-             tail);
-    expect_stopped(lua, NULL, 20,
-                   WANT("hang.lua:5: policy 'hang' " REFUSED("string.find of a plain needle of 500001 bytes in a "
-                                                            "string of 1000000 bytes could take up to 1500002 "
-                                                            "steps, ") BEFORE));
-    snprintf(lua, sizeof lua, "local hay = string.rep('a', 1000000)\nlocal needle = string.rep('a', 500000) .. 'b.'\n%s",
-             tail);
-    expect_stopped(lua, NULL, 20,
-                   WANT("hang.lua:5: policy 'hang' " REFUSED("string.find('aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa..."
-                                                            "', a pattern of 500002 bytes) on a string of 1000000 "
-                                                            "bytes could take up to "), BEFORE));
-}
-
-/* ... and the multi-megabyte needle itself cannot be made. */
-Test(hang, multi_megabyte_needle, .timeout = 60)
-{
-    expect_stopped("local hay = string.rep('a', 16 * 1024 * 1024)\n"
-                   "local needle = string.rep('a', 8 * 1024 * 1024) .. 'b'\n"
-                   "return { encode = function(ctx) hay:find(needle) return 'bf16' end }\n",
-                   NULL, 20,
-                   WANT("hang.lua:1: policy 'hang' tried to make a string of 16 MiB, " STRING_CAP ", while loading"));
-}
-
-/* 4. plain = true with a needle of a megabyte. */
-Test(hang, plain_find_long_needle, .timeout = 60)
-{
-    expect_stopped("local hay = string.rep('a', 1000000)\n"
-                   "local needle = string.rep('a', 500000) .. '%b'\n"
-                   "return {\n"
-                   "  encode = function(ctx)\n"
-                   "    while true do hay:find(needle, 1, true) end\n"
-                   "  end,\n"
-                   "}\n",
-                   NULL, 20,
-                   WANT("hang.lua:5: policy 'hang' " REFUSED("string.find of a plain needle of 500002 bytes in a "
-                                                            "string of 1000000 bytes could take up to 1500003 "
-                                                            "steps, ") BEFORE));
-}
-
-/* 5. A [set] of a megabyte: every character of the subject is tried against all of it. */
-Test(hang, huge_set_class, .timeout = 60)
-{
-    expect_stopped("local hay = string.rep('a', 1000000)\n"
-                   "local set = '[' .. string.rep('b', 999000) .. ']'\n"
-                   "return {\n"
-                   "  encode = function(ctx)\n"
-                   "    local i = hay:find(set)\n"
-                   "    return 'bf16'\n"
-                   "  end,\n"
-                   "}\n",
-                   NULL, 20,
-                   WANT("hang.lua:5: policy 'hang' " REFUSED("string.find('[bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb...', "
-                                                            "a pattern of 999002 bytes) on a string of 1000000 bytes "
-                                                            "could take up to "), BEFORE));
-}
-
-/* 6. load() fed whitespace by a reader function that never ends. */
-Test(hang, load_reader_of_whitespace, .timeout = 60)
-{
-    expect_stopped("local piece = string.rep(' ', 1024 * 1024)\n"
-                   "return {\n"
-                   "  encode = function(ctx)\n"
-                   "    local f, msg = load(function() return piece end)\n"
-                   "    return 'bf16'\n"
-                   "  end,\n"
-                   "}\n",
-                   NULL, 20,
-                   WANT("hang.lua:4: policy 'hang' hit the limit of 1 MiB of source for load() (policy_limits."
-                        "string_kib) in hook 'encode'"));
+/* Every known hang; the comments say what each one used to do. */
+static hang_case hang_cases[] = {
+    /* 1. A loop in an xpcall message handler: the budget's own error used to run the
+          handler with hooks off, so nothing could stop it. */
+    STOPPED("xpcall_handler_after_the_budget",
+            "return {\n"
+            "  encode = function(ctx)\n"
+            "    xpcall(function() while true do end end,\n"
+            "           function(e) while true do end end)\n"
+            "    return 'bf16'\n"
+            "  end,\n"
+            "}\n",
+            "", "hang.lua:3: policy 'hang' " BUDGET, "(defined at "),
+    STOPPED("xpcall_handler_of_an_ordinary_error",
+            "return {\n"
+            "  encode = function(ctx)\n"
+            "    xpcall(error, function(e)\n"
+            "      local n = 0\n"
+            "      while true do n = n + 1 end\n"
+            "    end)\n"
+            "    return 'bf16'\n"
+            "  end,\n"
+            "}\n",
+            "", "hang.lua:5: policy 'hang' " BUDGET),
+    /* 2. %b on a megabyte of '(': quadratic inside one C call (bound: a start per byte, a scan per start). */
+    STOPPED("balanced_pattern", "local s = string.rep('(', 1000000)\n" ENCODE_ONCE("local i = s:find('%b()')"), "",
+            "hang.lua:4: policy 'hang' " REFUSED("string.find('%b()') on a string of 1000000 bytes "
+                                                 "could take up to 1.0e+12 steps, ") BEFORE),
+    /* 3. A long literal needle, through the plain search and through the matcher. */
+    STOPPED("long_literal_needle_plain",
+            "local hay = string.rep('a', 1000000)\n"
+            "local needle = string.rep('a', 500000) .. 'b'\n" ENCODE_ONCE("local i = hay:find(needle)"),
+            "",
+            "hang.lua:5: policy 'hang' " REFUSED("string.find of a plain needle of 500001 bytes in a "
+                                                 "string of 1000000 bytes could take up to 1500002 "
+                                                 "steps, ") BEFORE),
+    STOPPED("long_literal_needle_pattern",
+            "local hay = string.rep('a', 1000000)\n"
+            "local needle = string.rep('a', 500000) .. 'b.'\n" ENCODE_ONCE("local i = hay:find(needle)"),
+            "",
+            "hang.lua:5: policy 'hang' " REFUSED("string.find('aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa..."
+                                                 "', a pattern of 500002 bytes) on a string of 1000000 "
+                                                 "bytes could take up to "),
+            BEFORE),
+    /* ... and the multi-megabyte needle itself cannot be made. */
+    STOPPED("multi_megabyte_needle",
+            "local hay = string.rep('a', 16 * 1024 * 1024)\n"
+            "local needle = string.rep('a', 8 * 1024 * 1024) .. 'b'\n"
+            "return { encode = function(ctx) hay:find(needle) return 'bf16' end }\n",
+            "", "hang.lua:1: policy 'hang' tried to make a string of 16 MiB, " STRING_CAP ", while loading"),
+    /* 4. plain = true with a needle of a megabyte. */
+    STOPPED("plain_find_long_needle",
+            "local hay = string.rep('a', 1000000)\n"
+            "local needle = string.rep('a', 500000) .. '%b'\n" ENCODE_LOOP("hay:find(needle, 1, true)"),
+            "",
+            "hang.lua:5: policy 'hang' " REFUSED("string.find of a plain needle of 500002 bytes in a "
+                                                 "string of 1000000 bytes could take up to 1500003 "
+                                                 "steps, ") BEFORE),
+    /* 5. A [set] of a megabyte: every character of the subject is tried against all of it. */
+    STOPPED("huge_set_class",
+            "local hay = string.rep('a', 1000000)\n"
+            "local set = '[' .. string.rep('b', 999000) .. ']'\n" ENCODE_ONCE("local i = hay:find(set)"),
+            "",
+            "hang.lua:5: policy 'hang' " REFUSED("string.find('[bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb...', "
+                                                 "a pattern of 999002 bytes) on a string of 1000000 bytes "
+                                                 "could take up to "),
+            BEFORE),
+    /* 6. load() fed whitespace by a reader function that never ends. */
+    STOPPED("load_reader_of_whitespace",
+            "local piece = string.rep(' ', 1024 * 1024)\n" ENCODE_ONCE(
+                "local f, msg = load(function() return piece end)"),
+            "",
+            "hang.lua:4: policy 'hang' hit the limit of 1 MiB of source for load() (policy_limits."
+            "string_kib) in hook 'encode'"),
     /* 8 MB pieces are over the string cap already. */
-    expect_stopped("local piece = string.rep(' ', 8 * 1024 * 1024)\n"
-                   "return { encode = function(ctx) load(function() return piece end) return 'bf16' end }\n",
-                   NULL, 20, WANT("hang.lua:1: policy 'hang' tried to make a string of 8 MiB, " STRING_CAP));
-}
-
-/* 7. Comparing long strings in a loop: each `<` is one instruction of a megabyte. */
-Test(hang, long_string_comparisons, .timeout = 60)
-{
-    expect_stopped("local a = string.rep('x', 1024 * 1024)\n"
-                   "local b = string.rep('x', 1024 * 1024)\n"
-                   "return {\n"
-                   "  encode = function(ctx)\n"
-                   "    local n = 0\n"
-                   "    while true do\n"
-                   "      if a < b or a == b .. '' then n = n + 1 end\n"
-                   "    end\n"
-                   "  end,\n"
-                   "}\n",
-                   NULL, 20, WANT("policy 'hang' " HOOK_TIME, "hang.lua:"));
-    expect_stopped("local a = string.rep('x', 10 * 1024 * 1024)\n"
-                   "return { encode = function(ctx) return a < a and 'bf16' or 'bf16' end }\n",
-                   NULL, 20, WANT("hang.lua:1: policy 'hang' tried to make a string of 10 MiB, " STRING_CAP));
-}
-
-/* 8. utf8.len of a long string in a loop. */
-Test(hang, utf8_len_loop, .timeout = 60)
-{
-    expect_stopped("local s = string.rep('x', 1024 * 1024)\n"
-                   "return {\n"
-                   "  encode = function(ctx)\n"
-                   "    while true do utf8.len(s) end\n"
-                   "  end,\n"
-                   "}\n",
-                   NULL, 20, WANT("hang.lua:4: policy 'hang' " HOOK_TIME));
-}
-
-/* 9. table.sort of a million elements in a loop (each comparison is charged). */
-Test(hang, sort_a_million, .timeout = 60)
-{
-    expect_stopped("local t = {}\n"
-                   "for i = 1, 1000000 do t[i] = (i * 7919) % 1000003 end\n"
-                   "return {\n"
-                   "  encode = function(ctx)\n"
-                   "    while true do table.sort(t) end\n"
-                   "  end,\n"
-                   "}\n",
-                   NULL, 20, WANT("hang.lua:5: policy 'hang' " BUDGET));
-}
-
-/* 10. print() of megabytes in a loop: the output is capped, the loop stopped by the budget. */
-Test(hang, print_flood, .timeout = 60)
-{
-    const char *lua = "local s = string.rep('p', 1024 * 1024)\n"
-                      "return {\n"
-                      "  encode = function(ctx)\n"
-                      "    while true do print(s, s) end\n"
-                      "  end,\n"
-                      "}\n";
-    expect_stopped(lua, NULL, 20,
-                   WANT("policy hang: further print() output suppressed (the print at ",
-                        "hang.lua:4 would pass the 64 KiB of output a policy may print in a run, "
-                        "policy_limits.print_kib)",
-                        "hang.lua:4: policy 'hang' " BUDGET));
-    run_result r = run_policy(lua, NULL);
-    cr_expect_lt(r.out_len, 16u << 10, "print wrote %zu bytes", r.out_len);
-    free(r.out);
-    /* Small prints pass until the cap, then one line says the rest is suppressed. */
-    r = run_policy("return {\n"
-                   "  encode = function(ctx)\n"
-                   "    for i = 1, 100000 do print('line', i) end\n"
-                   "    return 'bf16'\n"
-                   "  end,\n"
-                   "}\n",
-                   "policy_limits: {print_kib: 1}\n");
-    cr_expect_eq(r.rc, 0, "%.2000s", r.out);
-    cr_expect(strstr(r.out, "policy hang: line\t1\n"), "%.2000s", r.out);
-    cr_expect(strstr(r.out, "further print() output suppressed"), "%.2000s", r.out);
-    cr_expect_lt(r.out_len, 8u << 10, "print wrote %zu bytes", r.out_len);
-    free(r.out);
-}
-
-/* 11. Other C functions that did unbounded work per instruction. */
-Test(hang, table_concat_loop, .timeout = 60)
-{
-    expect_stopped("local t = {}\n"
-                   "for i = 1, 1000000 do t[i] = '' end\n"
-                   "return {\n"
-                   "  encode = function(ctx)\n"
-                   "    while true do table.concat(t) end\n"
-                   "  end,\n"
-                   "}\n",
-                   NULL, 20, WANT("hang.lua:5: policy 'hang' " HOOK_TIME));
-}
-
-Test(hang, refused_string_rep_loop, .timeout = 60)
-{
-    expect_stopped("return {\n"
-                   "  encode = function(ctx)\n"
-                   "    while true do pcall(string.rep, 'x', 30000000) end\n"
-                   "  end,\n"
-                   "}\n",
-                   NULL, 20, WANT("hang.lua:3: policy 'hang' " HOOK_TIME));
-}
-
-Test(hang, next_over_empty_slots, .timeout = 60)
-{
-    expect_stopped("local t = {}\n"
-                   "for i = 1, 1000000 do t[i] = true end\n"
-                   "for i = 1, 999999 do t[i] = nil end\n"
-                   "return {\n"
-                   "  encode = function(ctx)\n"
-                   "    while true do next(t) end\n"
-                   "  end,\n"
-                   "}\n",
-                   NULL, 20, WANT("hang.lua:6: policy 'hang' " HOOK_TIME));
-}
-
-Test(hang, gsub_long_replacement, .timeout = 60)
-{
+    STOPPED("load_reader_of_8_mb_pieces",
+            "local piece = string.rep(' ', 8 * 1024 * 1024)\n"
+            "return { encode = function(ctx) load(function() return piece end) return 'bf16' end }\n",
+            "", "hang.lua:1: policy 'hang' tried to make a string of 8 MiB, " STRING_CAP),
+    /* 7. Comparing long strings in a loop: each `<` is one instruction of a megabyte. */
+    STOPPED("long_string_comparisons",
+            "local a = string.rep('x', 1024 * 1024)\n"
+            "local b = string.rep('x', 1024 * 1024)\n"
+            "return {\n"
+            "  encode = function(ctx)\n"
+            "    local n = 0\n"
+            "    while true do\n"
+            "      if a < b or a == b .. '' then n = n + 1 end\n"
+            "    end\n"
+            "  end,\n"
+            "}\n",
+            "", "policy 'hang' " HOOK_TIME, "hang.lua:"),
+    STOPPED("long_string_of_10_mib",
+            "local a = string.rep('x', 10 * 1024 * 1024)\n"
+            "return { encode = function(ctx) return a < a and 'bf16' or 'bf16' end }\n",
+            "", "hang.lua:1: policy 'hang' tried to make a string of 10 MiB, " STRING_CAP),
+    /* 8. utf8.len of a long string in a loop. */
+    STOPPED("utf8_len_loop", "local s = string.rep('x', 1024 * 1024)\n" ENCODE_LOOP("utf8.len(s)"), "",
+            "hang.lua:4: policy 'hang' " HOOK_TIME),
+    /* 9. table.sort of a million elements in a loop (each comparison is charged). */
+    STOPPED("sort_a_million",
+            "local t = {}\n"
+            "for i = 1, 1000000 do t[i] = (i * 7919) % 1000003 end\n" ENCODE_LOOP("table.sort(t)"),
+            "", "hang.lua:5: policy 'hang' " BUDGET),
+    /* 10. print() of megabytes in a loop: the output is capped (under 16 KiB), the loop stopped by the budget. */
+    {"print_flood",
+     "local s = string.rep('p', 1024 * 1024)\n" ENCODE_LOOP("print(s, s)"),
+     "",
+     2,
+     20,
+     {"policy hang: further print() output suppressed (the print at ",
+      "hang.lua:4 would pass the 64 KiB of output a policy may print in a run, "
+      "policy_limits.print_kib)",
+      "hang.lua:4: policy 'hang' " BUDGET},
+     16u << 10},
+    /* Small prints pass until the cap, then one line says the rest is suppressed; the run succeeds. */
+    {"print_cap_small_prints",
+     ENCODE_ONCE("for i = 1, 100000 do print('line', i) end"),
+     "policy_limits: {print_kib: 1}\n",
+     0,
+     0,
+     {"policy hang: line\t1\n", "further print() output suppressed"},
+     8u << 10},
+    /* 11. Other C functions that did unbounded work per instruction. */
+    STOPPED("table_concat_loop",
+            "local t = {}\n"
+            "for i = 1, 1000000 do t[i] = '' end\n" ENCODE_LOOP("table.concat(t)"),
+            "", "hang.lua:5: policy 'hang' " HOOK_TIME),
+    STOPPED("refused_string_rep_loop", ENCODE_LOOP("pcall(string.rep, 'x', 30000000)"), "",
+            "hang.lua:3: policy 'hang' " HOOK_TIME),
+    STOPPED("next_over_empty_slots",
+            "local t = {}\n"
+            "for i = 1, 1000000 do t[i] = true end\n"
+            "for i = 1, 999999 do t[i] = nil end\n" ENCODE_LOOP("next(t)"),
+            "", "hang.lua:6: policy 'hang' " HOOK_TIME),
     /* An empty pattern matches a million times; each match reads the whole replacement. */
-    expect_stopped("local s = string.rep('y', 1000000)\n"
-                   "local r = string.rep('%0', 400000)\n"
-                   "return {\n"
-                   "  encode = function(ctx)\n"
-                   "    local out = s:gsub('', r)\n"
-                   "    return 'bf16'\n"
-                   "  end,\n"
-                   "}\n",
-                   NULL, 20, WANT("hang.lua:5: policy 'hang' " REFUSED("string.gsub('') on a string of 1000000 bytes"),
-                                  BEFORE));
-}
+    STOPPED("gsub_long_replacement",
+            "local s = string.rep('y', 1000000)\n"
+            "local r = string.rep('%0', 400000)\n" ENCODE_ONCE("local out = s:gsub('', r)"),
+            "", "hang.lua:5: policy 'hang' " REFUSED("string.gsub('') on a string of 1000000 bytes"), BEFORE),
+    STOPPED("endless_loop_while_loading",
+            "local a = string.rep('x', 1024 * 1024)\n"
+            "while true do local _ = a < a end\n"
+            "return {}\n",
+            "policy_limits: {hook_ms: 100}\n",
+            "hang.lua:2: policy 'hang' hit its time limit of 1000 ms per call (policy_limits.hook_ms; "
+            "loading gets 10x) while loading"),
+};
 
-Test(hang, endless_loop_while_loading, .timeout = 60)
-{
-    expect_stopped("local a = string.rep('x', 1024 * 1024)\n"
-                   "while true do local _ = a < a end\n"
-                   "return {}\n",
-                   "policy_limits: {hook_ms: 100}\n", 20,
-                   WANT("hang.lua:2: policy 'hang' hit its time limit of 1000 ms per call (policy_limits.hook_ms; "
-                        "loading gets 10x) while loading"));
-}
-
-/* The run budget: many calls, each under hook_ms, add up past run_s. */
-Test(limits, run_budget, .timeout = 60)
-{
-    expect_stopped("local s = string.rep('x', 1024 * 1024)\n"
-                   "return {\n"
-                   "  encode = function(ctx)\n"
-                   "    local n = ctx.request.prompt_tokens\n"
-                   "    for i = 1, 10 do n = n + utf8.len(s) end\n"
-                   "    return 'bf16'\n"
-                   "  end,\n"
-                   "}\n",
-                   "policy_limits: {run_s: 0.3}\n", 20,
-                   WANT("policy 'hang' hit its time limit of 0.3 s for the whole run (policy_limits.run_s) in hook "
-                        "'encode'"));
-}
-
-/* hook_ms is a scenario key, checked like any other. */
-Test(limits, scenario_keys_are_checked, .timeout = 60)
-{
-    expect_stopped("return {}\n", "policy_limits: {hook_ms: 1}\n", 20,
-                   WANT("s.yaml:9:26: policy_limits.hook_ms: 1 is out of range [10, 1e+09]"));
-    expect_stopped("return {}\n", "policy_limits: {hook_s: 1}\n", 20,
-                   WANT("unknown key 'policy_limits.hook_s' in policy_limits (did you mean 'hook_ms'?)"));
+/* The scenario's policy_limits keys. */
+static hang_case limit_cases[] = {
+    /* The run budget: many calls, each under hook_ms, add up past run_s. */
+    STOPPED("run_budget",
+            "local s = string.rep('x', 1024 * 1024)\n"
+            "return {\n"
+            "  encode = function(ctx)\n"
+            "    local n = ctx.request.prompt_tokens\n"
+            "    for i = 1, 10 do n = n + utf8.len(s) end\n"
+            "    return 'bf16'\n"
+            "  end,\n"
+            "}\n",
+            "policy_limits: {run_s: 0.3}\n",
+            "policy 'hang' hit its time limit of 0.3 s for the whole run (policy_limits.run_s) in hook "
+            "'encode'"),
+    /* hook_ms is a scenario key, checked like any other. */
+    STOPPED("hook_ms_out_of_range", "return {}\n", "policy_limits: {hook_ms: 1}\n",
+            "s.yaml:9:26: policy_limits.hook_ms: 1 is out of range [10, 1e+09]"),
+    STOPPED("unknown_key", "return {}\n", "policy_limits: {hook_s: 1}\n",
+            "unknown key 'policy_limits.hook_s' in policy_limits (did you mean 'hook_ms'?)"),
     /* The instruction budget and the memory cap are keys too. */
-    expect_stopped("return { encode = function(ctx)\n  local n = 0\n  while true do n = n + 1 end\nend }\n",
-                   "policy_limits: {instructions: 5000}\n", 20,
-                   WANT("hang.lua:3: policy 'hang' used up its instruction budget (5000 per call)"));
-    expect_stopped("local t = {}\nfor i = 1, 300000 do t[i] = i end\nreturn {}\n", "policy_limits: {memory_mib: 2}\n",
-                   20, WANT("hang.lua:2: policy 'hang' exceeded its memory cap of 2 MiB while loading"));
+    STOPPED("instructions", "return { encode = function(ctx)\n  local n = 0\n  while true do n = n + 1 end\nend }\n",
+            "policy_limits: {instructions: 5000}\n",
+            "hang.lua:3: policy 'hang' used up its instruction budget (5000 per call)"),
+    STOPPED("memory_mib", "local t = {}\nfor i = 1, 300000 do t[i] = i end\nreturn {}\n",
+            "policy_limits: {memory_mib: 2}\n",
+            "hang.lua:2: policy 'hang' exceeded its memory cap of 2 MiB while loading"),
+};
+
+ParameterizedTestParameters(hang, stops)
+{
+    return cr_make_param_array(hang_case, hang_cases, sizeof hang_cases / sizeof hang_cases[0]);
+}
+
+ParameterizedTest(hang_case *c, hang, stops, .timeout = 60)
+{
+    expect_case(c);
+}
+
+ParameterizedTestParameters(limits, keys)
+{
+    return cr_make_param_array(hang_case, limit_cases, sizeof limit_cases / sizeof limit_cases[0]);
+}
+
+ParameterizedTest(hang_case *c, limits, keys, .timeout = 60)
+{
+    expect_case(c);
 }
 
 /* Determinism: the wall-clock budgets never change a run that stays under them. */
@@ -470,10 +400,7 @@ Test(limits, xpcall_semantics, .timeout = 60)
                            "local ok4, e4 = pcall(xpcall, error)\n"
                            "assert(not ok4)\n"
                            "return { speculate = function(ctx) return 2 end }\n");
-    kv_policy *p = NULL;
-    kv_error err;
-    cr_assert_eq(kv_policy_load(NULL, path, NULL, 0, NULL, &p, &err), KV_OK, "%s", err.msg);
-    kv_policy_destroy(p);
+    kv_policy_destroy(kvt_policy_load(path, NULL, 0));
     free(path);
     kvt_rmtree(dir);
     free(dir);

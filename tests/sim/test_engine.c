@@ -46,22 +46,11 @@ Test(eventq, many_random_events_pop_sorted)
     kv_eventq_free(&q);
 }
 
-/* Runs a scenario through the C API. */
-static kv_study *run_scenario(const char *path, const char **sets, int n_sets, kv_scenario **s)
-{
-    kv_error err = {0};
-    kv_study *st = NULL;
-    cr_assert_eq(kv_scenario_load(path, sets, n_sets, s, &err), 0, "%s", err.msg);
-    cr_assert_eq(kv_study_prepare(*s, &st, &err), 0, "%s", err.msg);
-    cr_assert_eq(kv_study_run(st, &err), 0, "%s", err.msg);
-    return st;
-}
-
 /* Llama-3-8B on one H100 (profile figures), bf16 KV, written out by hand. */
 Test(engine, one_request_ttft_equals_hand_computation)
 {
     kv_scenario *s = NULL;
-    kv_study *st = run_scenario("tests/fixtures/scenarios/one-request.yaml", NULL, 0, &s);
+    kv_study *st = kvt_study_run("tests/fixtures/scenarios/one-request.yaml", NULL, 0, &s);
     size_t n = 0;
     const kv_policy_outcome *o = kv_study_outcomes(st, &n);
     cr_assert_eq(n, 3);
@@ -147,8 +136,8 @@ Test(engine, ideal_and_simgrid_agree_without_contention)
 {
     kv_scenario *s1 = NULL, *s2 = NULL;
     const char *sim[] = {"network.model=simgrid"};
-    kv_study *a = run_scenario("tests/fixtures/scenarios/one-request.yaml", NULL, 0, &s1);
-    kv_study *b = run_scenario("tests/fixtures/scenarios/one-request.yaml", sim, 1, &s2);
+    kv_study *a = kvt_study_run("tests/fixtures/scenarios/one-request.yaml", NULL, 0, &s1);
+    kv_study *b = kvt_study_run("tests/fixtures/scenarios/one-request.yaml", sim, 1, &s2);
     size_t na = 0, nb = 0;
     const kv_policy_outcome *oa = kv_study_outcomes(a, &na), *ob = kv_study_outcomes(b, &nb);
     cr_assert_eq(na, nb);

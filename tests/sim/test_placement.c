@@ -53,8 +53,7 @@ static const kv_policy_request req1 = {1, 1000, 10, 0.0};
 Test(placement, default_counts_requests_in_flight)
 {
     kv_error err = {0};
-    kv_policy *p = NULL;
-    cr_assert_eq(kv_policy_load(NULL, "policies/bf16.lua", NULL, 0, NULL, &p, &err), 0, "%s", err.msg);
+    kv_policy *p = kvt_policy_load("policies/bf16.lua", NULL, 0);
     /* Node 0 has nothing queued or running but three requests' KV on its way: node 1 is less loaded. */
     kv_policy_node nodes[] = {{.index = 0, .kv_free_bytes = 1e9, .incoming = 3, .kv_reserved_bytes = 3e8},
                               {.index = 1, .running = 2, .kv_free_bytes = 1e9}};
@@ -84,8 +83,7 @@ Test(placement, decode_node_hook_sees_incoming_and_reserved_bytes)
                           "}\n");
     char *typo = kvt_write(dir, "typo.lua", "return { decode_node = function(ctx) return ctx.nodes[1].incomming end }\n");
     kv_error err = {0};
-    kv_policy *p = NULL, *q = NULL;
-    cr_assert_eq(kv_policy_load(NULL, lua, NULL, 0, NULL, &p, &err), 0, "%s", err.msg);
+    kv_policy *p = kvt_policy_load(lua, NULL, 0);
     kv_policy_node nodes[] = {{.index = 0, .incoming = 1, .kv_reserved_bytes = 1e8},
                               {.index = 1, .incoming = 2, .kv_reserved_bytes = 5e8},
                               {.index = 2, .incoming = 0, .kv_reserved_bytes = 0}};
@@ -95,7 +93,7 @@ Test(placement, decode_node_hook_sees_incoming_and_reserved_bytes)
     cr_assert_eq(kv_policy_prefill_node(p, &req1, nodes + 2, 1, &n, &err), KV_OK, "%s", err.msg);
     cr_expect_eq(n, 2, "a prefill node's incoming is 0");
     /* The strict node table knows the new fields: a typo names them. */
-    cr_assert_eq(kv_policy_load(NULL, typo, NULL, 0, NULL, &q, &err), 0, "%s", err.msg);
+    kv_policy *q = kvt_policy_load(typo, NULL, 0);
     cr_expect_neq(kv_policy_decode_node(q, &req1, nodes, 3, &n, &err), KV_OK);
     cr_expect(strstr(err.msg, "incoming") != NULL, "%s", err.msg);
     kv_policy_destroy(p);

@@ -94,16 +94,6 @@ Test(safety_crash, lynx_variants_never_abort_and_commit_token_1_with_the_whole_k
 
 /* ---- kvsim eval: lengths that leave no room, or sum past int, are bad input before any work ------------ */
 
-static char *eval_text(const char *dir)
-{
-    char *text = calloc(1, 40000);
-    for (int i = 0; i < 300; i++)
-        strcat(text, i % 3 ? "the cat sat on the mat and then it ran to the tower. " : "in the evening, winds rose.\n");
-    char *path = kvt_write(dir, "text.txt", text);
-    free(text);
-    return path;
-}
-
 static char *eval_scenario(const char *dir, const char *model, const char *text, int needle_tokens)
 {
     char body[2048];
@@ -124,7 +114,7 @@ static int eval_exit(const char *sc, char **out)
 
 Test(safety_crash, eval_needle_context_below_the_needle_exits_2_naming_the_key_and_its_minimum, .timeout = 120)
 {
-    char *dir = kvt_tempdir(), *model = kvt_tiny_model_file(dir, 5), *text = eval_text(dir), *out = NULL;
+    char *dir = kvt_tempdir(), *model = kvt_tiny_model_file(dir, 5), *text = kvt_tiny_model_text(dir), *out = NULL;
     /* 64 tokens (the loader's floor) hold no filler: the tiny vocabulary spells the question nearly byte by byte. */
     char *sc = eval_scenario(dir, model, text, 64);
     int rc = eval_exit(sc, &out);
@@ -159,25 +149,15 @@ Test(safety_crash, eval_needle_context_below_the_needle_exits_2_naming_the_key_a
     free(dir);
 }
 
-static kv_encoding *eval_uniform(const kv_model *m, kv_encoding e)
-{
-    const kv_model_config *c = kv_model_get_config(m);
-    size_t n = (size_t)c->n_layers * c->n_kv_heads;
-    kv_encoding *out = kv_calloc(n, sizeof *out);
-    for (size_t i = 0; i < n; i++)
-        out[i] = e;
-    return out;
-}
-
 /* The C API: every accuracy.* length, small or near INT_MAX, is KV_EINPUT naming its key (no sum wraps). */
 Test(safety_crash, eval_lengths_out_of_range_are_input_errors, .timeout = 120)
 {
-    char *dir = kvt_tempdir(), *model_path = kvt_tiny_model_file(dir, 5), *text = eval_text(dir);
+    char *dir = kvt_tempdir(), *model_path = kvt_tiny_model_file(dir, 5), *text = kvt_tiny_model_text(dir);
     kv_model *m;
     kv_error err;
     cr_assert_eq(kv_model_load(model_path, &m, &err), KV_OK, "%s", err.msg);
     kv_tensor_enc bf = {KV_TENSOR_BF16, 16, 0, 0, 0};
-    kv_encoding *e_bf = eval_uniform(m, (kv_encoding){.key = bf, .value = bf});
+    kv_encoding *e_bf = kvt_uniform_encodings(m, (kv_encoding){.key = bf, .value = bf});
     kv_eval_policy pols[] = {{"bf16", e_bf, 0}};
     const char *texts[] = {text};
     const kv_eval_config base = {texts, 1, 48, 12, 6, 1, 200, 0, 3, 7, NULL};
@@ -230,13 +210,13 @@ Test(safety_crash, eval_lengths_out_of_range_are_input_errors, .timeout = 120)
    bounded logits, each measured; k past the context skips the speculation instead of reading past it. */
 Test(safety_crash, eval_large_policy_speculation_is_bounded, .timeout = 300)
 {
-    char *dir = kvt_tempdir(), *model_path = kvt_tiny_model_file(dir, 5), *text = eval_text(dir);
+    char *dir = kvt_tempdir(), *model_path = kvt_tiny_model_file(dir, 5), *text = kvt_tiny_model_text(dir);
     kv_model *m;
     kv_error err;
     cr_assert_eq(kv_model_load(model_path, &m, &err), KV_OK, "%s", err.msg);
     kv_tensor_enc bf = {KV_TENSOR_BF16, 16, 0, 0, 0}, ly = {KV_TENSOR_INT, 8, 4, 16, 0};
-    kv_encoding *e_bf = eval_uniform(m, (kv_encoding){.key = bf, .value = bf});
-    kv_encoding *e_ly = eval_uniform(m, (kv_encoding){.key = ly, .value = ly});
+    kv_encoding *e_bf = kvt_uniform_encodings(m, (kv_encoding){.key = bf, .value = bf});
+    kv_encoding *e_ly = kvt_uniform_encodings(m, (kv_encoding){.key = ly, .value = ly});
     /* 3 lynx rows x 3 prompt lengths at k = 400 (a 48-token prompt + 400 fits 512): 9 jobs, > 2048 rows. */
     kv_eval_policy pols[] = {{"bf16", e_bf, 0}, {"a", e_ly, 400}, {"b", e_ly, 400}, {"c", e_ly, 400},
                              {"far", e_ly, 4096}};

@@ -16,23 +16,6 @@
 #include "core/study/sweep.h"
 #include "tests/support.h"
 
-/* A tiny scenario (two policies, four requests: tens of ms a run). */
-static const char *base_text = "name: sweep-base\n"
-                               "seed: 2\n"
-                               "model: llama-3.1-8b\n"
-                               "cluster:\n"
-                               "  prefill: {nodes: 1, device: h100-sxm}\n"
-                               "  decode: {nodes: 1, device: h100-sxm}\n"
-                               "network: {model: ideal, nic_bandwidth_gbps: 25}\n"
-                               "workload:\n"
-                               "  requests: 4\n"
-                               "  rate_per_s: 2\n"
-                               "  prompt: {dist: fixed, value: 4000}\n"
-                               "  output: {dist: fixed, value: 8}\n"
-                               "outputs: {trace: false}\n"
-                               "lynx: {from: scenario}\n"
-                               "policies: [bf16, lynx]\n";
-
 /* ---- Helpers ------------------------------------------------------------------------------------ */
 
 static char *cat(const char *a, const char *b)
@@ -163,7 +146,7 @@ static const char *const hostile[] = {
 /* The sweep file: the scenario's free-text `name` swept over the hostile values. */
 static char *hostile_sweep(const char *dir, const char *pwn)
 {
-    free(kvt_write(dir, "base.yaml", base_text));
+    free(kvt_fixture_copy("scenarios/sweep-base.yaml", dir, "base.yaml"));
     char *text = strdup("name: hostile\nbase: base.yaml\nmatrix:\n  name:\n");
     for (size_t i = 0; i < N_HOSTILE; i++) {
         char *v = subst(hostile[i], pwn);
@@ -419,11 +402,11 @@ Test(sweep_safety, control_characters_in_names_and_paths_refused_with_position)
     char *dir = kvt_tempdir();
     char *pwn = cat(dir, "/pwn");
     cr_assert_eq(mkdir(pwn, 0755), 0);
-    free(kvt_write(dir, "base.yaml", base_text));
+    free(kvt_fixture_copy("scenarios/sweep-base.yaml", dir, "base.yaml"));
     char *out_dir = cat(dir, "/out");
     char *q_out = sq(out_dir);
     /* A base whose real path has a newline, reached through a symbolic link. */
-    free(kvt_write(dir, "odd\nname.yaml", base_text));
+    free(kvt_fixture_copy("scenarios/sweep-base.yaml", dir, "odd\nname.yaml"));
     char *link = cat(dir, "/link.yaml");
     cr_assert_eq(symlink("odd\nname.yaml", link), 0);
     free(link);
@@ -488,7 +471,7 @@ Test(sweep_safety, sbatch_header_lines_cannot_be_broken_out_of)
     char *dir = kvt_tempdir();
     char *pwn = cat(dir, "/pwn");
     cr_assert_eq(mkdir(pwn, 0755), 0);
-    free(kvt_write(dir, "base.yaml", base_text));
+    free(kvt_fixture_copy("scenarios/sweep-base.yaml", dir, "base.yaml"));
     char *text = subst("name: \"x --mem=1T --wrap='touch @P@/wrap' \\\"q\\\" $(touch @P@/name) #c\"\n"
                        "base: base.yaml\nmatrix: {seed: [1, 2]}\n", pwn);
     char *sweep = kvt_write(dir, "sweep.yaml", text);
@@ -548,7 +531,7 @@ Test(sweep_safety, sbatch_header_lines_cannot_be_broken_out_of)
 Test(sweep_safety, mistakes_stop_the_sweep_before_any_point_runs, .timeout = 300)
 {
     char *dir = kvt_tempdir();
-    free(kvt_write(dir, "base.yaml", base_text));
+    free(kvt_fixture_copy("scenarios/sweep-base.yaml", dir, "base.yaml"));
     free(kvt_write(dir, "notes.txt", "not a scenario\n"));
     char *out_dir = cat(dir, "/out");
     struct {
@@ -659,7 +642,7 @@ static void sleep_ms(long ms)
 static void stop_test(int sig, int expect_status, int group)
 {
     char *dir = kvt_tempdir();
-    free(kvt_write(dir, "base.yaml", base_text));
+    free(kvt_fixture_copy("scenarios/sweep-base.yaml", dir, "base.yaml"));
     /* Each point simulates 300 000 requests: seconds a point, far longer than the test waits. */
     char *sweep = kvt_write(dir, "sweep.yaml", "base: base.yaml\n"
                                                "set: {workload.requests: 300000, workload.rate_per_s: 50}\n"
@@ -763,7 +746,7 @@ Test(sweep_safety, sighup_stops_and_waits_for_the_workers, .timeout = 180)
 Test(sweep_safety, out_that_is_a_file_is_bad_input_with_position)
 {
     char *dir = kvt_tempdir();
-    free(kvt_write(dir, "base.yaml", base_text));
+    free(kvt_fixture_copy("scenarios/sweep-base.yaml", dir, "base.yaml"));
     char *file = kvt_write(dir, "taken", "a file\n");
     char *q_file = sq(file);
     struct {

@@ -9,27 +9,10 @@
 #include "core/study/sweep.h"
 #include "tests/support.h"
 
-/* A tiny scenario: ideal network, a handful of requests, two policies (runs in tens of ms). */
-static const char *base_text =
-    "name: sweep-base\n"
-    "seed: 2\n"
-    "model: llama-3.1-8b\n"
-    "cluster:\n"
-    "  prefill: {nodes: 1, device: h100-sxm}\n"
-    "  decode: {nodes: 1, device: h100-sxm}\n"
-    "network: {model: ideal, nic_bandwidth_gbps: 25}\n"
-    "workload:\n"
-    "  requests: 4\n"
-    "  rate_per_s: 2\n"
-    "  prompt: {dist: fixed, value: 4000}\n"
-    "  output: {dist: fixed, value: 8}\n"
-    "outputs: {trace: false}\n"
-    "lynx: {from: scenario}\n"
-    "policies: [bf16, lynx]\n";
-
+/* Loads sweep_text as dir/sweep.yaml over the tiny base tests/fixtures/scenarios/sweep-base.yaml. */
 static kv_sweep *load(const char *dir, const char *sweep_text, kv_error *err, int *rc)
 {
-    char *base = kvt_write(dir, "base.yaml", base_text);
+    char *base = kvt_fixture_copy("scenarios/sweep-base.yaml", dir, "base.yaml");
     char *path = kvt_write(dir, "sweep.yaml", sweep_text);
     char out[1024];
     snprintf(out, sizeof out, "%s/out", dir);
@@ -156,14 +139,6 @@ Test(sweep_expand, bad_files_say_where)
 
 /* ---- The command: workers, crashes, resume, CSV -------------------------------------------------- */
 
-static char *path_in(const char *dir, const char *rel)
-{
-    size_t len = strlen(dir) + strlen(rel) + 2;
-    char *p = malloc(len);
-    snprintf(p, len, "%s/%s", dir, rel);
-    return p;
-}
-
 static int count_lines(const char *text)
 {
     int n = 0;
@@ -200,9 +175,9 @@ static const char *crash_sweep = "name: crashy\n"
 Test(sweep_run, crashed_point_reported_others_finish_and_resume_skips)
 {
     char *dir = kvt_tempdir();
-    free(kvt_write(dir, "base.yaml", base_text));
+    free(kvt_fixture_copy("scenarios/sweep-base.yaml", dir, "base.yaml"));
     char *sweep = kvt_write(dir, "sweep.yaml", crash_sweep);
-    char *out_dir = path_in(dir, "out");
+    char *out_dir = kvt_path(dir, "out");
     char args[2048], *out = NULL;
     snprintf(args, sizeof args, "sweep %s -j 2 --out %s", sweep, out_dir);
     int rc = kvt_kvsim(args, &out);
@@ -212,21 +187,21 @@ Test(sweep_run, crashed_point_reported_others_finish_and_resume_skips)
     cr_expect(strstr(out, "2 ran, 0 skipped, 1 failed") != NULL, "got:\n%s", out);
     free(out);
 
-    char *ok0 = path_in(out_dir, "p00-memory_fraction=0.9/results.json");
-    char *ok2 = path_in(out_dir, "p02-memory_fraction=0.8/results.json");
-    char *bad = path_in(out_dir, "p01-memory_fraction=0.01/results.json");
-    char *bad_err = path_in(out_dir, "p01-memory_fraction=0.01/stderr.txt");
+    char *ok0 = kvt_path(out_dir, "p00-memory_fraction=0.9/results.json");
+    char *ok2 = kvt_path(out_dir, "p02-memory_fraction=0.8/results.json");
+    char *bad = kvt_path(out_dir, "p01-memory_fraction=0.01/results.json");
+    char *bad_err = kvt_path(out_dir, "p01-memory_fraction=0.01/stderr.txt");
     cr_assert(access(ok0, F_OK) == 0 && access(ok2, F_OK) == 0, "the other points finished");
     cr_expect(access(bad, F_OK) != 0);
     char *err_text = kvt_read(bad_err, NULL);
     cr_assert_not_null(err_text, "the failed point keeps its stderr");
     cr_expect(strstr(err_text, "cluster.decode") && strstr(err_text, "exit status 2"), "%s", err_text);
     free(err_text);
-    char *ok_err = path_in(out_dir, "p00-memory_fraction=0.9/stderr.txt");
+    char *ok_err = kvt_path(out_dir, "p00-memory_fraction=0.9/stderr.txt");
     cr_expect(access(ok_err, F_OK) != 0, "an empty stderr.txt of a good point is removed");
 
     /* sweep.csv: header + 2 points x 2 policies + 1 row for the failed point. */
-    char *csv_path = path_in(out_dir, "sweep.csv");
+    char *csv_path = kvt_path(out_dir, "sweep.csv");
     char *csv = kvt_read(csv_path, NULL);
     cr_assert_not_null(csv);
     cr_expect_eq(count_lines(csv), 1 + 2 * 2 + 1, "got:\n%s", csv);
@@ -284,10 +259,10 @@ Test(sweep_run, crashed_point_reported_others_finish_and_resume_skips)
 Test(sweep_run, emitted_jobs_match_the_local_run)
 {
     char *dir = kvt_tempdir();
-    free(kvt_write(dir, "base.yaml", base_text));
+    free(kvt_fixture_copy("scenarios/sweep-base.yaml", dir, "base.yaml"));
     char *sweep = kvt_write(dir, "sweep.yaml", "base: base.yaml\nmode: zip\n"
                                                "matrix: {network.nic_bandwidth_gbps: [10, 50], seed: [4, 5]}\n");
-    char *local = path_in(dir, "local"), *par = path_in(dir, "par"), *slurm = path_in(dir, "slurm");
+    char *local = kvt_path(dir, "local"), *par = kvt_path(dir, "par"), *slurm = kvt_path(dir, "slurm");
     char args[4096], *out = NULL;
 
     snprintf(args, sizeof args, "sweep %s -j 2 --out %s", sweep, local);
@@ -298,11 +273,11 @@ Test(sweep_run, emitted_jobs_match_the_local_run)
     cr_assert_eq(kvt_kvsim(args, &out), 0, "%s", out);
     cr_expect(strstr(out, "jobs.txt (2 commands)") != NULL, "%s", out);
     free(out);
-    char *jobs_path = path_in(par, "jobs.txt");
+    char *jobs_path = kvt_path(par, "jobs.txt");
     char *jobs = kvt_read(jobs_path, NULL);
     cr_assert_not_null(jobs);
     cr_expect_eq(count_lines(jobs), 2);
-    char *cmd_path = path_in(par, "p00-nic_bandwidth_gbps=10-seed=4/command.txt");
+    char *cmd_path = kvt_path(par, "p00-nic_bandwidth_gbps=10-seed=4/command.txt");
     char *cmd = kvt_read(cmd_path, NULL);
     cr_assert_not_null(cmd);
     cmd[strcspn(cmd, "\n")] = '\0';
@@ -314,7 +289,7 @@ Test(sweep_run, emitted_jobs_match_the_local_run)
     snprintf(args, sizeof args, "sweep %s --emit slurm --out %s", sweep, slurm);
     cr_assert_eq(kvt_kvsim(args, &out), 0, "%s", out);
     free(out);
-    char *script = path_in(slurm, "sweep.slurm");
+    char *script = kvt_path(slurm, "sweep.slurm");
     char *text = kvt_read(script, NULL);
     cr_assert_not_null(text);
     cr_expect(strstr(text, "#SBATCH --array=0-1") != NULL, "%s", text);
@@ -326,7 +301,7 @@ Test(sweep_run, emitted_jobs_match_the_local_run)
     free(text);
 
     const char *dirs[] = {par, slurm};
-    char *local_csv_path = path_in(local, "sweep.csv");
+    char *local_csv_path = kvt_path(local, "sweep.csv");
     char *local_csv = kvt_read(local_csv_path, NULL);
     cr_assert_not_null(local_csv);
     for (size_t i = 0; i < 2; i++) {
@@ -334,7 +309,7 @@ Test(sweep_run, emitted_jobs_match_the_local_run)
         cr_assert_eq(kvt_kvsim(args, &out), 0, "%s", out);
         cr_expect(strstr(out, "2 points: 2 with results, 0 failed, 0 missing") != NULL, "%s", out);
         free(out);
-        char *csv_path = path_in(dirs[i], "sweep.csv");
+        char *csv_path = kvt_path(dirs[i], "sweep.csv");
         char *csv = kvt_read(csv_path, NULL);
         cr_assert_not_null(csv);
         cr_expect_str_eq(csv, local_csv, "%s/sweep.csv differs from the local run's", dirs[i]);
@@ -402,11 +377,11 @@ static int is_png(const char *path)
 Test(sweep_plot, run_and_sweep_figures)
 {
     char *dir = kvt_tempdir();
-    free(kvt_write(dir, "base.yaml", base_text));
+    free(kvt_fixture_copy("scenarios/sweep-base.yaml", dir, "base.yaml"));
     char *sweep = kvt_write(dir, "sweep.yaml", "base: base.yaml\n"
                                                "set: {outputs.trace: true}\n"
                                                "matrix: {network.nic_bandwidth_gbps: [10, 100]}\n");
-    char *out_dir = path_in(dir, "out");
+    char *out_dir = kvt_path(dir, "out");
     char args[2048], *out = NULL;
     snprintf(args, sizeof args, "sweep %s -j 2 --out %s --plot", sweep, out_dir);
     cr_assert_eq(kvt_kvsim(args, &out), 0, "%s", out);
@@ -415,10 +390,10 @@ Test(sweep_plot, run_and_sweep_figures)
         cr_expect(strstr(out, "plots skipped:") != NULL, "a missing matplotlib is said visibly:\n%s", out);
         fprintf(stderr, "skipped: figure checks (no Python 3 with matplotlib here)\n");
     } else {
-        char *fig = path_in(out_dir, "figures/ttft_vs_nic_bandwidth_gbps.png");
+        char *fig = kvt_path(out_dir, "figures/ttft_vs_nic_bandwidth_gbps.png");
         cr_expect(is_png(fig), "no sweep figure:\n%s", out);
         free(fig);
-        fig = path_in(out_dir, "figures/ttft_vs_nic_bandwidth_gbps.svg");
+        fig = kvt_path(out_dir, "figures/ttft_vs_nic_bandwidth_gbps.svg");
         cr_expect(access(fig, F_OK) == 0);
         free(fig);
         cr_expect(strstr(out, "skipped pareto: no accuracy metric") != NULL, "a figure without its data says why:\n%s",
@@ -428,7 +403,7 @@ Test(sweep_plot, run_and_sweep_figures)
 
     /* A run folder: kvsim run --plot on one point's scenario, beside an accuracy.json as kvsim eval writes it
        (made-up numbers: this checks the plotting, not the model). */
-    char *run_dir = path_in(dir, "run");
+    char *run_dir = kvt_path(dir, "run");
     mkdir(run_dir, 0755);
     free(kvt_write(run_dir, "accuracy.json",
                    "{\"model\": {\"name\": \"test\"}, \"rows\": [\n"
@@ -445,7 +420,7 @@ Test(sweep_plot, run_and_sweep_figures)
         for (size_t i = 0; i < sizeof figs / sizeof figs[0]; i++) {
             char rel[128];
             snprintf(rel, sizeof rel, "figures/%s.png", figs[i]);
-            char *fig = path_in(run_dir, rel);
+            char *fig = kvt_path(run_dir, rel);
             cr_expect(is_png(fig), "no %s:\n%s", rel, out);
             free(fig);
         }

@@ -25,23 +25,15 @@ static kv_request_spec *read_ok(kv_trace_format fmt, const char *path, int max_r
 }
 
 /* Checks the invariants every trace list has: ids in order, times from 0, sorted, tokens >= 1. */
-static void check_list(const kv_request_spec *rows, size_t n)
+static void check_list(const char *name, const kv_request_spec *rows, size_t n)
 {
-    cr_assert_eq(rows[0].arrival_s, 0.0);
+    cr_assert_eq(rows[0].arrival_s, 0.0, "[%s] the first row arrives at %g", name, rows[0].arrival_s);
     for (size_t i = 0; i < n; i++) {
-        cr_assert_eq(rows[i].id, i);
-        cr_assert(rows[i].prompt_tokens >= 1 && rows[i].output_tokens >= 1);
+        cr_assert_eq(rows[i].id, i, "[%s] row %zu has id %llu", name, i, (unsigned long long)rows[i].id);
+        cr_assert(rows[i].prompt_tokens >= 1 && rows[i].output_tokens >= 1, "[%s] row %zu has no tokens", name, i);
         if (i > 0)
-            cr_assert(rows[i].arrival_s >= rows[i - 1].arrival_s, "row %zu goes back in time", i);
+            cr_assert(rows[i].arrival_s >= rows[i - 1].arrival_s, "[%s] row %zu goes back in time", name, i);
     }
-}
-
-static void expect_row(const kv_request_spec *r, double arrival_s, int prompt, int output)
-{
-    cr_expect(fabs(r->arrival_s - arrival_s) < 1e-9, "row %llu: arrival %.12g, expected %.12g",
-              (unsigned long long)r->id, r->arrival_s, arrival_s);
-    cr_expect_eq(r->prompt_tokens, prompt, "row %llu", (unsigned long long)r->id);
-    cr_expect_eq(r->output_tokens, output, "row %llu", (unsigned long long)r->id);
 }
 
 Test(trace, format_names)
@@ -55,105 +47,76 @@ Test(trace, format_names)
     cr_expect_eq(kv_trace_format_parse(NULL), -1);
 }
 
-/* The Azure samples are CRLF files; times are differences of 100 ns-resolution date-times. */
-Test(trace, azure_code_sample)
+/* Row r of the trace `name` arrives at arrival_s with prompt and output tokens. */
+static void expect_row(const char *name, const kv_request_spec *r, double arrival_s, int prompt, int output)
 {
-    size_t n;
-    kv_request_spec *rows = read_ok(KV_TRACE_AZURE, SAMPLES "azure-code-2023-sample.csv", 0, 1.0, &n);
-    cr_assert_eq(n, 300);
-    check_list(rows, n);
-    expect_row(&rows[0], 0.0, 4808, 10);           /* 18:17:03.9799600 */
-    expect_row(&rows[1], 0.052, 3180, 8);          /* 18:17:04.0319600 */
-    expect_row(&rows[2], 0.098189, 110, 27);       /* 18:17:04.0781490 */
-    expect_row(&rows[299], 216.838239, 176, 88);   /* 18:20:40.8181990 */
-    kv_free(rows);
+    cr_expect(fabs(r->arrival_s - arrival_s) < 1e-9, "[%s] row %llu: arrival %.12g, expected %.12g", name,
+              (unsigned long long)r->id, r->arrival_s, arrival_s);
+    cr_expect_eq(r->prompt_tokens, prompt, "[%s] row %llu", name, (unsigned long long)r->id);
+    cr_expect_eq(r->output_tokens, output, "[%s] row %llu", name, (unsigned long long)r->id);
 }
 
-Test(trace, azure_conv_sample)
-{
+/* A trace that must parse: read with max_rows and time_scale, it gives n rows (each
+   with the invariants of check_list) of which the rows listed are as written. */
+typedef struct good_case {
+    const char *name;
+    kv_trace_format fmt;
+    const char *path;
+    int max_rows;
+    double time_scale;
     size_t n;
-    kv_request_spec *rows = read_ok(KV_TRACE_AZURE, SAMPLES "azure-conv-2023-sample.csv", 0, 1.0, &n);
-    cr_assert_eq(n, 300);
-    check_list(rows, n);
-    expect_row(&rows[0], 0.0, 374, 44);
-    expect_row(&rows[1], 4.314579, 396, 109);
-    expect_row(&rows[299], 84.029102, 212, 183);
-    kv_free(rows);
-}
+    struct {
+        size_t index;
+        double arrival_s;
+        int prompt, output;
+    } rows[4]; /* up to four; a row of index 0 after the first ends the list */
+} good_case;
 
-Test(trace, mooncake_sample)
-{
-    size_t n;
-    kv_request_spec *rows = read_ok(KV_TRACE_MOONCAKE, SAMPLES "mooncake-sample.jsonl", 0, 1.0, &n);
-    cr_assert_eq(n, 300);
-    check_list(rows, n);
-    expect_row(&rows[0], 0.0, 6758, 500);
-    expect_row(&rows[1], 0.0, 7322, 490);
-    expect_row(&rows[299], 102.0, 979, 140); /* timestamp 102000 ms */
-    kv_free(rows);
-}
+static const good_case good_cases[] = {
+    /* The Azure samples are CRLF files; times are differences of 100 ns-resolution date-times. */
+    {"azure_code_sample", KV_TRACE_AZURE, SAMPLES "azure-code-2023-sample.csv", 0, 1.0, 300,
+     {{0, 0.0, 4808, 10},            /* 18:17:03.9799600 */
+      {1, 0.052, 3180, 8},           /* 18:17:04.0319600 */
+      {2, 0.098189, 110, 27},        /* 18:17:04.0781490 */
+      {299, 216.838239, 176, 88}}},  /* 18:20:40.8181990 */
+    {"azure_conv_sample", KV_TRACE_AZURE, SAMPLES "azure-conv-2023-sample.csv", 0, 1.0, 300,
+     {{0, 0.0, 374, 44}, {1, 4.314579, 396, 109}, {299, 84.029102, 212, 183}}},
+    {"mooncake_sample", KV_TRACE_MOONCAKE, SAMPLES "mooncake-sample.jsonl", 0, 1.0, 300,
+     {{0, 0.0, 6758, 500}, {1, 0.0, 7322, 490}, {299, 102.0, 979, 140}}}, /* timestamp 102000 ms */
+    /* No real BurstGPT rows could be obtained (scenarios/traces/README.md), so this
+       is a hand-written file: rows at 5, 45, 60 (failed: 0 response tokens, so skipped),
+       118 and 118.5 s, the last with a quoted Model holding a comma. */
+    {"burstgpt_handwritten", KV_TRACE_BURSTGPT, FIXTURES "burstgpt-handwritten.csv", 0, 1.0, 4,
+     {{0, 0.0, 472, 18}, {1, 40.0, 1087, 230}, {2, 113.0, 417, 276}, {3, 113.5, 33, 7}}},
+    {"burstgpt3_layout", KV_TRACE_BURSTGPT, FIXTURES "burstgpt3-handwritten.csv", 0, 1.0, 2,
+     {{0, 0.0, 10, 20}, {1, 1.25, 11, 21}}},
+    /* LF line ends, a byte-order mark, no newline at the end of the last row. */
+    {"azure_lf_bom_no_final_newline", KV_TRACE_AZURE, FIXTURES "azure-lf-no-final-newline.csv", 0, 1.0, 2,
+     {{0, 0.0, 374, 44}, {1, 4.314579, 396, 109}}},
+    /* Time-zone suffixes (as in Azure's 2024 trace) are taken out; blank lines at the end are fine. */
+    {"azure_time_zone_offsets", KV_TRACE_AZURE, FIXTURES "azure-offsets.csv", 0, 1.0, 3,
+     {{0, 0.0, 100, 10},      /* 00:00:00.009930 UTC */
+      {1, 1.49007, 200, 20},  /* 02:00:01.5 at +02:00 */
+      {2, 1.99007, 300, 30}}}, /* 00:00:02 UTC */
+    {"row_cap_and_time_scale", KV_TRACE_AZURE, SAMPLES "azure-code-2023-sample.csv", 3, 2.0, 3,
+     {{1, 0.104, 3180, 8}, {2, 0.196378, 110, 27}}},
+    {"time_scale_0_means_1", KV_TRACE_MOONCAKE, SAMPLES "mooncake-sample.jsonl", 0, 0.0, 300,
+     {{299, 102.0, 979, 140}}},
+};
 
-/* No real BurstGPT rows could be obtained (scenarios/traces/README.md), so this
-   is a hand-written file: rows at 5, 45, 60 (failed: 0 response tokens),
-   118 and 118.5 s, the last with a quoted Model holding a comma. */
-Test(trace, burstgpt_handwritten)
+Test(trace, good_files)
 {
-    size_t n;
-    kv_request_spec *rows = read_ok(KV_TRACE_BURSTGPT, FIXTURES "burstgpt-handwritten.csv", 0, 1.0, &n);
-    cr_assert_eq(n, 4, "the failed request must be skipped");
-    check_list(rows, n);
-    expect_row(&rows[0], 0.0, 472, 18);
-    expect_row(&rows[1], 40.0, 1087, 230);
-    expect_row(&rows[2], 113.0, 417, 276);
-    expect_row(&rows[3], 113.5, 33, 7);
-    kv_free(rows);
-}
-
-Test(trace, burstgpt3_layout)
-{
-    size_t n;
-    kv_request_spec *rows = read_ok(KV_TRACE_BURSTGPT, FIXTURES "burstgpt3-handwritten.csv", 0, 1.0, &n);
-    cr_assert_eq(n, 2);
-    expect_row(&rows[0], 0.0, 10, 20);
-    expect_row(&rows[1], 1.25, 11, 21);
-    kv_free(rows);
-}
-
-/* LF line ends, a byte-order mark, no newline at the end of the last row. */
-Test(trace, azure_lf_bom_no_final_newline)
-{
-    size_t n;
-    kv_request_spec *rows = read_ok(KV_TRACE_AZURE, FIXTURES "azure-lf-no-final-newline.csv", 0, 1.0, &n);
-    cr_assert_eq(n, 2);
-    expect_row(&rows[0], 0.0, 374, 44);
-    expect_row(&rows[1], 4.314579, 396, 109);
-    kv_free(rows);
-}
-
-/* Time-zone suffixes (as in Azure's 2024 trace) are taken out; blank lines at the end are fine. */
-Test(trace, azure_time_zone_offsets)
-{
-    size_t n;
-    kv_request_spec *rows = read_ok(KV_TRACE_AZURE, FIXTURES "azure-offsets.csv", 0, 1.0, &n);
-    cr_assert_eq(n, 3);
-    expect_row(&rows[0], 0.0, 100, 10);     /* 00:00:00.009930 UTC */
-    expect_row(&rows[1], 1.49007, 200, 20); /* 02:00:01.5 at +02:00 */
-    expect_row(&rows[2], 1.99007, 300, 30); /* 00:00:02 UTC */
-    kv_free(rows);
-}
-
-Test(trace, row_cap_and_time_scale)
-{
-    size_t n;
-    kv_request_spec *rows = read_ok(KV_TRACE_AZURE, SAMPLES "azure-code-2023-sample.csv", 3, 2.0, &n);
-    cr_assert_eq(n, 3);
-    expect_row(&rows[1], 0.104, 3180, 8);
-    expect_row(&rows[2], 0.196378, 110, 27);
-    kv_free(rows);
-    rows = read_ok(KV_TRACE_MOONCAKE, SAMPLES "mooncake-sample.jsonl", 0, 0.0, &n); /* 0 means 1 */
-    cr_assert_eq(n, 300);
-    expect_row(&rows[299], 102.0, 979, 140);
-    kv_free(rows);
+    for (size_t i = 0; i < sizeof good_cases / sizeof good_cases[0]; i++) {
+        const good_case *c = &good_cases[i];
+        size_t n;
+        kv_request_spec *rows = read_ok(c->fmt, c->path, c->max_rows, c->time_scale, &n);
+        cr_assert_eq(n, c->n, "[%s] %zu rows, expected %zu", c->name, n, c->n);
+        check_list(c->name, rows, n);
+        for (int k = 0; k < 4 && (k == 0 || c->rows[k].index != 0); k++) {
+            expect_row(c->name, &rows[c->rows[k].index], c->rows[k].arrival_s, c->rows[k].prompt, c->rows[k].output);
+        }
+        kv_free(rows);
+    }
 }
 
 /* Each malformed file gives KV_EINPUT, no rows, and a message with path:line:col and what is wrong. */
@@ -288,7 +251,7 @@ Test(trace, very_long_line)
     size_t n;
     kv_request_spec *rows = read_ok(KV_TRACE_MOONCAKE, path, 0, 1.0, &n);
     cr_assert_eq(n, 1);
-    expect_row(&rows[0], 0.0, 123456, 9);
+    expect_row("long.jsonl", &rows[0], 0.0, 123456, 9);
     kv_free(rows);
     kvt_rmtree(dir);
     free(path);
