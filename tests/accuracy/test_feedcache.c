@@ -9,14 +9,22 @@
 #include <unistd.h>
 
 #include "core/accuracy/feedcache.h"
+#include "tests/support.h"
 
-/* A fresh cache folder (KVSIM_CACHE_DIR) per test; Criterion runs each test in its own process. */
+/* A fresh cache folder (KVSIM_CACHE_DIR) per test, removed when the test's process exits; Criterion
+   runs each test in its own process. */
 static char base_dir[200], cache_dir[256];
+
+static void drop_cache(void)
+{
+    kvt_rmtree(base_dir);
+}
 
 static void fresh_cache(void)
 {
-    snprintf(base_dir, sizeof base_dir, "/tmp/kvsim-feedcache-XXXXXX");
+    snprintf(base_dir, sizeof base_dir, "/tmp/kvsim-test-feedcache-XXXXXX");
     cr_assert(mkdtemp(base_dir) != NULL);
+    atexit(drop_cache);
     snprintf(cache_dir, sizeof cache_dir, "%s/feed", base_dir); /* not yet there: the first store creates it */
     setenv("KVSIM_CACHE_DIR", cache_dir, 1);
 }
