@@ -65,7 +65,6 @@ int kv_engine_config_build(const kv_scenario *s, kv_engine_config *cfg, kv_error
     kv_scenario_where(s, "memory", cfg->where_memory, sizeof cfg->where_memory);
     int rc = check_weights(s, cfg, weights, err);
     if (!rc && !cfg->colocated)
-        rc = kv_engine_net_config(s, s->network.model == KV_NETWORK_IDEAL ? KV_NET_IDEAL : KV_NET_SIMGRID,
-                                  &cfg->net, cfg->platform_path, sizeof cfg->platform_path, err);
+        rc = kv_engine_net_config(s, &cfg->net, cfg->platform_path, sizeof cfg->platform_path, err);
     return rc;
 }

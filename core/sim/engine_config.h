@@ -52,9 +52,8 @@ int kv_engine_config_build(const kv_scenario *s, kv_engine_config *cfg, kv_error
 
 /* The scenario's network section (core/sim/engine_net.c). Fills a kv_net_config (hosts: prefill nodes,
    then decode nodes), resolving network.platform_file into platform_path. */
-int kv_engine_net_config(const kv_scenario *s, int model, kv_net_config *cfg, char *platform_path, size_t size,
-                         kv_error *err);
+int kv_engine_net_config(const kv_scenario *s, kv_net_config *cfg, char *platform_path, size_t size, kv_error *err);
 /* Builds and drops the scenario's network once, so its errors show at validation. */
-int kv_engine_check_network(const kv_scenario *s, int model, kv_error *err);
+int kv_engine_check_network(const kv_scenario *s, kv_error *err);
 
 #endif

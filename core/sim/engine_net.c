@@ -16,11 +16,10 @@ static kv_net_topology net_topology(kv_network_topology t)
     return KV_TOPO_STAR;
 }
 
-int kv_engine_net_config(const kv_scenario *s, int model, kv_net_config *cfg, char *platform_path, size_t size,
-                         kv_error *err)
+int kv_engine_net_config(const kv_scenario *s, kv_net_config *cfg, char *platform_path, size_t size, kv_error *err)
 {
     memset(cfg, 0, sizeof *cfg);
-    cfg->model = (kv_net_model)model;
+    cfg->model = s->network.model == KV_NETWORK_IDEAL ? KV_NET_IDEAL : KV_NET_SIMGRID;
     cfg->topology = net_topology(s->network.topology);
     cfg->hosts = s->cluster.prefill.nodes + s->cluster.decode.nodes;
     cfg->nic_bandwidth_gbps = s->network.nic_bandwidth_gbps;
@@ -106,13 +105,13 @@ static void locate_network_key(const kv_scenario *s, kv_error *err)
     kv_error_set_key(err, err->code, key, "%s%s", kv_ytree_where(node, w, sizeof w), rest);
 }
 
-int kv_engine_check_network(const kv_scenario *s, int model, kv_error *err)
+int kv_engine_check_network(const kv_scenario *s, kv_error *err)
 {
     if (s->cluster.colocated)
         return KV_OK;
     char path[4096];
     kv_net_config cfg;
-    int rc = kv_engine_net_config(s, model, &cfg, path, sizeof path, err);
+    int rc = kv_engine_net_config(s, &cfg, path, sizeof path, err);
     kv_net *net = NULL;
     if (!rc)
         rc = kv_net_create(&cfg, ignore_done, NULL, &net, err);

@@ -176,7 +176,7 @@ static int study_inputs(const kv_scenario *s, kv_study **out, kv_error *err)
     st->accepts = kv_calloc(st->n, sizeof *st->accepts);
     int rc = make_workload(st, err);
     if (!rc)
-        rc = kv_engine_check_network(s, s->network.model == KV_NETWORK_IDEAL ? KV_NET_IDEAL : KV_NET_SIMGRID, err);
+        rc = kv_engine_check_network(s, err);
     for (size_t i = 0; !rc && i < st->n; i++)
         rc = load_policy(st, i, err);
     return rc;
