@@ -1,4 +1,4 @@
-/* eval_config.c — reads `policies`, `policy.<name>.*`, `seed` and the `accuracy` section of a scenario. */
+/* eval_config.c — what `kvsim eval` takes from a loaded scenario: its policies and the `accuracy` section. */
 #include "core/accuracy/eval_config.h"
 
 #include <errno.h>
@@ -12,6 +12,7 @@
 #include "core/base/didyoumean.h"
 #include "core/config/scenario.h"
 #include "core/config/ytree.h"
+#include "core/policy/policy_spec.h"
 
 #define MODEL_FILE "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -82,27 +83,12 @@ static void set_where(const char **slot, const kv_ynode *v)
     *slot = kv_strdup(kv_ytree_where(v, w, sizeof w));
 }
 
-static char *dir_of(const char *path)
+/* A file named in the accuracy section, resolved as every scenario path is (kv_scenario_find_file). */
+static bool find_file(const kv_scenario *sc, const char *name, const char *key, char *out, size_t size)
 {
-    const char *slash = strrchr(path, '/');
-    return slash ? kv_strndup(path, (size_t)(slash - path)) : kv_strdup(".");
-}
-
-/* A readable file: absolute, or the first of the candidate folders that has it. */
-static bool find_file(const char *name, const char *const *dirs, int n_dirs, char *out, size_t size)
-{
-    if (name[0] == '/') {
-        snprintf(out, size, "%s", name);
-        return access(out, R_OK) == 0;
-    }
-    for (int i = 0; i < n_dirs; i++) {
-        if (!dirs[i])
-            continue;
-        snprintf(out, size, "%s/%s", dirs[i], name);
-        if (access(out, R_OK) == 0)
-            return true;
-    }
-    return false;
+    kv_error ignored;
+    kv_error_clear(&ignored);
+    return kv_scenario_find_file(sc, name, key, out, size, &ignored) == KV_OK;
 }
 
 int kv_eval_model_path(const char *model, char *out, size_t size, kv_error *err)
@@ -128,8 +114,7 @@ int kv_eval_model_path(const char *model, char *out, size_t size, kv_error *err)
     return KV_OK;
 }
 
-static int load_accuracy(kv_eval_scenario *s, const kv_ynode *acc, const char *const *dirs, int n_dirs,
-                         kv_error *err)
+static int load_accuracy(kv_eval_scenario *s, const kv_ynode *acc, const kv_scenario *sc, kv_error *err)
 {
     char w[512];
     if (acc->kind != KV_YMAP)
@@ -157,7 +142,7 @@ static int load_accuracy(kv_eval_scenario *s, const kv_ynode *acc, const char *c
                                     kv_ytree_where(v, w, sizeof w));
             kv_free(s->model);
             char path[4096];
-            if (strcmp(v->value, "smollm2-135m") != 0 && find_file(v->value, dirs, n_dirs, path, sizeof path))
+            if (strcmp(v->value, "smollm2-135m") != 0 && find_file(sc, v->value, "accuracy.model", path, sizeof path))
                 s->model = kv_strdup(path);
             else
                 s->model = kv_strdup(v->value);
@@ -176,7 +161,7 @@ static int load_accuracy(kv_eval_scenario *s, const kv_ynode *acc, const char *c
                 if (item->kind != KV_YSCALAR || !item->value[0])
                     return kv_error_set(err, KV_EINPUT, "%s: accuracy.texts[%zu]: expected a file path",
                                         kv_ytree_where(item, w, sizeof w), t);
-                if (!find_file(item->value, dirs, n_dirs, path, sizeof path))
+                if (!find_file(sc, item->value, "accuracy.texts", path, sizeof path))
                     return kv_error_set(err, KV_EINPUT, "%s: accuracy.texts[%zu]: file '%s' not found",
                                         kv_ytree_where(item, w, sizeof w), t, item->value);
                 s->texts[s->n_texts++] = kv_strdup(path);
@@ -219,72 +204,13 @@ static int load_accuracy(kv_eval_scenario *s, const kv_ynode *acc, const char *c
     return KV_OK;
 }
 
-static int load_policies(kv_eval_scenario *s, const kv_ynode *root, const char *const *dirs, int n_dirs,
-                         kv_error *err)
-{
-    char w[512];
-    const kv_ynode *list = kv_ytree_get(root, "policies", NULL);
-    if (!list)
-        return kv_error_set(err, KV_EINPUT, "%s: policies: missing (e.g. policies: [bf16, int8, int4])", s->path);
-    if (list->kind != KV_YSEQ || list->count == 0)
-        return kv_error_set(err, KV_EINPUT, "%s: policies: expected a non-empty list of names",
-                            kv_ytree_where(list, w, sizeof w));
-    const kv_ynode *settings = kv_ytree_get(root, "policy", NULL);
-    if (settings && settings->kind != KV_YMAP)
-        return kv_error_set(err, KV_EINPUT, "%s: policy: expected a mapping of policy names",
-                            kv_ytree_where(settings, w, sizeof w));
-    s->policies = kv_calloc(list->count, sizeof *s->policies);
-    for (size_t i = 0; i < list->count; i++) {
-        const kv_ynode *item = list->items[i];
-        if (item->kind != KV_YSCALAR || !item->value[0])
-            return kv_error_set(err, KV_EINPUT, "%s: policies[%zu]: expected a policy name",
-                                kv_ytree_where(item, w, sizeof w), i);
-        kv_eval_policy_spec *p = &s->policies[s->n_policies++];
-        p->name = kv_strdup(item->value);
-        const kv_ynode *mine = settings ? kv_ytree_get(settings, p->name, NULL) : NULL;
-        if (mine && mine->kind != KV_YMAP)
-            return kv_error_set(err, KV_EINPUT, "%s: policy.%s: expected a mapping", kv_ytree_where(mine, w, sizeof w),
-                                p->name);
-        const kv_ynode *file = mine ? kv_ytree_get(mine, "file", NULL) : NULL;
-        char rel[1024], path[4096];
-        if (file && (file->kind != KV_YSCALAR || !file->value[0]))
-            return kv_error_set(err, KV_EINPUT, "%s: policy.%s.file: expected a path",
-                                kv_ytree_where(file, w, sizeof w), p->name);
-        snprintf(rel, sizeof rel, file ? "%s" : "policies/%s.lua", file ? file->value : p->name);
-        if (!find_file(rel, dirs, n_dirs, path, sizeof path))
-            return kv_error_set(err, KV_EINPUT, "%s: %s: policy file '%s' not found (looked in the working folder, "
-                                                "beside the scenario and beside kvsim)",
-                                kv_ytree_where(file ? file : item, w, sizeof w), file ? "policy file" : "policies",
-                                rel);
-        p->file = kv_strdup(path);
-        size_t n = mine ? mine->count : 0;
-        p->params = kv_calloc(n + 1, sizeof *p->params);
-        for (size_t k = 0; k < n; k++) {
-            if (strcmp(mine->keys[k], "file") == 0)
-                continue;
-            const kv_ynode *v = mine->items[k];
-            if (v->kind != KV_YSCALAR)
-                return kv_error_set(err, KV_EINPUT, "%s: policy.%s.%s: expected a number, boolean or string",
-                                    kv_ytree_where(v, w, sizeof w), p->name, mine->keys[k]);
-            char where[512];
-            snprintf(where, sizeof where, "%s:%d:%d", mine->file, mine->key_lines[k], mine->key_cols[k]);
-            p->params[p->n_params++] = (kv_policy_param){mine->keys[k], v->value, kv_strdup(where)};
-        }
-    }
-    return KV_OK;
-}
-
-int kv_eval_scenario_load(const char *path, const char *exe_path, kv_eval_scenario **out, kv_error *err)
+int kv_eval_scenario_from(const kv_scenario *sc, kv_eval_scenario **out, kv_error *err)
 {
     *out = NULL;
-    kv_ynode *root;
-    int rc = kv_ytree_load_file(path, &root, err);
-    if (rc)
-        return rc;
     kv_eval_scenario *s = kv_calloc(1, sizeof *s);
-    s->tree = root;
+    const char *path = sc->path;
     s->path = kv_strdup(path);
-    s->seed = 1;
+    s->seed = (uint64_t)sc->seed;
     s->model = kv_strdup("smollm2-135m");
     s->context_tokens = 1024;
     s->score_tokens = 128;
@@ -299,49 +225,27 @@ int kv_eval_scenario_load(const char *path, const char *exe_path, kv_eval_scenar
     s->where.generate_tokens = kv_strdup(path);
     s->where.needle_context_tokens = kv_strdup(path);
     s->where.speculative_positions = kv_strdup(path);
-    char *sdir = dir_of(path), *updir = kv_malloc(strlen(sdir) + 4), *exedir = NULL;
-    sprintf(updir, "%s/..", sdir);
-    if (exe_path && strchr(exe_path, '/')) {
-        char *d = dir_of(exe_path);
-        exedir = kv_malloc(strlen(d) + 4);
-        sprintf(exedir, "%s/..", d);
-        kv_free(d);
-    }
-    const char *dirs[] = {".", sdir, updir, exedir};
-    char w[512];
-    if (root->kind != KV_YMAP) {
-        rc = kv_error_set(err, KV_EINPUT, "%s: a scenario is a mapping of keys", kv_ytree_where(root, w, sizeof w));
-    } else {
-        const kv_ynode *seed = kv_ytree_get(root, "seed", NULL);
-        kv_scenario_limits limits;
-        int sv = 1;
-        if (seed)
-            rc = get_int(seed, "seed", 0, INT_MAX, &sv, err);
-        s->seed = (uint64_t)sv;
-        if (!rc)
-            rc = kv_scenario_read_policy_limits(root, &limits, err);
-        if (!rc)
-            kv_policy_limits_from_scenario(&limits, &s->policy_limits);
-        const kv_ynode *acc = kv_ytree_get(root, "accuracy", NULL);
-        if (!rc && !acc)
-            rc = kv_error_set(err, KV_EINPUT,
-                              "%s: accuracy: missing; kvsim eval needs an accuracy section (see docs/accuracy.md)",
-                              path);
-        if (!rc) {
-            /* Texts default to a licence that ships with Debian. */
-            const char *gpl = "/usr/share/common-licenses/GPL-3";
-            if (!kv_ytree_get(acc, "texts", NULL) && access(gpl, R_OK) == 0) {
-                s->texts = kv_calloc(1, sizeof *s->texts);
-                s->texts[s->n_texts++] = kv_strdup(gpl);
-            }
-            rc = load_accuracy(s, acc, dirs, 4, err);
+    kv_policy_limits_from_scenario(&sc->policy_limits, &s->policy_limits);
+    const kv_ynode *acc = sc->accuracy;
+    int rc = KV_OK;
+    if (!acc)
+        rc = kv_error_set(err, KV_EINPUT,
+                          "%s: accuracy: missing; kvsim eval needs an accuracy section (see docs/accuracy.md)", path);
+    if (!rc) {
+        /* Texts default to a licence that ships with Debian. */
+        const char *gpl = "/usr/share/common-licenses/GPL-3";
+        if (!kv_ytree_get(acc, "texts", NULL) && access(gpl, R_OK) == 0) {
+            s->texts = kv_calloc(1, sizeof *s->texts);
+            s->texts[s->n_texts++] = kv_strdup(gpl);
         }
-        if (!rc)
-            rc = load_policies(s, root, dirs, 4, err);
+        rc = load_accuracy(s, acc, sc, err);
     }
-    kv_free(sdir);
-    kv_free(updir);
-    kv_free(exedir);
+    s->policies = kv_calloc(sc->policies.count + 1, sizeof *s->policies);
+    for (size_t i = 0; !rc && i < sc->policies.count; i++) {
+        rc = kv_policy_spec_read(sc, i, &s->policies[i], err);
+        if (!rc)
+            s->n_policies++;
+    }
     if (rc) {
         kv_eval_scenario_destroy(s);
         return rc;
@@ -354,13 +258,8 @@ void kv_eval_scenario_destroy(kv_eval_scenario *s)
 {
     if (!s)
         return;
-    for (int i = 0; i < s->n_policies; i++) {
-        kv_free(s->policies[i].name);
-        kv_free(s->policies[i].file);
-        for (int k = 0; k < s->policies[i].n_params; k++)
-            kv_free((char *)s->policies[i].params[k].where);
-        kv_free(s->policies[i].params);
-    }
+    for (int i = 0; i < s->n_policies; i++)
+        kv_policy_spec_free(&s->policies[i]);
     kv_free(s->policies);
     for (int t = 0; t < s->n_texts; t++)
         kv_free(s->texts[t]);
@@ -373,6 +272,5 @@ void kv_eval_scenario_destroy(kv_eval_scenario *s)
     kv_free((char *)s->where.needle_context_tokens);
     kv_free((char *)s->where.speculative_positions);
     kv_free(s->path);
-    kv_ytree_free(s->tree);
     kv_free(s);
 }

@@ -1,11 +1,8 @@
-/* eval_config.h — the part of a scenario `kvsim eval` reads: `policies`, `policy.<name>.*`, `seed`, `accuracy`.
+/* eval_config.h — the part of a scenario `kvsim eval` uses: its policies, `seed`, `policy_limits`, `accuracy`.
  *
- * Self-contained: it parses the file with the common YAML tree (core/config/ytree.h)
- * but not with the scenario schema, so `kvsim eval` works on any scenario that
- * has an `accuracy:` section, and on small files with only these keys. Every
- * other top-level key is left to the scenario loader. Keys inside `accuracy`
- * are checked: unknown ones, wrong types and out-of-range numbers are
- * KV_EINPUT with file:line:col and a "did you mean" hint. See docs/accuracy.md.
+ * The scenario is read once, by kv_scenario_load (core/config/scenario.h), as for `kvsim run` and
+ * `sweep`; the `accuracy` mapping it keeps is checked here: unknown keys, wrong types and out-of-range
+ * numbers are KV_EINPUT with file:line:col and a "did you mean" hint. See docs/accuracy.md.
  */
 #ifndef KV_EVAL_CONFIG_H
 #define KV_EVAL_CONFIG_H
@@ -15,18 +12,13 @@
 
 #include "core/base/error.h"
 #include "core/accuracy/eval.h"
+#include "core/config/scenario.h"
 #include "core/policy/policy.h"
-
-typedef struct kv_eval_policy_spec {
-    char *name;               /* as listed in `policies` */
-    char *file;               /* resolved path of the Lua file */
-    kv_policy_param *params;  /* policy.<name>.<param> (not `file`) */
-    int n_params;
-} kv_eval_policy_spec;
+#include "core/policy/policy_spec.h"
 
 typedef struct kv_eval_scenario {
     char *path;                /* the scenario file */
-    kv_eval_policy_spec *policies;
+    kv_policy_spec *policies;  /* as listed in `policies` (core/policy/policy_spec.h) */
     int n_policies;
     uint64_t seed;             /* top-level `seed` (default 1) */
     char *model;               /* accuracy.model: "smollm2-135m" or a .gguf path (resolved) */
@@ -44,14 +36,11 @@ typedef struct kv_eval_scenario {
     kv_policy_limits policy_limits; /* policy_limits.*, as kvsim run reads them */
     kv_eval_where where;       /* "file:line:col" of each length key (the scenario's path for a default); the
                                   strings are owned here */
-    void *tree;                /* the parsed YAML (owns the param strings) */
 } kv_eval_scenario;
 
-/* Reads the file. A scenario without an `accuracy` section is KV_EINPUT.
-   Policy files are looked up as policy.<name>.file, else policies/<name>.lua
-   in the working directory, beside the scenario's folder, or beside kvsim's
-   folder (exe_path may be NULL). *out is the caller's. */
-int kv_eval_scenario_load(const char *path, const char *exe_path, kv_eval_scenario **out, kv_error *err);
+/* Takes the eval settings from a loaded scenario, which must outlive *out (the policies' parameter
+   strings point into it). A scenario without an `accuracy` section is KV_EINPUT. *out is the caller's. */
+int kv_eval_scenario_from(const kv_scenario *s, kv_eval_scenario **out, kv_error *err);
 void kv_eval_scenario_destroy(kv_eval_scenario *s); /* NULL is fine */
 
 /* Where the named model lives: "smollm2-135m" is the cached file that

@@ -8,16 +8,19 @@
 #include "core/cli/commands.h"
 #include "core/accuracy/eval.h"
 #include "core/accuracy/eval_config.h"
+#include "core/config/scenario.h"
 #include "core/policy/policy.h"
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kvsim eval SCENARIO [--out DIR] [--model PATH] [--quiet]\n\n"
+    fprintf(f, "usage: kvsim eval SCENARIO [--set key.path=value]... [--seed N] [--out DIR] [--model PATH] [--quiet]\n\n"
                "Runs the reference model (SmolLM2-135M) with each policy of the scenario's `policies` list\n"
                "compressing its KV cache, and prints accuracy against the bf16-KV run: perplexity,\n"
                "token agreement, needle retrieval, Lynx acceptance per speculative position, DiffKV\n"
                "tiers and compression per layer, attention output error per layer.\n"
-               "The scenario needs an `accuracy:` section (docs/accuracy.md).\n\n"
+               "The scenario needs an `accuracy:` section (docs/accuracy.md); it is read as `kvsim run` reads it.\n\n"
+               "  --set key.path=value  override any scenario key, as for kvsim run\n"
+               "  --seed N      same as --set seed=N\n"
                "  --out DIR     also write DIR/accuracy.json\n"
                "  --model PATH  use this GGUF instead of accuracy.model\n"
                "  --quiet       no progress lines on stderr\n\n"
@@ -32,7 +35,7 @@ static int load_policies(const kv_eval_scenario *sc, const kv_model_config *c, k
     kv_policy_request req = {0, sc->context_tokens, sc->generate_tokens, 0.0};
     size_t n_lanes = (size_t)c->n_layers * (size_t)c->n_kv_heads;
     for (int i = 0; i < sc->n_policies; i++) {
-        const kv_eval_policy_spec *ps = &sc->policies[i];
+        const kv_policy_spec *ps = &sc->policies[i];
         int rc = kv_policy_load(ps->name, ps->file, ps->params, ps->n_params, &sc->policy_limits, &pols[i], err);
         if (rc)
             return rc;
@@ -53,15 +56,38 @@ static int load_policies(const kv_eval_scenario *sc, const kv_model_config *c, k
 int kv_cmd_eval(int argc, char **argv)
 {
     const char *scenario = NULL, *out_dir = NULL, *model_arg = NULL;
-    int quiet = 0;
+    int quiet = 0, n_sets = 0;
+    const char **sets = kv_calloc((size_t)argc + 1, sizeof *sets);
+    char *seed_set = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             usage(stdout);
+            kv_free(sets);
+            kv_free(seed_set);
             return 0;
+        } else if (strcmp(argv[i], "--set") == 0 && i + 1 < argc) {
+            sets[n_sets++] = argv[++i];
+        } else if (strncmp(argv[i], "--set=", 6) == 0) {
+            sets[n_sets++] = argv[i] + 6;
+        } else if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc && !seed_set) {
+            const char *v = argv[++i];
+            char *end = NULL;
+            long seed = strtol(v, &end, 10);
+            if (*v == '\0' || *end != '\0' || seed < 0 || seed > 2147483647) {
+                fprintf(stderr, "kvsim eval: --seed: expected a whole number 0..2147483647, got '%s'\n", v);
+                kv_free(sets);
+                return 2;
+            }
+            size_t len = strlen(v) + 8;
+            seed_set = kv_malloc(len);
+            snprintf(seed_set, len, "seed=%s", v);
+            sets[n_sets++] = seed_set;
         } else if (strcmp(argv[i], "--out") == 0 && i + 1 < argc) {
             out_dir = argv[++i];
             if (!out_dir[0]) {
                 fprintf(stderr, "kvsim eval: --out: an empty folder name (leave --out out to write no folder)\n");
+                kv_free(sets);
+                kv_free(seed_set);
                 return 2;
             }
         } else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc) {
@@ -71,6 +97,8 @@ int kv_cmd_eval(int argc, char **argv)
         } else if (argv[i][0] == '-' || scenario) {
             fprintf(stderr, "kvsim eval: unexpected argument '%s'\n", argv[i]);
             usage(stderr);
+            kv_free(sets);
+            kv_free(seed_set);
             return 2;
         } else {
             scenario = argv[i];
@@ -78,10 +106,13 @@ int kv_cmd_eval(int argc, char **argv)
     }
     if (!scenario) {
         usage(stderr);
+        kv_free(sets);
+        kv_free(seed_set);
         return 2;
     }
     kv_error err;
     kv_error_clear(&err);
+    kv_scenario *scen = NULL;
     kv_eval_scenario *sc = NULL;
     kv_model *m = NULL;
     kv_policy **pols = NULL;
@@ -93,7 +124,9 @@ int kv_cmd_eval(int argc, char **argv)
     static const char *const owned[] = {"accuracy.json"}; /* the one name eval replaces in DIR (afile.h) */
     kv_outdir od;
     memset(&od, 0, sizeof od);
-    int rc = kv_eval_scenario_load(scenario, argv[0], &sc, &err);
+    int rc = kv_scenario_load(scenario, sets, n_sets, &scen, &err);
+    if (!rc)
+        rc = kv_eval_scenario_from(scen, &sc, &err);
     /* The folder is checked (created, test-written) before the model loads: exit 2 now, not at the end. */
     if (!rc && out_dir)
         rc = kv_outdir_begin(&od, out_dir, owned, 1, kv_cmd_cleanup_slot(), &err);
@@ -164,5 +197,8 @@ int kv_cmd_eval(int argc, char **argv)
     kv_model_destroy(m);
     kv_backend_close(be);
     kv_eval_scenario_destroy(sc);
+    kv_scenario_destroy(scen);
+    kv_free(sets);
+    kv_free(seed_set);
     return rc == KV_OK ? 0 : (rc == KV_EINPUT ? 2 : 1);
 }

@@ -143,9 +143,9 @@ static int run_or_validate(int argc, char **argv, int validate_only)
     if (!rc)
         rc = kv_study_prepare(s, &study, &err);
     if (!rc && validate_only && s->accuracy) {
-        /* The accuracy section has its own reader; check it the way kvsim eval will. */
+        /* The accuracy section's keys are checked the way kvsim eval checks them. */
         kv_eval_scenario *es = NULL;
-        rc = kv_eval_scenario_load(a.scenario, NULL, &es, &err);
+        rc = kv_eval_scenario_from(s, &es, &err);
         kv_eval_scenario_destroy(es);
     }
     if (!rc && validate_only) {

@@ -10,7 +10,7 @@ static const kv_command commands[] = {
     {"sweep", "SWEEP.yaml [-j N] [--plot] | SWEEP.yaml --emit slurm|parallel | --collect DIR",
      "run a parameter sweep in parallel, or write it as cluster jobs (docs/sweeps.md)", kv_cmd_sweep},
     {"validate", "SCENARIO [--set key.path=value]...", "check a scenario without running it", kv_cmd_validate},
-    {"eval", "SCENARIO [--out DIR] [--model PATH] [--quiet]",
+    {"eval", "SCENARIO [--set key.path=value]... [--seed N] [--out DIR] [--model PATH] [--quiet]",
      "accuracy of each policy's KV on the reference model (SmolLM2-135M)", kv_cmd_eval},
     {"bench", "WHAT [options]", "benchmarks that print ratios (kvsim bench --help)", kv_cmd_bench},
     {"help", "scenario | cards", "print the scenario reference or the card/profile reference", kv_cmd_help},

@@ -280,35 +280,6 @@ int kv_scenario_find_file(const kv_scenario *s, const char *name, const char *ke
                         kv_scenario_where(s, key, w, sizeof w), key, name, s->dir, s->data_dir);
 }
 
-int kv_scenario_read_policy_limits(const kv_ynode *root, kv_scenario_limits *out, kv_error *err)
-{
-    /* The policy_limits keys of the table, bound to a mapping that holds only root's policy_limits entry. */
-    enum { MAX_KEYS = 16 };
-    kv_key_spec keys[MAX_KEYS];
-    size_t n = 0;
-    for (size_t i = 0; i < scenario_schema.count && n < MAX_KEYS; i++)
-        if (strncmp(scenario_keys[i].path, "policy_limits", 13) == 0 &&
-            (scenario_keys[i].path[13] == '\0' || scenario_keys[i].path[13] == '.'))
-            keys[n++] = scenario_keys[i];
-    const kv_schema limits_schema = {"scenario", keys, n};
-    kv_ynode only = {.kind = KV_YMAP, .file = root ? root->file : "?", .line = 1, .col = 1};
-    size_t at = 0;
-    if (root && root->kind == KV_YMAP && kv_ytree_get(root, "policy_limits", &at)) {
-        only.keys = &root->keys[at];
-        only.key_lines = &root->key_lines[at];
-        only.key_cols = &root->key_cols[at];
-        only.items = &root->items[at];
-        only.count = 1;
-    }
-    kv_scenario tmp;
-    memset(&tmp, 0, sizeof tmp);
-    int rc = kv_schema_bind(&limits_schema, &only, &tmp, err);
-    if (!rc)
-        *out = tmp.policy_limits;
-    kv_schema_free(&limits_schema, &tmp);
-    return rc;
-}
-
 /* Applies one "a.b.c=value" override to the tree. */
 static int apply_override(kv_ynode *tree, const char *text, kv_error *err)
 {

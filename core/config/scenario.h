@@ -186,7 +186,7 @@ typedef struct kv_scenario {
     kv_scenario_lynx lynx;
     kv_scenario_diffkv diffkv;
     kv_scenario_memory memory;
-    const kv_ynode *accuracy;  /* the accuracy: section, checked by core/accuracy/eval_config.c */
+    const kv_ynode *accuracy;  /* the accuracy: section, its keys checked by core/accuracy/eval_config.c */
     kv_scenario_outputs outputs;
 
     /* Derived at load time. */
@@ -206,10 +206,6 @@ int kv_scenario_load(const char *path, const char *const *overrides, int n_overr
                      kv_error *err);
 void kv_scenario_destroy(kv_scenario *s); /* NULL is fine */
 
-/* Reads just the policy_limits section of a scenario's YAML tree, with the same defaults, ranges and
-   messages as kv_scenario_load, for programs that read the rest of the scenario themselves (kvsim eval).
-   The policy host turns it into its limits (kv_policy_limits_from_scenario, core/policy/policy.h). */
-int kv_scenario_read_policy_limits(const kv_ynode *root, kv_scenario_limits *out, kv_error *err);
 /* Resolves a file named in the scenario (trace, policy, platform): absolute,
    relative to the scenario's folder, or to kvsim's source tree. Writes into
    path; KV_EINPUT naming `key` when it does not exist. */

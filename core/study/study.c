@@ -10,6 +10,7 @@
 #include "core/accuracy/diffkv_scores.h"
 #include "core/accuracy/feed_lynx.h"
 #include "core/policy/policy.h"
+#include "core/policy/policy_spec.h"
 #include "core/timing/profile.h"
 #include "core/base/progress.h"
 #include "core/base/rng.h"
@@ -110,54 +111,16 @@ static int make_workload(kv_study *st, kv_error *err)
     return rc;
 }
 
-/* Collects policy.<name>.* (except `file`) as parameters for the policy host. */
+/* Loads policy i with its policy.<name>.* parameters (core/policy/policy_spec.h). */
 static int load_policy(kv_study *st, size_t i, kv_error *err)
 {
-    const kv_scenario *s = st->s;
-    const char *name = s->policies.items[i];
-    const kv_ynode *settings = s->policy_settings ? kv_ytree_get(s->policy_settings, name, NULL) : NULL;
-    const kv_ynode *file_node = settings ? kv_ytree_get(settings, "file", NULL) : NULL;
-    char rel[1024], path[4096], w[512];
-    if (file_node && file_node->kind != KV_YSCALAR)
-        return kv_error_set(err, KV_EINPUT, "%s: policy.%s.file: expected a path",
-                            kv_ytree_where(file_node, w, sizeof w), name);
-    snprintf(rel, sizeof rel, "%s", file_node ? file_node->value : "");
-    if (!file_node)
-        snprintf(rel, sizeof rel, "policies/%s.lua", name);
-    char key[300];
-    snprintf(key, sizeof key, file_node ? "policy.%s.file" : "policies", name);
-    int rc = kv_scenario_find_file(s, rel, key, path, sizeof path, err);
-    if (rc)
-        return rc;
-    size_t n_params = settings ? settings->count : 0;
-    kv_policy_param *params = kv_calloc(n_params + 1, sizeof *params);
-    char (*where)[512] = kv_calloc(n_params + 1, sizeof *where);
-    int np = 0;
-    for (size_t k = 0; k < n_params; k++) {
-        if (strcmp(settings->keys[k], "file") == 0)
-            continue;
-        const kv_ynode *v = settings->items[k];
-        if (strncmp(v->file, "--set", 5) == 0) /* given on the command line */
-            snprintf(where[np], sizeof where[np], "%s", v->file);
-        else
-            snprintf(where[np], sizeof where[np], "%s:%d:%d", settings->file, settings->key_lines[k],
-                     settings->key_cols[k]);
-        if (v->kind != KV_YSCALAR) {
-            rc = kv_error_set(err, KV_EINPUT, "%s: policy.%s.%s: expected a number, boolean or string", where[np],
-                              name, settings->keys[k]);
-            break;
-        }
-        params[np] = (kv_policy_param){settings->keys[k], v->value, where[np]}; /* np++ apart: unsequenced */
-        np++;
-    }
-    kv_policy_limits lim;
-    kv_policy_limits_from_scenario(&s->policy_limits, &lim);
+    kv_policy_spec spec;
+    int rc = kv_policy_spec_read(st->s, i, &spec, err);
     if (!rc)
-        rc = kv_policy_load(name, path, params, np, &lim, &st->policies[i], err);
-    kv_free(params);
-    kv_free(where);
+        rc = kv_policy_spec_load(&spec, st->s, &st->policies[i], err);
     if (!rc)
-        st->files[i] = kv_strdup(path);
+        st->files[i] = kv_strdup(spec.file);
+    kv_policy_spec_free(&spec);
     return rc;
 }
 

@@ -107,7 +107,7 @@ static char *tiny_scenario(const char *dir, const char *model, const char *text,
 {
     char body[4096];
     snprintf(body, sizeof body,
-             "seed: 3\npolicies: [%s]\naccuracy:\n  model: %s\n  texts: [%s]\n  context_tokens: 48\n"
+             "seed: 3\nmodel: smollm2-135m\npolicies: [%s]\naccuracy:\n  model: %s\n  texts: [%s]\n  context_tokens: 48\n"
              "  score_tokens: 8\n  generate_tokens: 4\n  needle: {count: 1, context_tokens: 160}\n"
              "  speculation_points: 2\n%s",
              policies, model, text, extra);
@@ -233,7 +233,18 @@ Test(eval, bad_inputs_exit_2)
     snprintf(args, sizeof args, "eval %s --quiet", sc);
     expect_exit2(args, "out of range");
     free(sc);
-    sc = kvt_write(dir, "noacc.yaml", "policies: [bf16]\n");
+    /* eval reads the scenario as run does: --set reaches the accuracy section and the policies (#18). */
+    sc = tiny_scenario(dir, model, text, "bf16", "");
+    snprintf(args, sizeof args, "eval %s --quiet --set accuracy.speculative_positions=-1", sc);
+    expect_exit2(args, "out of range");
+    snprintf(args, sizeof args, "eval %s --quiet --set policies=[bf16,nosuchpolicy]", sc);
+    expect_exit2(args, "policies/nosuchpolicy.lua");
+    free(sc);
+    sc = kvt_write(dir, "nomodel.yaml", "policies: [bf16]\naccuracy: {context_tokens: 48}\n");
+    snprintf(args, sizeof args, "eval %s --quiet", sc);
+    expect_exit2(args, "missing required key 'model'");
+    free(sc);
+    sc = kvt_write(dir, "noacc.yaml", "model: smollm2-135m\npolicies: [bf16]\n");
     snprintf(args, sizeof args, "eval %s --quiet", sc);
     expect_exit2(args, "accuracy: missing");
     free(sc);
@@ -294,7 +305,7 @@ Test(eval, real_model_short_run, .timeout = 300)
     char *dir = kvt_tempdir();
     char body[4096];
     snprintf(body, sizeof body,
-             "policies: [bf16, int4, lynx]\naccuracy:\n  model: %s\n"
+             "model: smollm2-135m\npolicies: [bf16, int4, lynx]\naccuracy:\n  model: %s\n"
              "  texts: [%s/tests/model_fixture.h]\n  context_tokens: 64\n  score_tokens: 8\n  generate_tokens: 4\n"
              "  needle: {count: 0, context_tokens: 64}\n  speculative_positions: 4\n  speculation_points: 1\n",
              path, KV_SOURCE_DIR);
@@ -333,7 +344,7 @@ static char *real_eval(const char *dir, const char *model, const char *policies,
 {
     char body[4096];
     snprintf(body, sizeof body,
-             "seed: 1\npolicies: [%s]\naccuracy:\n  model: %s\n  texts: [%s/tests/model_fixture.h]\n"
+             "seed: 1\nmodel: smollm2-135m\npolicies: [%s]\naccuracy:\n  model: %s\n  texts: [%s/tests/model_fixture.h]\n"
              "  context_tokens: 256\n  score_tokens: 16\n  generate_tokens: 8\n"
              "  needle: {count: 0, context_tokens: 64}\n  speculative_positions: 4\n  speculation_points: 2\n",
              policies, model, KV_SOURCE_DIR);

@@ -98,7 +98,7 @@ static char *eval_scenario(const char *dir, const char *model, const char *text,
 {
     char body[2048];
     snprintf(body, sizeof body,
-             "seed: 3\npolicies: [bf16, lynx]\naccuracy:\n  model: %s\n  texts: [%s]\n  context_tokens: 48\n"
+             "seed: 3\nmodel: smollm2-135m\npolicies: [bf16, lynx]\naccuracy:\n  model: %s\n  texts: [%s]\n  context_tokens: 48\n"
              "  score_tokens: 8\n  generate_tokens: 4\n  speculation_points: 2\n"
              "  needle: {count: 3, context_tokens: %d}\n",
              model, text, needle_tokens);
@@ -120,7 +120,7 @@ Test(safety_crash, eval_needle_context_below_the_needle_exits_2_naming_the_key_a
     int rc = eval_exit(sc, &out);
     cr_assert_eq(rc, 2, "exit %d:\n%s", rc, out);
     char where[700];
-    snprintf(where, sizeof where, "%s:10:", sc); /* the needle line */
+    snprintf(where, sizeof where, "%s:11:", sc); /* the needle line */
     cr_assert(strstr(out, where), "no position '%s' in:\n%s", where, out);
     const char *key = strstr(out, "accuracy.needle.context_tokens: 64 leaves no room");
     cr_assert(key, "%s", out);
