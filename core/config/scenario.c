@@ -263,6 +263,30 @@ const char *kv_scenario_where(const kv_scenario *s, const char *dotted, char *bu
     return buf;
 }
 
+void kv_scenario_locate(const kv_scenario *s, kv_error *err)
+{
+    if (!err || err->code == KV_OK || !err->key[0])
+        return;
+    char dotted[sizeof err->key];
+    snprintf(dotted, sizeof dotted, "%s", err->key);
+    const kv_ynode *node = kv_ytree_path(s->tree, dotted);
+    while (!node) { /* a default: the nearest section written in the file, else the file itself */
+        char *dot = strrchr(dotted, '.');
+        if (!dot)
+            break;
+        *dot = '\0';
+        node = kv_ytree_path(s->tree, dotted);
+    }
+    const char *rest = err->msg;
+    size_t n = strlen(s->path);
+    if (strncmp(rest, s->path, n) == 0 && strncmp(rest + n, ": ", 2) == 0)
+        rest += n + 2; /* the layer named only the file */
+    char w[512], msg[sizeof err->msg], key[sizeof err->key];
+    snprintf(msg, sizeof msg, "%s", rest);
+    snprintf(key, sizeof key, "%s", err->key);
+    kv_error_set_key(err, err->code, key, "%s: %s", node ? kv_ytree_where(node, w, sizeof w) : s->path, msg);
+}
+
 int kv_scenario_find_file(const kv_scenario *s, const char *name, const char *key, char *path, size_t size,
                           kv_error *err)
 {

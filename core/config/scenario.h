@@ -206,6 +206,12 @@ int kv_scenario_load(const char *path, const char *const *overrides, int n_overr
                      kv_error *err);
 void kv_scenario_destroy(kv_scenario *s); /* NULL is fine */
 
+/* The one place an error's key becomes a position: when err->key names a scenario key, the message
+   gets that key's "file:line:col: " in front ("--set KEY: " for a value from the command line; the
+   nearest enclosing section, or the file, for a key left at its default), replacing a bare "PATH: "
+   the reporting layer may have written. Layers that see only their own configuration (net/,
+   core/workload) name the key with kv_error_set_key and leave positions to this. */
+void kv_scenario_locate(const kv_scenario *s, kv_error *err);
 /* Resolves a file named in the scenario (trace, policy, platform): absolute,
    relative to the scenario's folder, or to kvsim's source tree. Writes into
    path; KV_EINPUT naming `key` when it does not exist. */

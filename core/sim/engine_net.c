@@ -80,29 +80,16 @@ static void ignore_done(void *user, kv_flow_id id, uint64_t tag, double t)
     (void)user, (void)id, (void)tag, (void)t;
 }
 
-/* The network names the key an error concerns in err->key (its own config's name, after
-   "network.") and the scenario file only in the message ("path: ..."); when that key is
-   written in the scenario, this puts its line and column after the path. */
+/* The network names the key an error concerns in err->key, in its own config's names; the net config's
+   fat_tree_spines and dragonfly_nodes are fat_tree.spines and dragonfly.nodes in the scenario. The
+   scenario then puts the key's position in front (kv_scenario_locate). */
 static void locate_network_key(const kv_scenario *s, kv_error *err)
 {
-    size_t n = strlen(s->path);
-    if (!err->key[0] || strncmp(err->msg, s->path, n) != 0 || strncmp(err->msg + n, ": ", 2) != 0)
-        return;
-    char dotted[sizeof err->key];
-    snprintf(dotted, sizeof dotted, "%s", err->key);
-    /* The net config's fat_tree_spines and dragonfly_nodes are fat_tree.spines and
-       dragonfly.nodes in the scenario. */
     const char *prefixes[] = {"network.fat_tree_", "network.dragonfly_"};
     for (size_t i = 0; i < 2; i++)
-        if (strncmp(dotted, prefixes[i], strlen(prefixes[i])) == 0)
-            dotted[strlen(prefixes[i]) - 1] = '.';
-    const kv_ynode *node = kv_ytree_path(s->tree, dotted);
-    if (!node || strncmp(node->file, "--set", 5) == 0)
-        return;
-    char w[512], rest[sizeof err->msg], key[sizeof err->key];
-    snprintf(rest, sizeof rest, "%s", err->msg + n);
-    snprintf(key, sizeof key, "%s", err->key);
-    kv_error_set_key(err, err->code, key, "%s%s", kv_ytree_where(node, w, sizeof w), rest);
+        if (strncmp(err->key, prefixes[i], strlen(prefixes[i])) == 0)
+            err->key[strlen(prefixes[i]) - 1] = '.';
+    kv_scenario_locate(s, err);
 }
 
 int kv_engine_check_network(const kv_scenario *s, kv_error *err)

@@ -98,16 +98,8 @@ static int make_workload(kv_study *st, kv_error *err)
     kv_rng rng;
     kv_rng_seed(&rng, (uint64_t)s->seed);
     int rc = kv_workload_create(&cfg, &rng, &st->workload, err);
-    if (rc && strncmp(err->msg, "workload.", 9) == 0) {
-        /* Configuration errors name the key ("workload.trace.repeat: ..."); point at it in the file too
-           (trace file errors start with the trace's own path:line:col). */
-        char key[128], w[512];
-        size_t len = strcspn(err->msg, ": ");
-        snprintf(key, sizeof key, "%.*s", (int)(len < sizeof key ? len : sizeof key - 1), err->msg);
-        if (!kv_ytree_path(s->tree, key))
-            snprintf(key, sizeof key, "workload");
-        kv_error_prefix(err, "%s: ", kv_scenario_where(s, key, w, sizeof w));
-    }
+    if (rc)
+        kv_scenario_locate(s, err); /* configuration errors carry their key; trace rows carry their own line */
     return rc;
 }
 

@@ -10,6 +10,8 @@
 #include "core/workload/workload.h"
 
 #include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <math.h>
 #include <stdbool.h>
 
@@ -35,41 +37,57 @@ static int dist_max(const kv_length_dist *d)
     return d->max > 0 ? d->max : INT_MAX;
 }
 
+/* A length distribution's error, keyed workload.<dist>.<field> (kv_scenario_locate adds the position). */
+static int bad_length(kv_error *err, const char *dist, const char *field, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int bad_length(kv_error *err, const char *dist, const char *field, const char *fmt, ...)
+{
+    char key[96], what[512];
+    snprintf(key, sizeof key, "workload.%s.%s", dist, field);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    return kv_error_set_key(err, KV_EINPUT, key, "%s: %s", key, what);
+}
+
 static int check_dist(const kv_length_dist *d, const char *key, kv_error *err)
 {
     if (d->min < 0)
-        return kv_error_set(err, KV_EINPUT, "workload.%s.min: must be >= 0 (got %d)", key, d->min);
+        return bad_length(err, key, "min", "must be >= 0 (got %d)", d->min);
     if (d->max < 0)
-        return kv_error_set(err, KV_EINPUT, "workload.%s.max: must be >= 0 (got %d)", key, d->max);
+        return bad_length(err, key, "max", "must be >= 0 (got %d)", d->max);
     if (dist_max(d) < dist_min(d))
-        return kv_error_set(err, KV_EINPUT, "workload.%s.max: %d is below min %d", key, d->max, dist_min(d));
+        return bad_length(err, key, "max", "%d is below min %d", d->max, dist_min(d));
     switch (d->kind) {
     case KV_LEN_FIXED:
         if (!isfinite(d->value) || !(d->value >= 0.5) || d->value > (double)INT_MAX)
-            return kv_error_set(err, KV_EINPUT, "workload.%s.value: must be a number of tokens >= 1 (got %g)",
-                                key, d->value);
+            return bad_length(err, key, "value", "must be a number of tokens >= 1 (got %g)", d->value);
         return KV_OK;
     case KV_LEN_UNIFORM:
         if (d->max == 0)
-            return kv_error_set(err, KV_EINPUT, "workload.%s.max: a uniform length needs max", key);
+            return bad_length(err, key, "max", "a uniform length needs max");
         return KV_OK;
     case KV_LEN_LOGNORMAL:
         if (!isfinite(d->value) || !(d->value > 0.0))
-            return kv_error_set(err, KV_EINPUT, "workload.%s.value: the median must be > 0 (got %g)", key,
+            return bad_length(err, key, "value", "the median must be > 0 (got %g)",
                                 d->value);
         if (!isfinite(d->sigma) || !(d->sigma >= 0.0))
-            return kv_error_set(err, KV_EINPUT, "workload.%s.sigma: must be >= 0 (got %g)", key, d->sigma);
+            return bad_length(err, key, "sigma", "must be >= 0 (got %g)", d->sigma);
         return KV_OK;
     case KV_LEN_EMPIRICAL:
         if (!d->samples || d->n_samples == 0)
-            return kv_error_set(err, KV_EINPUT, "workload.%s.samples: an empirical length needs samples", key);
+            return bad_length(err, key, "samples", "an empirical length needs samples");
         for (size_t i = 0; i < d->n_samples; i++)
-            if (d->samples[i] < 1)
-                return kv_error_set(err, KV_EINPUT, "workload.%s.samples[%zu]: must be >= 1 (got %d)", key, i,
-                                    d->samples[i]);
+            if (d->samples[i] < 1) {
+                char dotted[96];
+                snprintf(dotted, sizeof dotted, "workload.%s.samples", key);
+                return kv_error_set_key(err, KV_EINPUT, dotted, "%s[%zu]: must be >= 1 (got %d)", dotted, i,
+                                        d->samples[i]);
+            }
         return KV_OK;
     }
-    return kv_error_set(err, KV_EINPUT, "workload.%s.kind: unknown length distribution %d", key, (int)d->kind);
+    return bad_length(err, key, "kind", "unknown length distribution %d", (int)d->kind);
 }
 
 /* Rounds x to the nearest integer in [lo, hi]; x may be huge or tiny. */
@@ -103,23 +121,28 @@ static int draw_length(const kv_length_dist *d, kv_rng *rng)
 static int check_synthetic(const kv_workload_config *cfg, kv_error *err)
 {
     if (cfg->requests < 1)
-        return kv_error_set(err, KV_EINPUT, "workload.requests: a synthetic workload needs >= 1 (got %d)",
+        return kv_error_set_key(err, KV_EINPUT, "workload.requests",
+                                "workload.requests: a synthetic workload needs >= 1 (got %d)",
                             cfg->requests);
     switch (cfg->arrival) {
     case KV_ARRIVAL_POISSON:
     case KV_ARRIVAL_GAMMA:
         if (!isfinite(cfg->rate_per_s) || !(cfg->rate_per_s > 0.0))
-            return kv_error_set(err, KV_EINPUT, "workload.rate_per_s: must be > 0 (got %g)", cfg->rate_per_s);
+            return kv_error_set_key(err, KV_EINPUT, "workload.rate_per_s",
+                                    "workload.rate_per_s: must be > 0 (got %g)", cfg->rate_per_s);
         if (cfg->arrival == KV_ARRIVAL_GAMMA && (!isfinite(cfg->burstiness) || !(cfg->burstiness > 0.0)))
-            return kv_error_set(err, KV_EINPUT, "workload.burstiness: the gamma shape must be > 0 (got %g)",
+            return kv_error_set_key(err, KV_EINPUT, "workload.burstiness",
+                                    "workload.burstiness: the gamma shape must be > 0 (got %g)",
                                 cfg->burstiness);
         break;
     case KV_ARRIVAL_FIXED:
         if (!isfinite(cfg->rate_per_s) || !(cfg->rate_per_s >= 0.0))
-            return kv_error_set(err, KV_EINPUT, "workload.rate_per_s: must be >= 0 (got %g)", cfg->rate_per_s);
+            return kv_error_set_key(err, KV_EINPUT, "workload.rate_per_s",
+                                    "workload.rate_per_s: must be >= 0 (got %g)", cfg->rate_per_s);
         break;
     default:
-        return kv_error_set(err, KV_EINPUT, "workload.arrival: unknown arrival process %d", (int)cfg->arrival);
+        return kv_error_set_key(err, KV_EINPUT, "workload.arrival",
+                                "workload.arrival: unknown arrival process %d", (int)cfg->arrival);
     }
     int rc = check_dist(&cfg->prompt, "prompt", err);
     return rc ? rc : check_dist(&cfg->output, "output", err);
@@ -176,13 +199,17 @@ static kv_request_spec *tile_trace(const kv_request_spec *rows, size_t n, size_t
 static int make_from_trace(const kv_workload_config *cfg, kv_request_spec **reqs, size_t *count, kv_error *err)
 {
     if (!cfg->trace_path)
-        return kv_error_set(err, KV_EINPUT, "workload.trace.path: a trace workload needs a file");
+        return kv_error_set_key(err, KV_EINPUT, "workload.trace.path",
+                                "workload.trace.path: a trace workload needs a file");
     if (cfg->requests < 0)
-        return kv_error_set(err, KV_EINPUT, "workload.requests: must be >= 0 (got %d)", cfg->requests);
+        return kv_error_set_key(err, KV_EINPUT, "workload.requests",
+                                "workload.requests: must be >= 0 (got %d)", cfg->requests);
     if (!isfinite(cfg->time_scale) || !(cfg->time_scale >= 0.0))
-        return kv_error_set(err, KV_EINPUT, "workload.trace.time_scale: must be > 0 (got %g)", cfg->time_scale);
+        return kv_error_set_key(err, KV_EINPUT, "workload.trace.time_scale",
+                                "workload.trace.time_scale: must be > 0 (got %g)", cfg->time_scale);
     if (cfg->repeat < 0 || cfg->repeat > KV_WORKLOAD_MAX_COPIES)
-        return kv_error_set(err, KV_EINPUT, "workload.trace.repeat: must be 1 to %d copies (got %d)",
+        return kv_error_set_key(err, KV_EINPUT, "workload.trace.repeat",
+                                "workload.trace.repeat: must be 1 to %d copies (got %d)",
                             KV_WORKLOAD_MAX_COPIES, cfg->repeat);
     size_t copies = cfg->repeat > 1 ? (size_t)cfg->repeat : 1;
     /* One copy: read only the rows asked for. Several: the whole trace, whose span sets the period. */
@@ -197,7 +224,8 @@ static int make_from_trace(const kv_workload_config *cfg, kv_request_spec **reqs
         kv_free(*reqs);
         *reqs = NULL;
         *count = 0;
-        return kv_error_set(err, KV_EINPUT, "workload.trace.repeat: %zu copies of the trace's %zu rows are more "
+        return kv_error_set_key(err, KV_EINPUT, "workload.trace.repeat",
+                                "workload.trace.repeat: %zu copies of the trace's %zu rows are more "
                             "than %d requests (set workload.requests to cap them)", copies, n,
                             KV_WORKLOAD_MAX_REQUESTS);
     }
@@ -213,7 +241,8 @@ static int make_from_trace(const kv_workload_config *cfg, kv_request_spec **reqs
             kv_free(*reqs);
             *reqs = NULL;
             *count = 0;
-            return kv_error_set(err, KV_EINPUT, "workload.trace.repeat: the last of %zu tiled requests arrives at "
+            return kv_error_set_key(err, KV_EINPUT, "workload.trace.repeat",
+                                    "workload.trace.repeat: the last of %zu tiled requests arrives at "
                                 "%.9g s, past the %.0e s kvsim keeps exact", want, last, KV_TRACE_MAX_TIME_S);
         }
     }
@@ -224,13 +253,15 @@ int kv_workload_create(const kv_workload_config *cfg, kv_rng *rng, kv_workload *
 {
     *out = NULL;
     if (cfg->max_prompt_tokens < 0)
-        return kv_error_set(err, KV_EINPUT, "workload.max_prompt_tokens: must be >= 0 (got %d)",
+        return kv_error_set_key(err, KV_EINPUT, "workload.max_prompt_tokens",
+                                "workload.max_prompt_tokens: must be >= 0 (got %d)",
                             cfg->max_prompt_tokens);
     kv_request_spec *reqs = NULL;
     size_t count = 0;
     if (cfg->trace_format != KV_TRACE_NONE || cfg->trace_path) {
         if (cfg->trace_format == KV_TRACE_NONE)
-            return kv_error_set(err, KV_EINPUT, "workload.trace.format: a trace file needs its format "
+            return kv_error_set_key(err, KV_EINPUT, "workload.trace.format",
+                                    "workload.trace.format: a trace file needs its format "
                                 "(azure, mooncake or burstgpt)");
         int rc = make_from_trace(cfg, &reqs, &count, err);
         if (rc)
