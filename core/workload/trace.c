@@ -809,19 +809,6 @@ static int read_mooncake(trace_reader *r, int max_rows, int *status)
     return KV_OK;
 }
 
-int kv_trace_format_parse(const char *s)
-{
-    if (!s)
-        return -1;
-    if (strcmp(s, "azure") == 0)
-        return KV_TRACE_AZURE;
-    if (strcmp(s, "mooncake") == 0)
-        return KV_TRACE_MOONCAKE;
-    if (strcmp(s, "burstgpt") == 0)
-        return KV_TRACE_BURSTGPT;
-    return -1;
-}
-
 int kv_trace_read(kv_trace_format fmt, const char *path, int max_rows, double time_scale,
                   kv_request_spec **out, size_t *count, kv_error *err)
 {

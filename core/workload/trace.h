@@ -38,6 +38,5 @@ typedef enum kv_trace_format {
    response tokens are 0 (failed requests) are skipped. */
 int kv_trace_read(kv_trace_format fmt, const char *path, int max_rows, double time_scale,
                   kv_request_spec **out, size_t *count, kv_error *err);
-int kv_trace_format_parse(const char *s); /* "azure", "mooncake", "burstgpt"; -1 if unknown */
 
 #endif

@@ -289,7 +289,7 @@ int build_platform(const kv_net_config* cfg, sg4::Engine& engine, Platform* out,
         apply_options(cfg);
     } catch (const std::exception& e) {
         std::string what = e.what();
-        err->key = "network.options";
+        err->key = "network.simgrid"; /* an option of the network.simgrid mapping SimGrid refused */
         err->msg = what.substr(0, what.find('\n'));
         return KV_EINPUT;
     }

@@ -36,17 +36,6 @@ static void check_list(const char *name, const kv_request_spec *rows, size_t n)
     }
 }
 
-Test(trace, format_names)
-{
-    cr_expect_eq(kv_trace_format_parse("azure"), KV_TRACE_AZURE);
-    cr_expect_eq(kv_trace_format_parse("mooncake"), KV_TRACE_MOONCAKE);
-    cr_expect_eq(kv_trace_format_parse("burstgpt"), KV_TRACE_BURSTGPT);
-    cr_expect_eq(kv_trace_format_parse("Azure"), -1);
-    cr_expect_eq(kv_trace_format_parse("csv"), -1);
-    cr_expect_eq(kv_trace_format_parse(""), -1);
-    cr_expect_eq(kv_trace_format_parse(NULL), -1);
-}
-
 /* Row r of the trace `name` arrives at arrival_s with prompt and output tokens. */
 static void expect_row(const char *name, const kv_request_spec *r, double arrival_s, int prompt, int output)
 {
