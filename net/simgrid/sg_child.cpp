@@ -38,6 +38,11 @@
  *   round to more than its precision) fails the run at its start instead of
  *   crashing SimGrid. With classes kvsim sets maxmin/precision to 1e-10 (the
  *   scenario may set it) and scales penalties so class 0 has 1/penalty ~ 1.
+ * - Per-flow levels (relevel). From the first flow with its own level on, strict priority is
+ *   a layered max-min computed here: a flow that a higher level leaves no room for on some
+ *   link is held (Action::suspend, rate 0), the others get penalties from their weight and the
+ *   dense rank of their level among the levels not held; see relevel and docs/network.md.
+ *   Before that, the class penalties above run unchanged (same bytes out).
  * Invariants (numbers as in net.h): the driver's time `now_` never decreases (1),
  * is never beyond the ADVANCE limit (2), every started flow is answered once or
  * cancelled (3), and everything iterated is a vector whose order depends only on
