@@ -208,3 +208,21 @@ Test(net_flowprio, levels_and_weights_out_of_range_are_refused)
     cr_assert_eq(kv_net_flow_start(net, &ok, 0, &id, &err), KV_OK, "%s", err.msg);
     kv_net_destroy(net);
 }
+
+Test(net_flowprio, a_first_levelled_flow_takes_over_from_running_class_flows)
+{
+    nett_rec r = {0};
+    kv_net_config cfg = star(KV_NET_SIMGRID, 3);
+    cfg.priority = KV_PRIO_STRICT;
+    kv_net *net = nett_create(&cfg, &r);
+    const uint64_t hi = 400000000, lo = 1200000000;
+    kv_flow_id low = nett_start(net, 1, 2, lo, 1, 0, 0); /* a class flow, level 1 under strict */
+    double t;
+    kv_error err;
+    cr_assert_eq(kv_net_advance(net, 0.001, &t, &err), KV_OK, "%s", err.msg);
+    kv_flow_id high = start_lv(net, 0, 2, hi, 0, 1, t);
+    nett_drain(net);
+    nett_close(r.t[nett_find(&r, high)], 0.001 + 2 * LAT + (double)hi / BPS, 1e-9, "the levelled flow as if alone");
+    nett_close(r.t[nett_find(&r, low)], 2 * LAT + (double)(hi + lo) / BPS, 1e-9, "the class flow waits, then ends");
+    kv_net_destroy(net);
+}
