@@ -3,9 +3,12 @@
  * A flow from host s to host d crosses s's NIC and d's NIC, each with
  * latency nic_latency_s, so it completes at
  *     t_start + 2 * nic_latency_s + bytes * 8 / (nic_bandwidth_gbps * 1e9).
- * Flows never slow each other down and priority classes are ignored; this is
- * the closed form the tests check against and the model for teaching.
- * Completions at the same time are reported in start order.
+ * Flows never slow each other down, so priority classes, levels and weights
+ * change nothing; this is the closed form the tests check against and the
+ * model for teaching. Completions at the same time are reported in start order.
+ * Link state (kv_net_link_state): every active flow (start <= now < done) counts
+ * at the full NIC rate from its start to its completion, latency included, and
+ * its bytes leave at that rate during the last bytes / bandwidth seconds.
  */
 #include <math.h>
 #include <stdio.h>
@@ -19,6 +22,9 @@ typedef struct ideal_flow {
     uint64_t seq;    /* start order, breaks ties */
     kv_flow_id id;
     uint64_t tag;
+    double t_start_s; /* when it starts (may be after the network's time) */
+    uint64_t bytes;
+    int src, dst;
 } ideal_flow;
 
 typedef struct ideal_nic {
@@ -106,7 +112,8 @@ static int ideal_flow_start(void *ctx, const kv_flow_spec *flow, double now_s, k
     double t_start = now_s > net->now_s ? now_s : net->now_s;
     double t_wire = (double)flow->bytes * 8.0 / net->bandwidth_bps;
     ideal_flow f = {.t_done_s = t_start + net->latency_s + t_wire, .seq = net->next_id,
-                    .id = net->next_id, .tag = flow->tag};
+                    .id = net->next_id, .tag = flow->tag, .t_start_s = t_start, .bytes = flow->bytes,
+                    .src = flow->src, .dst = flow->dst};
     net->next_id++;
     heap_push(net, f);
     ideal_nic *s = &net->nics[flow->src], *d = &net->nics[flow->dst];
@@ -175,6 +182,46 @@ static int ideal_link_stats(void *ctx, size_t link, kv_link_stats *out)
     return KV_OK;
 }
 
+/* Link 2h is host h's NIC up (sending), 2h + 1 its NIC down (receiving). */
+static int ideal_route(void *ctx, int src, int dst, size_t *links, size_t max, size_t *n, kv_error *err)
+{
+    ideal_net *net = ctx;
+    if (src < 0 || src >= net->hosts || dst < 0 || dst >= net->hosts)
+        return kv_error_set(err, KV_EFAIL, "net ideal: host out of range (%d -> %d, %d hosts)", src, dst, net->hosts);
+    *n = 2;
+    if (max < 2)
+        return kv_error_set(err, KV_EFAIL, "net ideal: a route has 2 links, room for %zu", max);
+    links[0] = 2 * (size_t)src;
+    links[1] = 2 * (size_t)dst + 1;
+    return KV_OK;
+}
+
+static int ideal_link_state(void *ctx, size_t link, kv_link_state *out, kv_error *err)
+{
+    ideal_net *net = ctx;
+    if (link >= 2 * (size_t)net->hosts)
+        return kv_error_set(err, KV_EFAIL, "net ideal: link %zu out of range", link);
+    memset(out, 0, sizeof *out);
+    int host = (int)(link / 2), up = link % 2 == 0;
+    double bytes_per_s = net->bandwidth_bps / 8.0;
+    for (size_t i = 0; i < net->n; i++) {
+        const ideal_flow *f = &net->heap[i];
+        if ((up ? f->src : f->dst) != host)
+            continue;
+        if (f->t_start_s > net->now_s) {
+            out->bytes_queued += f->bytes;
+            continue;
+        }
+        out->flows++;
+        double left = ceil((f->t_done_s - net->now_s) * bytes_per_s);
+        out->bytes_in_flight += left < (double)f->bytes ? (uint64_t)left : f->bytes;
+    }
+    out->capacity_gbps = net->bandwidth_bps / 1e9;
+    out->rate_gbps = out->flows * out->capacity_gbps;
+    out->utilisation = out->flows > 0 ? 1.0 : 0.0;
+    return KV_OK;
+}
+
 static void ideal_destroy(void *ctx)
 {
     ideal_net *net = ctx;
@@ -195,6 +242,8 @@ static const kv_net_i ideal_iface = {
     .active_flows = ideal_active_flows,
     .link_count = ideal_link_count,
     .link_stats = ideal_link_stats,
+    .route = ideal_route,
+    .link_state = ideal_link_state,
 };
 
 int kv_net_ideal_create(const kv_net_config *cfg, kv_net_done_fn done, void *user,

@@ -8,6 +8,8 @@
 struct kv_net {
     const kv_net_i *iface; /* the implementation's table */
     void *ctx;             /* its context */
+    kv_priority_mode priority;                /* network.priority: how a class maps to a level */
+    double class_weight[KV_NET_MAX_CLASSES]; /* its class weights (0: 1) */
 };
 
 /* The implementations, one row per kv_net_model (the registry: kv_net_create calls a model only
@@ -59,6 +61,9 @@ int kv_net_create(const kv_net_config *cfg, kv_net_done_fn done, void *user, kv_
     kv_net *net = kv_malloc(sizeof *net);
     net->iface = iface;
     net->ctx = ctx;
+    net->priority = cfg->priority;
+    for (int c = 0; c < KV_NET_MAX_CLASSES; c++)
+        net->class_weight[c] = cfg->class_weight[c] > 0 ? cfg->class_weight[c] : 1.0;
     *out = net;
     return KV_OK;
 }
@@ -84,7 +89,22 @@ int kv_net_flow_start(kv_net *net, const kv_flow_spec *flow, double now_s, kv_fl
         return kv_error_set(err, KV_EFAIL, "net: flow of 0 bytes");
     if (flow->priority < 0 || flow->priority >= KV_NET_MAX_CLASSES)
         return kv_error_set(err, KV_EFAIL, "net: priority class %d out of range", flow->priority);
-    return net->iface->flow_start(net->ctx, flow, now_s, out, err);
+    kv_flow_spec f = *flow;
+    if (f.has_level) {
+        if (f.level < 0 || f.level > KV_NET_MAX_LEVEL)
+            return kv_error_set(err, KV_EFAIL, "net: priority level %d out of range 0..%d", f.level, KV_NET_MAX_LEVEL);
+        if (f.weight == 0)
+            f.weight = 1.0;
+        if (!(f.weight >= KV_NET_MIN_WEIGHT && f.weight <= KV_NET_MAX_WEIGHT))
+            return kv_error_set(err, KV_EFAIL, "net: flow weight %g out of range %g..%g", f.weight,
+                                KV_NET_MIN_WEIGHT, KV_NET_MAX_WEIGHT);
+        f.has_level = 1;
+    } else {
+        /* Today's class under network.priority, as a level and a weight. */
+        f.level = net->priority == KV_PRIO_STRICT ? f.priority : 0;
+        f.weight = net->priority == KV_PRIO_WEIGHTED ? net->class_weight[f.priority] : 1.0;
+    }
+    return net->iface->flow_start(net->ctx, &f, now_s, out, err);
 }
 
 int kv_net_flow_cancel(kv_net *net, kv_flow_id id, kv_error *err)
@@ -112,4 +132,23 @@ int kv_net_link_stats(const kv_net *net, size_t link, kv_link_stats *out)
     if (!net->iface->link_stats)
         return KV_EFAIL;
     return net->iface->link_stats(net->ctx, link, out);
+}
+
+int kv_net_route(const kv_net *net, int src, int dst, size_t *links, size_t max, size_t *n, kv_error *err)
+{
+    *n = 0;
+    if (!net->iface->route)
+        return kv_error_set(err, KV_EFAIL, "net %s: no route query", net->iface->name);
+    if (src == dst)
+        return kv_error_set(err, KV_EFAIL, "net: route from host %d to itself", src);
+    return net->iface->route(net->ctx, src, dst, links, max, n, err);
+}
+
+int kv_net_link_state(kv_net *net, size_t link, kv_link_state *out, kv_error *err)
+{
+    if (!net->iface->link_state)
+        return kv_error_set(err, KV_EFAIL, "net %s: no link state query", net->iface->name);
+    if (link >= kv_net_link_count(net))
+        return kv_error_set(err, KV_EFAIL, "net: link %zu out of range (%zu links)", link, kv_net_link_count(net));
+    return net->iface->link_state(net->ctx, link, out, err);
 }

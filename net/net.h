@@ -20,7 +20,7 @@
 
 #include "core/base/error.h"
 
-#define KV_NET_API_VERSION 1
+#define KV_NET_API_VERSION 2 /* 2: per-flow levels and weights, kv_net_route, kv_net_link_state */
 
 typedef struct kv_net kv_net;
 typedef uint64_t kv_flow_id; /* unique per network, never 0 */
@@ -93,9 +93,22 @@ typedef struct kv_net_config {
 typedef struct kv_flow_spec {
     int src, dst;        /* host indices, 0 <= host < hosts, src != dst */
     uint64_t bytes;      /* payload bytes, > 0 */
-    int priority;        /* class: 0 is the highest, < KV_NET_MAX_CLASSES */
+    int priority;        /* class: 0 is the highest, < KV_NET_MAX_CLASSES (used when has_level is 0) */
     uint64_t tag;        /* opaque to the network, handed back on completion */
+    int has_level;       /* 1: level and weight are this flow's own priority (e.g. a policy's);
+                            0: they follow from its class under network.priority (kv_net_flow_start):
+                            strict: level = class, weight 1; weighted: level 0, weight class_weight[class];
+                            none: level 0, weight 1 */
+    int level;           /* 0 is the highest, <= KV_NET_MAX_LEVEL; strict between levels */
+    double weight;       /* share within its level, in [KV_NET_MIN_WEIGHT, KV_NET_MAX_WEIGHT]; 0 means 1 */
 } kv_flow_spec;
+
+/* Per-flow priority (docs/network.md "Per-flow priority"): a flow of a lower level only gets what
+   higher levels leave on each link it shares with them (work-conserving); flows of one level share
+   in proportion to their weights. The ideal network is contention-free: levels change nothing there. */
+#define KV_NET_MAX_LEVEL (1 << 30)
+#define KV_NET_MIN_WEIGHT 1e-6
+#define KV_NET_MAX_WEIGHT 1e6
 
 /* Called once per completed flow, at simulated time t_done_s. */
 typedef void (*kv_net_done_fn)(void *user, kv_flow_id id, uint64_t tag, double t_done_s);
@@ -108,6 +121,16 @@ typedef struct kv_link_stats {
     double bandwidth_gbps;
 } kv_link_stats;
 
+/* One link at the network's current time, for policies (kv_net_link_state). */
+typedef struct kv_link_state {
+    double capacity_gbps;     /* the link's bandwidth */
+    double rate_gbps;         /* sum of the current rates of the flows crossing it */
+    double utilisation;       /* rate_gbps / capacity_gbps, in 0..1 */
+    int flows;                /* flows active on it (started, not completed or cancelled) */
+    uint64_t bytes_in_flight; /* bytes still to send of those flows */
+    uint64_t bytes_queued;    /* bytes of flows crossing it that are scheduled to start later */
+} kv_link_state;
+
 /* The table an implementation provides (ideal.c, simgrid/). */
 typedef struct kv_net_i {
     int api_version;
@@ -119,6 +142,8 @@ typedef struct kv_net_i {
     size_t (*active_flows)(void *ctx);
     size_t (*link_count)(void *ctx);
     int (*link_stats)(void *ctx, size_t link, kv_link_stats *out);
+    int (*route)(void *ctx, int src, int dst, size_t *links, size_t max, size_t *n, kv_error *err);
+    int (*link_state)(void *ctx, size_t link, kv_link_state *out, kv_error *err);
 } kv_net_i;
 
 /* Builds the network the config asks for. Bad configs give KV_EINPUT with a
@@ -136,6 +161,14 @@ int kv_net_advance(kv_net *net, double t_limit_s, double *t_now_s, kv_error *err
 size_t kv_net_active_flows(const kv_net *net);
 size_t kv_net_link_count(const kv_net *net);
 int kv_net_link_stats(const kv_net *net, size_t link, kv_link_stats *out);
+
+/* Read-only views of the network at its current time (what kv_net_advance last reached), for
+   policies. kv_net_route: the links a src -> dst flow crosses (indices of kv_net_link_stats), in
+   path order; writes at most max of them to links and their number to *n (more than max: KV_EFAIL
+   with *n the number needed). kv_net_link_state: link `link` now (docs/network.md "Link state").
+   Neither changes what the network computes. Errors: KV_EFAIL with a message. */
+int kv_net_route(const kv_net *net, int src, int dst, size_t *links, size_t max, size_t *n, kv_error *err);
+int kv_net_link_state(kv_net *net, size_t link, kv_link_state *out, kv_error *err);
 
 /* Constructors of the implementations (net.c calls them only through its table of models). */
 int kv_net_ideal_create(const kv_net_config *cfg, kv_net_done_fn done, void *user,

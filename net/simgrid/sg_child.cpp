@@ -38,6 +38,11 @@
  *   round to more than its precision) fails the run at its start instead of
  *   crashing SimGrid. With classes kvsim sets maxmin/precision to 1e-10 (the
  *   scenario may set it) and scales penalties so class 0 has 1/penalty ~ 1.
+ * - Per-flow levels (relevel). From the first flow with its own level on, strict priority is
+ *   a layered max-min computed here: a flow that a higher level leaves no room for on some
+ *   link is held (Action::suspend, rate 0), the others get penalties from their weight and the
+ *   dense rank of their level among the levels not held; see relevel and docs/network.md.
+ *   Before that, the class penalties above run unchanged (same bytes out).
  * Invariants (numbers as in net.h): the driver's time `now_` never decreases (1),
  * is never beyond the ADVANCE limit (2), every started flow is answered once or
  * cancelled (3), and everything iterated is a vector whose order depends only on
@@ -82,6 +87,8 @@ constexpr double kSafety = 4;            /* margin on the precision bound */
 constexpr double kPenaltyScale = 1.0;    /* class-0 penalty of the reference flow: 1/penalty ~ 1 */
 constexpr double kMaxBaseRatio = 2.0;    /* a flow's RTT penalty within [1/2, 2] x the reference flow's */
 constexpr int kMaxFlowsPerLink = 2048;   /* with classes: flows crossing one link at once */
+constexpr double kLevelEps = 1e-9;       /* levels: a link with less left than this x its bandwidth is full */
+constexpr double kMinLevelRange = 2;     /* levels: least penalty range between the highest and lowest level */
 
 /* Full reads and writes on the socket; any failure means the parent is gone. */
 void read_all(int fd, void* buf, size_t n)
@@ -140,9 +147,12 @@ struct LinkUse {
 struct Flow {
     uint64_t id, tag, bytes;
     int priority;
+    int level = 0;            /* per-flow level (0 highest) and weight, for the levels mode */
+    double weight = 1;
+    bool held = false;        /* levels mode: suspended, a higher level fills a link of its route */
     sg4::CommPtr comm;
     std::vector<int> links;   /* indices into Platform::links, forward route */
-    Action* action = nullptr; /* SimGrid's network action (priority modes only) */
+    Action* action = nullptr; /* SimGrid's network action (nullptr without an LMM model) */
     double base_ratio = 0;    /* its SimGrid penalty / the reference flow's */
     bool latency_due = false; /* still paying its latency: the penalty waits (in pending_) */
     size_t slot = 0;          /* position in Driver::active_ */
@@ -161,15 +171,8 @@ public:
     int prepare(kvsg::Error* err)
     {
         sg4::Engine::on_time_advance_cb([this](double) { count_step(); });
-        if (cfg_->priority == KV_PRIO_NONE)
-            return KV_OK;
         model_ = dynamic_cast<Model*>(sg4::Engine::get_instance()->get_netzone_root()->get_network_model());
-        if (model_ == nullptr || model_->get_maxmin_system() == nullptr || !model_->is_update_lazy()) {
-            err->key = "network.priority";
-            err->msg = "classes need an LMM network model (CM02, LV08, SMPI) with network/optim:Lazy";
-            return KV_EINPUT;
-        }
-        weight_s_ = simgrid::config::get_value<double>("network/weight-S");
+        lmm_ok_ = model_ != nullptr && model_->get_maxmin_system() != nullptr && model_->is_update_lazy();
         precision_ = simgrid::config::get_value<double>("maxmin/precision");
         double c_lo = 0, c_hi = 0;
         for (const sg4::Link* l : platform_.links) {
@@ -179,6 +182,16 @@ public:
         }
         double w_min = simgrid::config::get_value<bool>("network/crosstraffic") ? 0.05 : 1.0;
         headroom_ = (c_hi > 0 ? c_lo / c_hi : 1.0) * w_min / (precision_ * kSafety);
+        weight_s_ = simgrid::config::get_value<double>("network/weight-S");
+        /* Flows paying their latency get their penalty (classes or levels) when it is paid. */
+        sg4::Engine::on_time_advance_cb([this](double) { apply_pending_penalties(); });
+        if (cfg_->priority == KV_PRIO_NONE)
+            return KV_OK;
+        if (!lmm_ok_) {
+            err->key = "network.priority";
+            err->msg = "classes need an LMM network model (CM02, LV08, SMPI) with network/optim:Lazy";
+            return KV_EINPUT;
+        }
         strict_range_ = std::min(kStrictRange, headroom_);
         if (cfg_->priority == KV_PRIO_STRICT && strict_range_ < kMinStrictRange) {
             err->key = "network.priority";
@@ -188,7 +201,6 @@ public:
                        std::to_string(precision_);
             return KV_EINPUT;
         }
-        sg4::Engine::on_time_advance_cb([this](double) { apply_pending_penalties(); });
         return KV_OK;
     }
 
@@ -205,6 +217,10 @@ private:
     std::unordered_map<uint64_t, std::unique_ptr<Flow>> flows_;
     std::vector<Flow*> pending_;              /* flows whose class penalty waits for the latency */
     Model* model_ = nullptr;
+    bool lmm_ok_ = false;                     /* an LMM model with lazy updates: penalties can be set */
+    bool levels_ = false;                     /* a flow came with its own level: the levels mode is on */
+    double w_ref_ = 0;                        /* levels: largest weight seen (its flows have factor 1) */
+    double w_lo_ = 0;                         /* levels: smallest weight seen */
     double weight_s_ = 0;                     /* network/weight-S of the model */
     double reference_base_ = 0;               /* base penalty of the first prioritised flow */
     int max_class_ = 1;                       /* strict: highest class seen (at least 1) */
@@ -284,6 +300,22 @@ private:
 
     void apply_pending_penalties()
     {
+        if (levels_) {
+            bool moved = false;
+            for (size_t i = 0; i < pending_.size();) {
+                Flow* f = pending_[i];
+                if (f->action->get_type() == ActionHeap::Type::latency) {
+                    i++;
+                    continue;
+                }
+                f->latency_due = false;
+                pending_.erase(pending_.begin() + (long)i);
+                moved = true;
+            }
+            if (moved)
+                relevel();
+            return;
+        }
         for (size_t i = 0; i < pending_.size();) {
             Flow* f = pending_[i];
             if (f->action->get_type() == ActionHeap::Type::latency) {
@@ -301,6 +333,12 @@ private:
     bool admit(const Flow* f, int busiest, const std::string& link);
     double base_ratio(const Flow* f, double route_latency_s);
     void set_priority(Flow* f);
+    void find_action(Flow* f);
+    bool start_levels(Flow* f, int busiest, const std::string& link);
+    void relevel();
+    void relevel_now();
+    void route(const kv_sg_request& rq);
+    void link_state();
     void start(const kv_sg_request& rq);
     void cancel(const kv_sg_request& rq);
     void advance(double t_limit);
@@ -414,9 +452,11 @@ double Driver::base_ratio(const Flow* f, double route_latency_s)
     return std::min(kMaxBaseRatio, std::max(1.0 / kMaxBaseRatio, base / reference_base_));
 }
 
-void Driver::set_priority(Flow* f)
+/* The action was created by this request; it is the newest one of the model. */
+void Driver::find_action(Flow* f)
 {
-    /* The action was created by this request; it is the newest one of the model. */
+    if (model_ == nullptr)
+        return;
     auto* set = model_->get_started_action_set();
     const void* impl = f->comm->get_impl();
     for (auto it = set->rbegin(); it != set->rend(); ++it) {
@@ -425,6 +465,10 @@ void Driver::set_priority(Flow* f)
             break;
         }
     }
+}
+
+void Driver::set_priority(Flow* f)
+{
     if (f->action == nullptr) {
         fail(KV_EFAIL, "net simgrid: cannot find the network action of flow " + std::to_string(f->id));
         return;
@@ -486,8 +530,29 @@ void Driver::start(const kv_sg_request& rq)
             busiest_name = l->get_name();
         }
     }
-    if (cfg_->priority != KV_PRIO_NONE) {
-        f->base_ratio = base_ratio(f, latency);
+    f->level = rq.level;
+    f->weight = rq.weight > 0 ? rq.weight : 1.0;
+    f->base_ratio = base_ratio(f, latency); /* no effect on SimGrid until a penalty is set */
+    if (rq.has_level && !levels_) {
+        if (!lmm_ok_) {
+            fail(KV_EFAIL, "net simgrid: per-flow priority levels need an LMM network model (CM02, LV08, SMPI) "
+                           "with network/optim:Lazy");
+            return;
+        }
+        levels_ = true; /* from now on every flow is placed by its level and weight */
+        for (Flow* g : active_) {
+            w_ref_ = std::max(w_ref_, g->weight);
+            w_lo_ = w_lo_ == 0 ? g->weight : std::min(w_lo_, g->weight);
+            if (g->action && !g->latency_due && g->action->get_type() == ActionHeap::Type::latency) {
+                g->latency_due = true;
+                pending_.push_back(g);
+            }
+        }
+    }
+    if (levels_) {
+        if (!start_levels(f, busiest, busiest_name))
+            return;
+    } else if (cfg_->priority != KV_PRIO_NONE) {
         if (!admit(f, busiest, busiest_name))
             return; /* never handed to SimGrid; the run fails with the next answer */
     }
@@ -506,8 +571,213 @@ void Driver::start(const kv_sg_request& rq)
     active_.push_back(f);
     comms_.push_back(f->comm);
     flows_.emplace(f->id, std::move(owned));
-    if (cfg_->priority != KV_PRIO_NONE)
+    find_action(f);
+    if (levels_) {
+        if (f->action == nullptr) {
+            fail(KV_EFAIL, "net simgrid: cannot find the network action of flow " + std::to_string(f->id));
+        } else if (f->action->get_type() == ActionHeap::Type::latency) {
+            f->latency_due = true; /* placed when its latency is paid (apply_pending_penalties) */
+            pending_.push_back(f);
+        } else {
+            relevel_now();
+        }
+    } else if (cfg_->priority != KV_PRIO_NONE) {
         set_priority(f);
+    }
+}
+
+/* Levels mode: the precision bound of the design notes for f (base_ratio set, links not yet
+   counted); the penalty range between levels is what the bound leaves (relevel). */
+bool Driver::start_levels(Flow* f, int busiest, const std::string& link)
+{
+    char msg[600];
+    if (busiest > kMaxFlowsPerLink) {
+        std::snprintf(msg, sizeof msg,
+                      "net simgrid: flow %llu would be flow %d on link '%s' at once; with priority levels kvsim "
+                      "allows at most %d (SimGrid's solver rounds sums over more flows beyond its precision)",
+                      (unsigned long long)f->id, busiest, link.c_str(), kMaxFlowsPerLink);
+        fail(KV_EFAIL, msg);
+        return false;
+    }
+    double lo = std::min(base_lo_, f->base_ratio), hi = std::max(base_hi_, f->base_ratio);
+    double w_hi = std::max(w_ref_, f->weight), w_lo = w_lo_ == 0 ? f->weight : std::min(w_lo_, f->weight);
+    double bucket = n_bucket_;
+    while (bucket < busiest)
+        bucket *= 2;
+    if (kMinLevelRange * bucket * (hi / lo) * (w_hi / w_lo) > headroom_) {
+        std::snprintf(msg, sizeof msg,
+                      "net simgrid: flow %llu would be flow %d on link '%s' at once; flow weights %g apart "
+                      "(x %g for path latencies) are then beyond SimGrid's solver precision (maxmin/precision %g)",
+                      (unsigned long long)f->id, busiest, link.c_str(), w_hi / w_lo, hi / lo, precision_);
+        fail(KV_EFAIL, msg);
+        return false;
+    }
+    base_lo_ = lo;
+    base_hi_ = hi;
+    w_ref_ = w_hi;
+    w_lo_ = w_lo;
+    n_bucket_ = bucket;
+    return true;
+}
+
+void Driver::relevel_now()
+{
+    simgrid::kernel::actor::simcall_answered([this] { relevel(); });
+}
+
+/* Levels mode, run whenever the flows on the links change (a start after its latency, a
+   completion, a cancel): strict priority by a layered max-min on the link bandwidths. Level by
+   level (0 first), a flow is held (its action suspended: rate 0) when a link of its route has
+   less than kLevelEps of its bandwidth left by the higher levels; the level's other flows share
+   what is left in proportion to weight / base_ratio, which is subtracted before the next level.
+   The flows not held get penalties base_ratio x (w_ref / weight) x range^(rank / (k - 1)),
+   rank the dense rank of their level among the k levels not held: SimGrid's solver then gives a
+   lower level only what the higher ones leave, up to range^(-1/(k-1)) where both would saturate
+   the same link (docs/network.md "Per-flow priority"). Maestro context. */
+void Driver::relevel()
+{
+    std::vector<Flow*> ready;
+    for (Flow* f : active_)
+        if (f->action && !f->latency_due && f->action->get_state() == Action::State::STARTED)
+            ready.push_back(f);
+    std::sort(ready.begin(), ready.end(),
+              [](const Flow* a, const Flow* b) { return a->level != b->level ? a->level < b->level : a->id < b->id; });
+    size_t n_links = platform_.links.size();
+    std::vector<double> left(n_links), sumw(n_links, 0.0), used(n_links, 0.0);
+    for (size_t l = 0; l < n_links; l++)
+        left[l] = platform_.links[l]->get_bandwidth();
+    std::vector<bool> hold(ready.size(), false), fixed(ready.size(), false);
+    std::vector<int> ranks;
+    for (size_t i = 0; i < ready.size();) {
+        size_t j = i;
+        while (j < ready.size() && ready[j]->level == ready[i]->level)
+            j++;
+        size_t live = 0;
+        for (size_t k = i; k < j; k++) {
+            for (int l : ready[k]->links)
+                if (left[(size_t)l] <= kLevelEps * platform_.links[(size_t)l]->get_bandwidth())
+                    hold[k] = true;
+            if (!hold[k]) {
+                live++;
+                for (int l : ready[k]->links)
+                    sumw[(size_t)l] += ready[k]->weight / ready[k]->base_ratio;
+            } else {
+                fixed[k] = true;
+            }
+        }
+        if (live > 0)
+            ranks.push_back(ready[i]->level);
+        /* Weighted progressive filling of the live flows on what is left. */
+        for (size_t done = 0; done < live;) {
+            double t_min = std::numeric_limits<double>::infinity();
+            int l_min = -1;
+            for (size_t k = i; k < j; k++) {
+                if (fixed[k])
+                    continue;
+                for (int l : ready[k]->links) {
+                    double t = (left[(size_t)l] - used[(size_t)l]) / sumw[(size_t)l];
+                    if (t < t_min || (t == t_min && l < l_min)) {
+                        t_min = t;
+                        l_min = l;
+                    }
+                }
+            }
+            if (l_min < 0)
+                break;
+            t_min = std::max(t_min, 0.0);
+            for (size_t k = i; k < j; k++) {
+                if (fixed[k] || std::find(ready[k]->links.begin(), ready[k]->links.end(), l_min) == ready[k]->links.end())
+                    continue;
+                double w = ready[k]->weight / ready[k]->base_ratio;
+                fixed[k] = true;
+                done++;
+                for (int l : ready[k]->links) {
+                    used[(size_t)l] += w * t_min;
+                    sumw[(size_t)l] -= w;
+                }
+            }
+        }
+        for (size_t l = 0; l < n_links; l++) {
+            left[l] -= used[l];
+            used[l] = 0;
+            sumw[l] = 0;
+        }
+        i = j;
+    }
+    double range = std::min(kStrictRange, headroom_ / (n_bucket_ * (base_hi_ / base_lo_) * (w_ref_ / w_lo_)));
+    double steps = ranks.size() > 1 ? (double)(ranks.size() - 1) : 1.0;
+    for (size_t k = 0; k < ready.size(); k++) {
+        Flow* f = ready[k];
+        if (hold[k]) {
+            if (!f->held) {
+                f->action->suspend();
+                f->held = true;
+            }
+            continue;
+        }
+        if (f->held) {
+            f->action->resume();
+            f->action->set_last_update(); /* nothing moved while held */
+            f->action->set_last_value(0);
+            f->held = false;
+        }
+        size_t rank = (size_t)(std::lower_bound(ranks.begin(), ranks.end(), f->level) - ranks.begin());
+        double p = f->base_ratio * kPenaltyScale * (w_ref_ / f->weight) * std::pow(range, (double)rank / steps);
+        f->action->set_sharing_penalty(p);
+    }
+}
+
+void Driver::route(const kv_sg_request& rq)
+{
+    std::vector<uint32_t> out;
+    if (rq.src < 0 || rq.dst < 0 || (size_t)rq.src >= platform_.hosts.size() || (size_t)rq.dst >= platform_.hosts.size()) {
+        fail(KV_EFAIL, "net simgrid: route of hosts out of range");
+    } else {
+        std::vector<sg4::Link*> links;
+        double latency = 0;
+        platform_.hosts[(size_t)rq.src]->route_to(platform_.hosts[(size_t)rq.dst], links, &latency);
+        for (const sg4::Link* l : links) {
+            auto it = link_index_.find(l);
+            if (it != link_index_.end())
+                out.push_back((uint32_t)it->second);
+        }
+    }
+    reply_status((uint32_t)out.size(), out.data(), out.size() * sizeof(uint32_t));
+}
+
+/* Every link now: the flows on it, the sum of their solver rates (0 while a flow pays its latency
+   or is held) and the bytes they have left (lazy updates: as of the last update, less what the
+   last rate moved since). Nothing in SimGrid is changed. */
+void Driver::link_state()
+{
+    std::vector<kv_link_state> out(platform_.links.size());
+    std::vector<double> rate(out.size(), 0.0), left(out.size(), 0.0);
+    double now = sg4::Engine::get_clock();
+    for (const Flow* f : active_) {
+        double r = 0, rem = (double)f->bytes;
+        if (f->action != nullptr) {
+            r = f->action->get_rate();
+            rem = f->action->get_remains_no_update();
+            if (lmm_ok_ && !f->held)
+                rem -= f->action->get_last_value() * (now - f->action->get_last_update());
+        } else {
+            rem = f->comm->get_remaining();
+        }
+        rem = std::min(std::max(std::ceil(rem), 0.0), (double)f->bytes);
+        for (int l : f->links) {
+            out[(size_t)l].flows++;
+            rate[(size_t)l] += r;
+            left[(size_t)l] += rem;
+        }
+    }
+    for (size_t i = 0; i < out.size(); i++) {
+        double c = platform_.links[i]->get_bandwidth();
+        out[i].capacity_gbps = c * 8.0 / 1e9;
+        out[i].rate_gbps = rate[i] * 8.0 / 1e9;
+        out[i].utilisation = c > 0 ? std::min(1.0, rate[i] / c) : 0.0;
+        out[i].bytes_in_flight = (uint64_t)left[i];
+    }
+    reply_status((uint32_t)out.size(), out.data(), out.size() * sizeof(kv_link_state));
 }
 
 /* Removes f from the active set, closes its link intervals at time t, frees it. */
@@ -542,6 +812,8 @@ void Driver::cancel(const kv_sg_request& rq)
         uint64_t crossed = remaining >= (double)f->bytes ? 0 : f->bytes - (uint64_t)std::ceil(remaining);
         f->comm->cancel();
         finish(f, now_, crossed);
+        if (levels_)
+            relevel_now();
     }
     reply_status(not_active, nullptr, 0);
 }
@@ -601,6 +873,8 @@ void Driver::advance(double t_limit)
         items.push_back({f->id, f->tag, now_});
         finish(f, now_, f->bytes);
     }
+    if (levels_ && !done.empty())
+        relevel_now();
     reply_status((uint32_t)items.size(), items.data(), items.size() * sizeof(kv_sg_done));
 }
 
@@ -639,6 +913,12 @@ void Driver::serve()
             break;
         case KV_SG_STATS:
             stats();
+            break;
+        case KV_SG_ROUTE:
+            route(rq);
+            break;
+        case KV_SG_LINKSTATE:
+            link_state();
             break;
         default:
             _exit(3);

@@ -122,7 +122,7 @@ static int sg_flow_start(void *ctx, const kv_flow_spec *flow, double now_s, kv_f
     if (!isfinite(now_s))
         return kv_error_set(err, KV_EFAIL, "net simgrid: flow start time %g", now_s);
     kv_sg_request rq = {.op = KV_SG_START, .src = flow->src, .dst = flow->dst, .priority = flow->priority,
-                        .id = net->next_id, .bytes = flow->bytes, .tag = flow->tag,
+                        .has_level = flow->has_level, .level = flow->level, .weight = flow->weight, .id = net->next_id, .bytes = flow->bytes, .tag = flow->tag,
                         .t_s = now_s > net->now_s ? now_s : net->now_s};
     if (rq.t_s > net->now_s) {
         later_push(net, rq); /* started by sg_advance when the network gets there */
@@ -135,7 +135,7 @@ static int sg_flow_start(void *ctx, const kv_flow_spec *flow, double now_s, kv_f
                 return rc;
         }
     }
-    net->links_fresh = 0;
+    net->links_fresh = net->states_fresh = 0;
     net->active++;
     *out = net->next_id++;
     return KV_OK;
@@ -175,7 +175,7 @@ static int sg_flow_cancel(void *ctx, kv_flow_id id, kv_error *err)
         return rc;
     if (head.count == 1) /* not active: already reported or cancelled, the caller's error */
         return kv_error_set(err, KV_EFAIL, "net simgrid: no active flow %llu", (unsigned long long)id);
-    net->links_fresh = 0;
+    net->links_fresh = net->states_fresh = 0;
     net->active--;
     return KV_OK;
 }
@@ -193,7 +193,7 @@ static int advance_once(sg_net *net, double t_s, kv_sg_reply *head, kv_error *er
     rc = kv_sg_finish_reply(net, head, err);
     if (rc != KV_OK)
         return rc;
-    net->links_fresh = 0;
+    net->links_fresh = net->states_fresh = 0;
     net->now_s = head->t_now_s;
     net->n_batch = head->count;
     return KV_OK;
@@ -286,12 +286,106 @@ static int sg_link_stats(void *ctx, size_t link, kv_link_stats *out)
     return KV_OK;
 }
 
+/* The route src -> dst, asked of the child once per pair and kept. */
+static int route_of(sg_net *net, int src, int dst, const uint32_t **links, size_t *n, kv_error *err)
+{
+    if (src < 0 || src >= net->hosts || dst < 0 || dst >= net->hosts)
+        return kv_error_set(err, KV_EFAIL, "net simgrid: host out of range (%d -> %d, %d hosts)", src, dst,
+                            net->hosts);
+    size_t k = (size_t)src * (size_t)net->hosts + (size_t)dst;
+    if (net->route_n[k] < 0) {
+        kv_sg_request rq = {.op = KV_SG_ROUTE, .src = src, .dst = dst};
+        kv_sg_reply head;
+        int rc = request(net, &rq, &head, err);
+        if (rc != KV_OK)
+            return rc;
+        uint32_t *items = kv_calloc(head.count + 1, sizeof *items);
+        if (head.count && kv_sg_read_full(net, items, head.count * sizeof *items) != 0) {
+            kv_free(items);
+            return kv_sg_child_failed(net, KV_EFAIL, "during the run", err);
+        }
+        rc = kv_sg_finish_reply(net, &head, err);
+        if (rc != KV_OK) {
+            kv_free(items);
+            return rc;
+        }
+        net->route[k] = items;
+        net->route_n[k] = (int32_t)head.count;
+    }
+    *links = net->route[k];
+    *n = (size_t)net->route_n[k];
+    return KV_OK;
+}
+
+static int sg_route(void *ctx, int src, int dst, size_t *links, size_t max, size_t *n, kv_error *err)
+{
+    sg_net *net = ctx;
+    const uint32_t *r = NULL;
+    int rc = route_of(net, src, dst, &r, n, err);
+    if (rc != KV_OK)
+        return rc;
+    if (*n > max)
+        return kv_error_set(err, KV_EFAIL, "net simgrid: the route %d -> %d has %zu links, room for %zu", src, dst,
+                            *n, max);
+    for (size_t i = 0; i < *n; i++)
+        links[i] = r[i];
+    return KV_OK;
+}
+
+/* One LINKSTATE round trip for all links (cached until the network moves), plus the bytes of the
+   flows that wait here for their start time. */
+static int sg_link_state(void *ctx, size_t link, kv_link_state *out, kv_error *err)
+{
+    sg_net *net = ctx;
+    if (net->broken) {
+        *err = net->failure;
+        return net->failure.code;
+    }
+    if (link >= net->n_links)
+        return kv_error_set(err, KV_EFAIL, "net simgrid: link %zu out of range", link);
+    if (!net->states_fresh) {
+        /* Routes of the waiting flows first: their round trips cannot sit inside LINKSTATE's. */
+        for (size_t i = 0; i < net->n_later; i++) {
+            const uint32_t *r;
+            size_t n;
+            int rc = route_of(net, net->later[i].src, net->later[i].dst, &r, &n, err);
+            if (rc != KV_OK)
+                return rc;
+        }
+        kv_sg_request rq = {.op = KV_SG_LINKSTATE};
+        kv_sg_reply head;
+        int rc = request(net, &rq, &head, err);
+        if (rc != KV_OK)
+            return rc;
+        if (head.code == KV_OK && head.count != net->n_links)
+            return kv_sg_child_failed(net, KV_EFAIL, "during the run", err);
+        if (head.count && kv_sg_read_full(net, net->states, head.count * sizeof *net->states) != 0)
+            return kv_sg_child_failed(net, KV_EFAIL, "during the run", err);
+        rc = kv_sg_finish_reply(net, &head, err);
+        if (rc != KV_OK)
+            return rc;
+        for (size_t i = 0; i < net->n_later; i++) {
+            size_t k = (size_t)net->later[i].src * (size_t)net->hosts + (size_t)net->later[i].dst;
+            for (int32_t j = 0; j < net->route_n[k]; j++)
+                net->states[net->route[k][j]].bytes_queued += net->later[i].bytes;
+        }
+        net->states_fresh = 1;
+    }
+    *out = net->states[link];
+    return KV_OK;
+}
+
 static void sg_destroy(void *ctx)
 {
     sg_net *net = ctx;
     if (!net)
         return;
     kv_sg_stop(net);
+    for (size_t k = 0; net->route && k < (size_t)net->hosts * (size_t)net->hosts; k++)
+        kv_free(net->route[k]);
+    kv_free(net->route);
+    kv_free(net->route_n);
+    kv_free(net->states);
     kv_free(net->out);
     kv_free(net->later);
     kv_free(net->batch);
@@ -311,6 +405,8 @@ static const kv_net_i sg_iface = {
     .active_flows = sg_active_flows,
     .link_count = sg_link_count,
     .link_stats = sg_link_stats,
+    .route = sg_route,
+    .link_state = sg_link_state,
 };
 
 int kv_net_simgrid_create(const kv_net_config *cfg, kv_net_done_fn done, void *user,
@@ -347,6 +443,12 @@ int kv_net_simgrid_create(const kv_net_config *cfg, kv_net_done_fn done, void *u
     }
     net->n_links = links;
     net->links = kv_calloc(net->n_links + 1, sizeof *net->links);
+    net->states = kv_calloc(net->n_links + 1, sizeof *net->states);
+    size_t pairs = (size_t)net->hosts * (size_t)net->hosts;
+    net->route = kv_calloc(pairs, sizeof *net->route);
+    net->route_n = kv_malloc(pairs * sizeof *net->route_n);
+    for (size_t k = 0; k < pairs; k++)
+        net->route_n[k] = -1;
     *iface = &sg_iface;
     *ctx = net;
     return KV_OK;

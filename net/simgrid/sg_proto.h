@@ -20,6 +20,9 @@ enum kv_sg_op {
     KV_SG_CANCEL = 2,  /* cancel flow `id`; answered */
     KV_SG_ADVANCE = 3, /* advance to t_s or the first completions; answered with kv_sg_done items */
     KV_SG_STATS = 4,   /* answered with kv_link_stats items, one per link */
+    KV_SG_ROUTE = 5,   /* the links of src -> dst: answered with uint32_t link indices, in path order */
+    KV_SG_LINKSTATE = 6, /* answered with kv_link_state items, one per link (bytes_queued left 0: the
+                            parent holds the flows that start later) */
 };
 
 /* kv_sg_reply.flags */
@@ -34,6 +37,9 @@ typedef struct kv_sg_request {
     int32_t op;               /* enum kv_sg_op */
     int32_t src, dst;         /* START: host indices */
     int32_t priority;         /* START: class */
+    int32_t has_level;        /* START: 1 when level and weight are the flow's own (kv_flow_spec) */
+    int32_t level;            /* START: priority level (from the class when has_level is 0) */
+    double weight;            /* START: weight within the level (> 0) */
     uint64_t id;              /* START, CANCEL: flow id (assigned by the parent) */
     uint64_t bytes;           /* START: payload bytes */
     uint64_t tag;             /* START: handed back on completion */

@@ -35,6 +35,10 @@ typedef struct sg_net {
     kv_link_stats *links;  /* cached answer of STATS */
     size_t n_links;
     int links_fresh;
+    kv_link_state *states; /* cached answer of LINKSTATE (bytes_queued added here) */
+    int states_fresh;
+    int32_t *route_n;      /* [hosts * hosts] links of the route src -> dst, -1 until asked */
+    uint32_t **route;      /* [hosts * hosts] those links (NULL until asked) */
     int broken;            /* the child failed; `failure` says why */
     kv_error failure;
     int watchdog_ms;       /* longest wait for the child to move one byte (ms) */
