@@ -45,12 +45,19 @@ typedef enum kv_preempt_mode {
     KV_PREEMPT_SWAP = 1,      /* copy the KV pages to host memory and back (memory.swap_bandwidth_gbs) */
 } kv_preempt_mode;
 
+#define KV_MAX_FLOW_LEVEL (1 << 30) /* largest priority level a transfer answer may give (net.h's KV_NET_MAX_LEVEL) */
+#define KV_MAX_WEIGHT_RATIO 1e5      /* largest anchor : residual weight ratio with levels */
+
 typedef struct kv_transfer_plan {
     kv_stream_order order;
     int priority_mode;        /* kv_priority_mode of net.h: none, strict, weighted */
     double anchor_weight;     /* weighted mode: share of the anchor class */
     double residual_weight;   /* weighted mode: share of the residual class */
     bool layerwise;           /* send each layer's KV as prefill produces it */
+    bool levels;              /* `levels = {anchor = A, residual = R}` given: this request's flows carry their own
+                                 priority level (0 highest, strict between levels) and, within a level, weight
+                                 anchor_weight / residual_weight, whatever network.priority says */
+    int anchor_level, residual_level; /* 0..KV_MAX_FLOW_LEVEL, when `levels` */
     kv_preempt_mode preempt;  /* `preempt = "recompute" | "swap"` in the transfer answer; default recompute */
 } kv_transfer_plan;
 

@@ -380,8 +380,8 @@ int kv_policy_answer_encoding(lua_State *L, kv_policy_call *c, int idx, kv_encod
 
 int kv_policy_answer_transfer(lua_State *L, kv_policy_call *c, int idx, kv_transfer_plan *tp)
 {
-    enum { T_LAYERWISE, T_ORDER, T_PREEMPT, T_PRIORITY, T_WEIGHTS, T_N };
-    static const char *const fields[T_N] = {"layerwise", "order", "preempt", "priority", "weights"};
+    enum { T_LAYERWISE, T_LEVELS, T_ORDER, T_PREEMPT, T_PRIORITY, T_WEIGHTS, T_N };
+    static const char *const fields[T_N] = {"layerwise", "levels", "order", "preempt", "priority", "weights"};
     static const char *const orders[] = {"concurrent", "anchor_first", NULL};
     static const char *const preempts[] = {"recompute", "swap", NULL};
     static const char *const prios[] = {"none", "strict", "weighted", NULL};
@@ -422,6 +422,23 @@ int kv_policy_answer_transfer(lua_State *L, kv_policy_call *c, int idx, kv_trans
     }
     tp->anchor_weight = wa / (wa + wr);
     tp->residual_weight = wr / (wa + wr);
+    int lv = f + T_LEVELS;
+    if (lua_isnil(L, lv))
+        return 0;
+    if (!lua_istable(L, lv)) {
+        char got[80];
+        kv_policy_describe_value(L, lv, got, sizeof got);
+        return kv_policy_answer_bad(c, "levels = %s; expected a table {anchor = 0, residual = 1}", got);
+    }
+    int g;
+    if (read_fields(L, c, lv, "levels", wfields, 2, &g) ||
+        get_int(L, c, g, "levels", "anchor", 0, 0, KV_MAX_FLOW_LEVEL, &tp->anchor_level) ||
+        get_int(L, c, g + 1, "levels", "residual", 0, 0, KV_MAX_FLOW_LEVEL, &tp->residual_level))
+        return -1;
+    if (wa / wr > KV_MAX_WEIGHT_RATIO || wr / wa > KV_MAX_WEIGHT_RATIO)
+        return kv_policy_answer_bad(c, "weights = {anchor = %.14g, residual = %.14g}; with levels the ratio must be "
+                                       "at most %.0e", wa, wr, KV_MAX_WEIGHT_RATIO);
+    tp->levels = true;
     return 0;
 }
 

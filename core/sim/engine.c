@@ -718,6 +718,8 @@ static void on_step_done(engine *e, int d, double now)
 
 /* ---- Transfers ------------------------------------------------------------------------------- */
 
+_Static_assert(KV_MAX_FLOW_LEVEL == KV_NET_MAX_LEVEL, "a policy's level range is the network's");
+
 static uint64_t flow_tag(size_t req, int layer, int plane)
 {
     return ((uint64_t)req << 20) | ((uint64_t)layer << 1) | (uint64_t)plane;
@@ -743,6 +745,12 @@ static void start_flow(engine *e, request *r, int layer, int plane, double now)
         .priority = (r->plan.priority_mode != KV_PRIO_NONE && plane == PLANE_RESIDUAL) ? 1 : 0,
         .tag = flow_tag((size_t)(r - e->reqs), layer, plane),
     };
+    if (r->plan.levels) { /* the policy's own per-flow priority (docs/policies.md, `transfer`) */
+        f.has_level = 1;
+        f.level = plane == PLANE_ANCHOR ? r->plan.anchor_level : r->plan.residual_level;
+        double wa = r->plan.anchor_weight, wr = r->plan.residual_weight, top = wa > wr ? wa : wr;
+        f.weight = (plane == PLANE_ANCHOR ? wa : wr) / top; /* in [1e-5, 1]: the ratio is checked at the answer */
+    }
     kv_flow_id id;
     if (r->plane_start_s[plane] < 0)
         r->plane_start_s[plane] = now;
