@@ -440,7 +440,7 @@ static void try_admit(engine *e, int d, double now)
     uint64_t pages = 0;
     for (size_t i = first; i < dn->n_running; i++) {
         request *r = &e->reqs[dn->running[i]];
-        r->slot = kv_mem_seq_open(mem);
+        r->slot = kv_mem_seq_open_tables(mem, r->cache.tables);
         scratch_reserve(e, k + (size_t)r->cache.tables * 2);
         uint64_t before = pages;
         k += kv_cache_demands(&r->cache, mem, r->slot, e->scratch + k, &pages);
