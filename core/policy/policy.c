@@ -13,7 +13,8 @@
  *    metatable, which notes that the call read the request. Reading a field
  *    that does not exist is an error with a "did you mean" hint.
  *  - Invariant: an answer is cached only when the call that produced it read
- *    nothing of the request, called no math.random, the file did not say
+ *    nothing of the request, nothing live (ctx.now, the node lists, ctx.route,
+ *    ctx.state: the host notes each read), called no math.random, the file did not say
  *    `cache = false`, and caching is switched on. A cached answer is then a
  *    function of (policy, params, model, layer, head) alone, which is what the
  *    cache is keyed by; changing the model empties the cache.
@@ -40,10 +41,10 @@
 #include "core/policy/policy_sandbox.h"
 
 const char *const kv_policy_hook_names[H_COUNT] = {"encode",       "transfer",    "speculate",
-                                                          "prefill_node", "decode_node", "admit"};
+                                                          "prefill_node", "decode_node", "admit", "complete"};
 
 /* Fields a policy file's table may have (sorted, for messages). */
-static const char *const file_fields[] = {"admit",  "cache",     "decode_node", "describe",
+static const char *const file_fields[] = {"admit",  "cache",     "complete", "decode_node", "describe",
                                           "encode", "name",      "params",      "prefill_node",
                                           "speculate", "transfer", NULL};
 
@@ -52,6 +53,7 @@ static int run_hook(kv_policy *p, kv_error *err)
     lua_State *L = p->sb.L;
     kv_policy_call *c = &p->cur;
     c->read_request = false;
+    c->read_live = false;
     c->bad = false;
     c->detail[0] = '\0';
     int base = lua_gettop(L);
@@ -70,7 +72,7 @@ static int run_hook(kv_policy *p, kv_error *err)
 
 static bool cacheable(const kv_policy *p)
 {
-    return p->cache_on && p->cache_file && !p->cur.read_request && !p->sb.impure;
+    return p->cache_on && p->cache_file && !p->cur.read_request && !p->cur.read_live && !p->sb.impure;
 }
 
 static void call_start(kv_policy *p, int hook, const kv_policy_request *r, void *out)
@@ -224,6 +226,10 @@ static int setup_body(lua_State *L)
     p->ctx_mt_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     p->request_mt_ref = kv_policy_make_strict_mt(L, "ctx.request");
     p->node_mt_ref = kv_policy_make_strict_mt(L, "node");
+    p->link_mt_ref = kv_policy_make_strict_mt(L, "link");
+    p->result_mt_ref = kv_policy_make_strict_mt(L, "ctx.result");
+    lua_newtable(L); /* ctx.state: the policy's own, plain and writable */
+    p->state_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     return 0;
 }
 
@@ -316,6 +322,7 @@ int kv_policy_load(const char *name, const char *path, const kv_policy_param *pa
     for (int h = 0; h < H_COUNT; h++)
         p->hook_ref[h] = LUA_NOREF;
     p->ctx_mt_ref = p->request_mt_ref = p->node_mt_ref = p->params_ref = p->model_ref = LUA_NOREF;
+    p->link_mt_ref = p->result_mt_ref = p->state_ref = LUA_NOREF;
 
     size_t len = 0;
     char *text = read_file(path, &len, err, p->name);
@@ -662,4 +669,26 @@ int kv_policy_admit(kv_policy *p, const kv_policy_request *r, const kv_policy_no
     p->cur.node = node;
     p->cur.kv_bytes_needed = kv_bytes_needed;
     return cached_call(p, admit, sizeof *admit, NULL, NULL, err);
+}
+
+int kv_policy_complete(kv_policy *p, const kv_policy_request *r, const kv_policy_finished *o, kv_error *err)
+{
+    if (!p || !r || !o)
+        return kv_error_set(err, KV_EFAIL, "kv_policy_complete: NULL argument");
+    if (p->hook_ref[H_COMPLETE] == LUA_NOREF)
+        return KV_OK;
+    int v = 0;
+    call_start(p, H_COMPLETE, r, &v);
+    p->cur.outcome = o;
+    return cached_call(p, &v, sizeof v, NULL, NULL, err);
+}
+
+void kv_policy_set_view(kv_policy *p, const kv_policy_view *v)
+{
+    if (!p)
+        return;
+    if (v)
+        p->view = *v;
+    else
+        memset(&p->view, 0, sizeof p->view);
 }

@@ -25,6 +25,9 @@ typedef struct kv_policy_request {
     int prompt_tokens;
     int output_tokens;
     double arrival_s;
+    /* Its history (the engine fills these; -1 until the phase has happened). The workload gives no SLO or
+       deadline, so there is none here (docs/policies.md, "ctx.request"). */
+    double prefill_start_s, prefill_end_s;
 } kv_policy_request;
 
 /* What a hook sees of the model. */
@@ -43,6 +46,43 @@ typedef struct kv_policy_node {
     int incoming;          /* decode: requests placed here whose KV is still in flight (not yet queued); 0 for prefill */
     double kv_reserved_bytes; /* decode: bytes of KV pages those incoming requests will need on arrival */
 } kv_policy_node;
+
+/* What a hook sees of one link of a request's route (ctx.route). */
+typedef struct kv_policy_link {
+    double capacity_gbps;   /* the link's bandwidth, gigabits/s */
+    double rate_gbps;       /* what its flows get now, gigabits/s */
+    double utilisation;     /* rate / capacity, 0..1 */
+    int flows;              /* transfers on it now */
+    double bytes_in_flight; /* bytes of those transfers not yet delivered */
+    double bytes_queued;    /* bytes waiting to start on it */
+} kv_policy_link;
+
+/* The running system, as the engine shows it to hooks (ctx.now, ctx.prefill_nodes, ctx.decode_nodes,
+   ctx.route). The host calls these lazily, only when a hook reads the field, and never caches an answer
+   that read one. Every function gets `user`. */
+typedef struct kv_policy_view {
+    void *user;
+    double (*now)(void *user);                                   /* the simulated clock, s */
+    /* pool 0: prefill nodes, 1: decode nodes. Points *nodes at an array the view owns (valid until the
+       next call of this function); returns its length. */
+    int (*nodes)(void *user, int pool, const kv_policy_node **nodes);
+    /* The links of request `id`'s route, at most `max` of them into links; returns how many. */
+    int (*route)(void *user, uint64_t id, kv_policy_link *links, int max);
+} kv_policy_view;
+
+/* What hook `complete` sees of a finished request (ctx.result). */
+typedef struct kv_policy_finished {
+    double ttft_s;          /* first committed token - arrival */
+    double ttft_spec_s;     /* first token, speculative or committed - arrival */
+    double ttkt_s;          /* K-th committed token (lynx.ttkt_k) - arrival; -1 when it made fewer */
+    double tpot_s;          /* (last - first committed token) / (tokens - 1); 0 for one token */
+    double done_s;          /* when its last token was committed */
+    double anchor_bytes, residual_bytes; /* on the wire, per plane (no split: all in anchor) */
+    double bits;            /* bits per KV value on the wire: 8 x bytes / (prompt tokens x values per token) */
+    int preemptions;
+} kv_policy_finished;
+
+#define KV_POLICY_MAX_ROUTE 16 /* links ctx.route shows at most */
 
 /* Parameters from the scenario: `policy.<name>.<key>: value` (numbers,
    booleans or strings), checked against the policy's declared `params`. */
@@ -100,6 +140,13 @@ int kv_policy_decode_node(kv_policy *p, const kv_policy_request *r, const kv_pol
 int kv_policy_admit(kv_policy *p, const kv_policy_request *r, const kv_policy_node *node,
                     double kv_bytes_needed, bool *admit, kv_error *err);
 
+/* Hook `complete(ctx)`: told a request finished, with its measured outcome (ctx.result). Its answer is
+   ignored. Default: nothing. */
+int kv_policy_complete(kv_policy *p, const kv_policy_request *r, const kv_policy_finished *o, kv_error *err);
+/* Shows hooks the running system (copied; NULL: none, then ctx.now is 0 and the node and route lists
+   are empty). The engine sets it for its run and clears it at the end. */
+void kv_policy_set_view(kv_policy *p, const kv_policy_view *v);
+
 /* --- Additions (policy owner) -------------------------------------------- */
 
 /* Tells the policy which model it serves, so every hook sees `ctx.model`
@@ -125,7 +172,8 @@ bool kv_policy_has_hook(const kv_policy *p, const char *hook);
 
 /* Answers are cached per (layer, KV head) for `encode`, and once for
    `transfer` and `speculate`, whenever the hook's call read nothing of the
-   request (ctx.request, ctx.context_length) and called no math.random. A file
+   request (ctx.request, ctx.context_length), nothing live (ctx.now,
+   ctx.prefill_nodes, ctx.decode_nodes, ctx.route, ctx.state) and called no math.random. A file
    can opt out with `cache = false`; this switch turns caching off (benchmarks,
    tests) or back on. Turning it off also empties the cache. */
 void kv_policy_set_cache(kv_policy *p, bool on);

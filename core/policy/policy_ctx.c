@@ -11,14 +11,20 @@
 #include "core/policy/policy_internal.h"
 #include "core/policy/policy_sandbox.h"
 
-/* Fields of ctx, per hook (request and context_length are lazy). */
-static const char *const ctx_fields[H_COUNT][10] = {
-    [H_ENCODE] = {"layer", "head", "model", "params", "policy", "request", "context_length", NULL},
-    [H_TRANSFER] = {"model", "params", "policy", "request", "context_length", NULL},
-    [H_SPECULATE] = {"model", "params", "policy", "request", "context_length", NULL},
-    [H_PREFILL_NODE] = {"nodes", "pool", "model", "params", "policy", "request", "context_length", NULL},
-    [H_DECODE_NODE] = {"nodes", "pool", "model", "params", "policy", "request", "context_length", NULL},
-    [H_ADMIT] = {"node", "kv_bytes_needed", "model", "params", "policy", "request", "context_length", NULL},
+/* Fields of ctx, per hook. request, context_length and the live fields (now, prefill_nodes, decode_nodes,
+   route, state) are lazy: ctx's __index fills them on first read and notes the read (policy.c's cache). */
+#define LIVE_FIELDS "now", "prefill_nodes", "decode_nodes", "route", "state"
+static const char *const ctx_fields[H_COUNT][16] = {
+    [H_ENCODE] = {"layer", "head", "model", "params", "policy", "request", "context_length", LIVE_FIELDS, NULL},
+    [H_TRANSFER] = {"model", "params", "policy", "request", "context_length", LIVE_FIELDS, NULL},
+    [H_SPECULATE] = {"model", "params", "policy", "request", "context_length", LIVE_FIELDS, NULL},
+    [H_PREFILL_NODE] = {"nodes", "pool", "model", "params", "policy", "request", "context_length", LIVE_FIELDS,
+                        NULL},
+    [H_DECODE_NODE] = {"nodes", "pool", "model", "params", "policy", "request", "context_length", LIVE_FIELDS,
+                       NULL},
+    [H_ADMIT] = {"node", "kv_bytes_needed", "model", "params", "policy", "request", "context_length", LIVE_FIELDS,
+                 NULL},
+    [H_COMPLETE] = {"result", "model", "params", "policy", "request", "context_length", LIVE_FIELDS, NULL},
 };
 
 kv_policy *kv_policy_of(lua_State *L)
@@ -118,7 +124,7 @@ int kv_policy_make_strict_mt(lua_State *L, const char *what)
 
 static void push_request(lua_State *L, kv_policy *p, const kv_policy_request *r)
 {
-    lua_createtable(L, 0, 4);
+    lua_createtable(L, 0, 6);
     lua_pushinteger(L, (lua_Integer)r->id);
     lua_setfield(L, -2, "id");
     lua_pushinteger(L, r->prompt_tokens);
@@ -127,6 +133,10 @@ static void push_request(lua_State *L, kv_policy *p, const kv_policy_request *r)
     lua_setfield(L, -2, "output_tokens");
     lua_pushnumber(L, r->arrival_s);
     lua_setfield(L, -2, "arrival_s");
+    lua_pushnumber(L, r->prefill_start_s);
+    lua_setfield(L, -2, "prefill_start_s");
+    lua_pushnumber(L, r->prefill_end_s);
+    lua_setfield(L, -2, "prefill_end_s");
     lua_rawgeti(L, LUA_REGISTRYINDEX, p->request_mt_ref);
     lua_setmetatable(L, -2);
 }
@@ -152,7 +162,87 @@ static void push_node(lua_State *L, kv_policy *p, const kv_policy_node *n)
     lua_setmetatable(L, -2);
 }
 
-/* __index of ctx: fills the request-dependent fields on first read (and notes
+static void set_num(lua_State *L, const char *k, double v)
+{
+    lua_pushnumber(L, v);
+    lua_setfield(L, -2, k);
+}
+
+/* ctx.prefill_nodes / ctx.decode_nodes: the pool's nodes now, from the engine's view (empty without one). */
+static void push_pool(lua_State *L, kv_policy *p, int pool)
+{
+    const kv_policy_node *nodes = NULL;
+    int n = p->view.nodes ? p->view.nodes(p->view.user, pool, &nodes) : 0;
+    lua_createtable(L, n > 0 ? n : 0, 0);
+    for (int i = 0; i < n; i++) {
+        push_node(L, p, &nodes[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+}
+
+/* ctx.route: the links of the request's route now (empty without a view or a request). */
+static void push_route(lua_State *L, kv_policy *p)
+{
+    kv_policy_link links[KV_POLICY_MAX_ROUTE];
+    int n = p->view.route && p->cur.r ? p->view.route(p->view.user, p->cur.r->id, links, KV_POLICY_MAX_ROUTE) : 0;
+    if (n > KV_POLICY_MAX_ROUTE)
+        n = KV_POLICY_MAX_ROUTE;
+    lua_createtable(L, n > 0 ? n : 0, 0);
+    for (int i = 0; i < n; i++) {
+        const kv_policy_link *l = &links[i];
+        lua_createtable(L, 0, 6);
+        set_num(L, "capacity_gbps", l->capacity_gbps);
+        set_num(L, "rate_gbps", l->rate_gbps);
+        set_num(L, "utilisation", l->utilisation);
+        lua_pushinteger(L, l->flows);
+        lua_setfield(L, -2, "flows");
+        set_num(L, "bytes_in_flight", l->bytes_in_flight);
+        set_num(L, "bytes_queued", l->bytes_queued);
+        lua_rawgeti(L, LUA_REGISTRYINDEX, p->link_mt_ref);
+        lua_setmetatable(L, -2);
+        lua_rawseti(L, -2, i + 1);
+    }
+}
+
+/* ctx.result of hook complete. */
+static void push_result(lua_State *L, kv_policy *p, const kv_policy_finished *o)
+{
+    lua_createtable(L, 0, 10);
+    set_num(L, "ttft_s", o->ttft_s);
+    set_num(L, "ttft_spec_s", o->ttft_spec_s);
+    set_num(L, "ttkt_s", o->ttkt_s);
+    set_num(L, "tpot_s", o->tpot_s);
+    set_num(L, "done_s", o->done_s);
+    set_num(L, "anchor_bytes", o->anchor_bytes);
+    set_num(L, "residual_bytes", o->residual_bytes);
+    set_num(L, "bytes", o->anchor_bytes + o->residual_bytes);
+    set_num(L, "bits", o->bits);
+    lua_pushinteger(L, o->preemptions);
+    lua_setfield(L, -2, "preemptions");
+    lua_rawgeti(L, LUA_REGISTRYINDEX, p->result_mt_ref);
+    lua_setmetatable(L, -2);
+}
+
+/* Pushes live field `key` (and notes the read), or returns false when key is not one. */
+static bool push_live(lua_State *L, kv_policy *p, const char *key)
+{
+    if (strcmp(key, "now") == 0)
+        lua_pushnumber(L, p->view.now ? p->view.now(p->view.user) : 0.0);
+    else if (strcmp(key, "prefill_nodes") == 0)
+        push_pool(L, p, 0);
+    else if (strcmp(key, "decode_nodes") == 0)
+        push_pool(L, p, 1);
+    else if (strcmp(key, "route") == 0)
+        push_route(L, p);
+    else if (strcmp(key, "state") == 0)
+        lua_rawgeti(L, LUA_REGISTRYINDEX, p->state_ref);
+    else
+        return false;
+    p->cur.read_live = true;
+    return true;
+}
+
+/* __index of ctx: fills the request-dependent and live fields on first read (and notes
    the read), answers nil for known-but-absent fields, errors on typos. */
 int kv_policy_ctx_index(lua_State *L)
 {
@@ -175,6 +265,11 @@ int kv_policy_ctx_index(lua_State *L)
         lua_pushinteger(L, p->cur.r->prompt_tokens);
         lua_pushvalue(L, -1);
         lua_setfield(L, 1, "context_length");
+        return 1;
+    }
+    if (key && push_live(L, p, key)) {
+        lua_pushvalue(L, -1);
+        lua_setfield(L, 1, key); /* raw from now on: one view per call */
         return 1;
     }
     int n = 0;
@@ -249,6 +344,10 @@ static void push_ctx(lua_State *L, kv_policy *p)
         lua_pushnumber(L, c->kv_bytes_needed);
         lua_setfield(L, -2, "kv_bytes_needed");
         break;
+    case H_COMPLETE:
+        push_result(L, p, c->outcome);
+        lua_setfield(L, -2, "result");
+        break;
     default:
         break;
     }
@@ -269,6 +368,8 @@ int kv_policy_call_body(lua_State *L)
     lua_pushvalue(L, ctx_idx);
     lua_call(L, 1, 1);
     int res = lua_gettop(L);
+    if (c->hook == H_COMPLETE)
+        return 0; /* told, not asked: its answer is ignored */
     if (lua_isnil(L, res)) {
         kv_policy_answer_bad(c, "nothing (nil); the hook must return an answer (or be removed to get the default)");
         return 0;

@@ -10,7 +10,7 @@
 #include "core/policy/policy.h"
 #include "core/policy/policy_sandbox.h"
 
-enum kv_policy_hook { H_ENCODE, H_TRANSFER, H_SPECULATE, H_PREFILL_NODE, H_DECODE_NODE, H_ADMIT, H_COUNT };
+enum kv_policy_hook { H_ENCODE, H_TRANSFER, H_SPECULATE, H_PREFILL_NODE, H_DECODE_NODE, H_ADMIT, H_COMPLETE, H_COUNT };
 
 /* The call in progress; filled by the public functions, read by the Lua side. */
 typedef struct kv_policy_call {
@@ -21,7 +21,9 @@ typedef struct kv_policy_call {
     int n_nodes;
     const kv_policy_node *node; /* admit */
     double kv_bytes_needed;     /* admit */
+    const kv_policy_finished *outcome; /* complete */
     bool read_request;          /* the hook read ctx.request or ctx.context_length */
+    bool read_live;             /* the hook read ctx.now, the node lists, ctx.route or ctx.state */
     bool bad;                   /* the answer failed validation; detail says why */
     char detail[512];           /* "key.bits = 17; expected ..." */
     void *out;                  /* where the parsed answer goes (type depends on hook) */
@@ -50,6 +52,10 @@ struct kv_policy {
     int ctx_mt_ref;             /* metatable of ctx tables */
     int request_mt_ref;         /* strict metatable of ctx.request */
     int node_mt_ref;            /* strict metatable of node tables */
+    int link_mt_ref;            /* strict metatable of ctx.route's link tables */
+    int result_mt_ref;          /* strict metatable of ctx.result */
+    int state_ref;              /* ctx.state: the policy's own table, kept for the whole run */
+    kv_policy_view view;        /* the running system (kv_policy_set_view); all NULL: none */
     int params_ref;             /* read-only view of the params table */
     int model_ref;              /* read-only view of the model table; LUA_NOREF when unknown */
     bool model_known, model_dirty;

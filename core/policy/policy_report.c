@@ -66,7 +66,7 @@ int kv_policy_hook_failure(kv_policy *p, int status, kv_error *err)
     lua_State *L = p->sb.L;
     const kv_policy_call *c = &p->cur;
     const char *hook = kv_policy_hook_names[c->hook];
-    char call[160], over[400], cap[32], defined[64];
+    char call[160], over[400], cap[32], defined[4200];
     describe_call(p, call, sizeof call);
     describe_overrides(p, over, sizeof over);
     kv_sandbox_format_bytes(p->sb.lim.mem_cap_bytes, cap, sizeof cap);

@@ -245,7 +245,7 @@ void kv_report_json(FILE *out, const kv_scenario *s, const kv_policy_outcome *o,
 /* A requests.csv row is built in memory and written with one fwrite (stdio per field was most of a run). */
 enum { ROW_NAME_MAX = 512 }; /* longer policy names are written on their own */
 typedef struct csv_row {
-    char buf[ROW_NAME_MAX + 40 * KV_JSON_NUMBER_SIZE]; /* the name, 32 fields, newline */
+    char buf[ROW_NAME_MAX + 40 * KV_JSON_NUMBER_SIZE]; /* the name, 33 fields, newline */
     size_t n;                                          /* bytes used */
 } csv_row;
 
@@ -305,6 +305,7 @@ static void csv_fields(csv_row *w, const kv_request_result *q)
     csv_num(w, q->tier_low_fraction);
     csv_num(w, q->tier_pruned_fraction);
     row_int(w, q->preemptions);
+    csv_num(w, q->bits);
     w->buf[w->n++] = '\n';
 }
 
@@ -314,7 +315,7 @@ void kv_report_csv(FILE *out, const kv_policy_outcome *o, size_t n)
           "encode_end_s,anchor_arrived_s,kv_arrived_s,admitted_s,first_spec_s,first_token_s,kth_token_s,done_s,"
           "ttft_ms,ttft_spec_ms,ttkt_ms,tpot_ms,e2el_ms,anchor_bytes,residual_bytes,kept_tokens_fraction,"
           "spec_tokens,accepted_tokens,verifications,tier_high_fraction,tier_low_fraction,tier_pruned_fraction,"
-          "preemptions\n",
+          "preemptions,bits\n",
           out);
     csv_row w;
     for (size_t p = 0; p < n; p++) {

@@ -151,7 +151,7 @@ static int generated(const request *r)
 
 static void start_step(engine *e, int d);
 
-static int node_state(engine *e, bool decode, kv_policy_node **out)
+int kv_engine_node_state(engine *e, bool decode, kv_policy_node **out)
 {
     int n = decode ? e->n_dnodes : e->n_pnodes;
     kv_policy_node *nodes = kv_calloc((size_t)n, sizeof *nodes);
@@ -183,7 +183,7 @@ static int node_state(engine *e, bool decode, kv_policy_node **out)
 static int choose_node(engine *e, request *r, bool decode, int *node)
 {
     kv_policy_node *nodes = NULL;
-    int n = node_state(e, decode, &nodes);
+    int n = kv_engine_node_state(e, decode, &nodes);
     kv_policy_request pr = policy_request(r);
     int rc = decode ? kv_policy_decode_node(e->policy, &pr, nodes, n, node, e->err)
                     : kv_policy_prefill_node(e->policy, &pr, nodes, n, node, e->err);
@@ -440,7 +440,7 @@ static void try_admit(engine *e, int d, double now)
     uint64_t pages = 0;
     for (size_t i = first; i < dn->n_running; i++) {
         request *r = &e->reqs[dn->running[i]];
-        r->slot = kv_mem_seq_open(mem);
+        r->slot = kv_mem_seq_open_tables(mem, r->cache.tables);
         scratch_reserve(e, k + (size_t)r->cache.tables * 2);
         uint64_t before = pages;
         k += kv_cache_demands(&r->cache, mem, r->slot, e->scratch + k, &pages);
@@ -619,6 +619,25 @@ static void finish_request(engine *e, request *r)
     r->running = false;
     r->done = true;
     e->done_count++;
+    if (kv_policy_has_hook(e->policy, "complete")) {
+        /* The policy is told (hook complete) what the request measured. */
+        const kv_request_result *q = r->res;
+        kv_policy_finished o = {
+            .ttft_s = q->first_token_s - q->arrival_s,
+            .ttft_spec_s = q->first_spec_s - q->arrival_s,
+            .ttkt_s = q->kth_token_s >= 0 ? q->kth_token_s - q->arrival_s : -1,
+            .tpot_s = q->output_tokens > 1 ? (q->done_s - q->first_token_s) / (q->output_tokens - 1) : 0,
+            .done_s = q->done_s,
+            .anchor_bytes = q->anchor_bytes,
+            .residual_bytes = q->residual_bytes,
+            .bits = q->bits,
+            .preemptions = q->preemptions,
+        };
+        kv_policy_request pr = policy_request(r);
+        int rc = kv_policy_complete(e->policy, &pr, &o, e->err);
+        if (rc)
+            fail(e, rc);
+    }
 }
 
 static void on_step_done(engine *e, int d, double now)
@@ -757,6 +776,8 @@ static void start_flow(engine *e, request *r, int layer, int plane, double now)
     int rc = kv_net_flow_start(e->net, &f, now, &id, e->err);
     if (rc)
         fail(e, rc);
+    else
+        kv_engine_view_flow(e, f.src, f.dst, (double)f.bytes, +1);
 }
 
 static void start_transfer(engine *e, request *r, int layer, double now)
@@ -825,6 +846,8 @@ void kv_engine_on_flow_done(void *user, kv_flow_id id, uint64_t tag, double t)
     request *r = &e->reqs[tag >> 20];
     int layer = (int)((tag >> 1) & 0x7ffff);
     int plane = (int)(tag & 1);
+    kv_engine_view_flow(e, r->res->prefill_node, e->n_pnodes + r->res->decode_node, (double)flow_bytes(r, layer, plane),
+                        -1);
     if (plane == PLANE_ANCHOR) {
         if (r->split && r->plan.order == KV_ORDER_ANCHOR_FIRST)
             start_flow(e, r, layer, PLANE_RESIDUAL, t);
@@ -837,8 +860,15 @@ void kv_engine_on_flow_done(void *user, kv_flow_id id, uint64_t tag, double t)
                 kv_complete(e, r, t);
             } else if (r->residual_done) {
                 kv_complete(e, r, t); /* the residual came first (concurrent flows): nothing to speculate on */
-            } else if (r->speculative && r->spec.output_tokens > 1) {
-                enqueue_decode(e, r, t); /* speculates token 2 onwards on the anchor */
+            } else if (r->spec.output_tokens > 1) {
+                /* Decoding on the anchor alone could start now: the speculate hook says how far. */
+                int rc = kv_engine_plan_speculation(e, r);
+                if (rc) {
+                    fail(e, rc);
+                    return;
+                }
+                if (r->speculative)
+                    enqueue_decode(e, r, t); /* speculates token 2 onwards on the anchor */
             }
         }
         return;
@@ -882,33 +912,68 @@ static void start_prefill(engine *e, int p, double now)
         snprintf(name, sizeof name, "prefill B=%zu T=%ld", pn->n_batch, tokens);
         span(e, pn->track, name, "prefill", now, end, pn->n_batch == 1 ? (int64_t)e->reqs[pn->batch[0]].spec.id : -1);
     }
-    /* Encodes run one after another once the batch's KV exists (layer-wise: as layers finish). */
-    double t_encode = end;
+    /* The transfer hook answers now, at prefill start: whether a request streams layer by layer decides
+       whether its flows start during prefill (docs/policies.md, "When each hook runs", exception 1). A
+       layer-wise request's encodings are asked now too (exception 2): its first layer is encoded and sent
+       before the prefill ends. The others are encoded at `end` (EV_PREFILL_END). */
     int layers = e->cfg->model->layers;
-    for (size_t i = 0; i < pn->n_batch; i++) {
+    bool later = false;
+    for (size_t i = 0; i < pn->n_batch && !e->failed; i++) {
         request *r = &e->reqs[pn->batch[i]];
         r->res->prefill_start_s = now;
+        int rc = kv_engine_plan_transfer(e, r);
+        if (!rc && r->plan.layerwise)
+            rc = kv_engine_plan_encoding(e, r);
+        if (rc) {
+            fail(e, rc);
+            return;
+        }
         r->res->prefill_end_s = end;
         r->first_held = true; /* its last logits give token 1 at `end`; committed when its KV is complete */
-        r->anchor_pending = r->layers_total;
-        r->residual_pending = r->split ? r->layers_total : 0;
         if (r->plan.layerwise) {
+            r->anchor_pending = r->layers_total;
+            r->residual_pending = r->split ? r->layers_total : 0;
             for (int l = 0; l < layers; l++) {
                 double ready = now + dt * (l + 1) / layers + r->encode_s * (l + 1) / layers;
                 kv_eventq_push(&e->q, ready, EV_LAYER_READY, pn->batch[i], l);
             }
             r->res->encode_end_s = end + r->encode_s;
         } else {
-            double start = t_encode;
-            t_encode += r->encode_s;
-            r->res->encode_end_s = t_encode;
-            if (e->tl) {
-                char ename[48];
-                snprintf(ename, sizeof ename, "encode r%llu", (unsigned long long)r->spec.id);
-                span(e, pn->track, ename, "encode", start, t_encode, (int64_t)r->spec.id);
-            }
-            kv_eventq_push(&e->q, t_encode, EV_ENCODE_DONE, pn->batch[i], 0);
+            later = true;
         }
+    }
+    if (later)
+        kv_eventq_push(&e->q, end, EV_PREFILL_END, p, 0);
+    else
+        kv_eventq_push(&e->q, end, EV_PREFILL_DONE, p, 0);
+}
+
+/* The prefill of node p's batch has ended: its requests' encodings are asked now, and their encodes run one
+   after another; the node takes its next batch when the last has finished. */
+static void on_prefill_end(engine *e, int p, double now)
+{
+    prefill_node *pn = &e->pnodes[p];
+    double t_encode = now;
+    for (size_t i = 0; i < pn->n_batch; i++) {
+        request *r = &e->reqs[pn->batch[i]];
+        if (r->plan.layerwise)
+            continue;
+        int rc = kv_engine_plan_encoding(e, r);
+        if (rc) {
+            fail(e, rc);
+            return;
+        }
+        r->anchor_pending = r->layers_total;
+        r->residual_pending = r->split ? r->layers_total : 0;
+        double start = t_encode;
+        t_encode += r->encode_s;
+        r->res->encode_end_s = t_encode;
+        if (e->tl) {
+            char ename[48];
+            snprintf(ename, sizeof ename, "encode r%llu", (unsigned long long)r->spec.id);
+            span(e, pn->track, ename, "encode", start, t_encode, (int64_t)r->spec.id);
+        }
+        kv_eventq_push(&e->q, t_encode, EV_ENCODE_DONE, pn->batch[i], 0);
     }
     kv_eventq_push(&e->q, t_encode, EV_PREFILL_DONE, p, 0);
 }
@@ -924,6 +989,15 @@ static void on_arrival(engine *e, request *r, double now)
     if (e->colocated) {
         r->res->decode_node = node;
         r->res->prefill_node = node;
+        /* Colocated: the KV is made inside the decode batch, whose admission needs its pages, so the
+           transfer (its preemption mode) and encode hooks answer at arrival (exception 3). */
+        rc = kv_engine_plan_transfer(e, r);
+        if (!rc)
+            rc = kv_engine_plan_encoding(e, r);
+        if (rc) {
+            fail(e, rc);
+            return;
+        }
         enqueue_decode(e, r, now);
         return;
     }
@@ -975,6 +1049,9 @@ int kv_engine_run(const kv_run_inputs *in, kv_run_result *out, kv_error *err)
         switch (ev.type) {
         case EV_ARRIVAL:
             on_arrival(&e, &e.reqs[ev.a], ev.t_s);
+            break;
+        case EV_PREFILL_END:
+            on_prefill_end(&e, ev.a, ev.t_s);
             break;
         case EV_PREFILL_DONE:
             e.pnodes[ev.a].busy = false;

@@ -53,6 +53,7 @@ typedef struct kv_request_result {
     double anchor_bytes, residual_bytes; /* on the wire */
     double kv_stored_bytes;    /* on the decode node once complete */
     double kept_tokens_fraction; /* DiffKV: tokens kept / tokens (1 otherwise) */
+    double bits;               /* bits per KV value on the wire: 8 x (anchor + residual) / values of the prompt */
     int spec_tokens;           /* speculated in total */
     int accepted_tokens;       /* of those, accepted by verification */
     int verifications;

@@ -26,6 +26,7 @@ enum event_type {
     EV_ENCODE_DONE,     /* a = request: KV encoded, start the transfer */
     EV_LAYER_READY,     /* a = request, b = layer: layer-wise streaming */
     EV_STEP_DONE,       /* a = decode node */
+    EV_PREFILL_END,     /* a = prefill node: its batch's prefill computed; encodes are planned and start */
 };
 
 enum step_action {
@@ -75,6 +76,8 @@ typedef struct request {
     double spec_start_s;    /* first speculative step began */
     double verify_start_s, verify_end_s; /* the verification step */
     int track;              /* its track in the requests process */
+    bool transfer_planned;  /* the transfer hook has answered (r->plan, layers_total) */
+    bool cache_made;        /* the encode hook has answered: cache, bytes, kernel costs (kv_engine_plan_encoding) */
     bool in_wait, running, done;
 } request;
 
@@ -148,20 +151,36 @@ typedef struct engine {
     kv_error *err;
     int failed;             /* first error code; stops the run */
     size_t done_count;
+    bool memory_ready, net_ready; /* made from the first request planned (engine_setup.c) */
+    /* What the engine knows of its own transfers, per host NIC (prefill out, then decode in): for ctx.route. */
+    int *host_flows;        /* flows started and not finished */
+    double *host_bytes;     /* their bytes */
+    kv_policy_node *view_nodes; /* ctx.prefill_nodes / ctx.decode_nodes, rebuilt on each read */
+    size_t cap_view_nodes;
 } engine;
 
 /* engine_setup.c: fills a zeroed engine for one run (the steps in order); frees what it made. */
 int kv_engine_setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_error *err);
 void kv_engine_free(engine *e);
 
-/* What a policy hook sees of a request. */
+/* What a policy hook sees of a request, its history included. */
 static inline kv_policy_request policy_request(const request *r)
 {
-    return (kv_policy_request){r->spec.id, r->spec.prompt_tokens, r->spec.output_tokens, r->spec.arrival_s};
+    return (kv_policy_request){r->spec.id, r->spec.prompt_tokens, r->spec.output_tokens, r->spec.arrival_s,
+                               r->res->prefill_start_s, r->res->prefill_end_s};
 }
 
-/* engine_plan.c: the policy's plan for one request (encodings, bytes on the wire, its cache). */
-int kv_engine_plan_request(engine *e, request *r);
+/* engine_plan.c: the policy's plan for one request, each part when it takes effect (docs/policies.md). */
+int kv_engine_plan_transfer(engine *e, request *r);   /* transfer hook: r->plan, layers_total */
+int kv_engine_plan_encoding(engine *e, request *r);   /* encode hook: its cache, bytes, kernel costs */
+int kv_engine_plan_speculation(engine *e, request *r); /* speculate hook: spec_k, speculative */
+/* engine_setup.c: the decode nodes' memory and the network, shaped by the first request planned. */
+int kv_engine_setup_memory(engine *e, const request *first);
+int kv_engine_setup_network(engine *e, const request *first);
+/* engine_view.c: what hooks see of the running system (kv_policy_view), and the engine's flow counts. */
+void kv_engine_view_install(engine *e);
+void kv_engine_view_flow(engine *e, int src, int dst, double bytes, int sign);
+int kv_engine_node_state(engine *e, bool decode, kv_policy_node **out);
 /* engine.c: the network's completion callback. */
 void kv_engine_on_flow_done(void *user, kv_flow_id id, uint64_t tag, double t);
 

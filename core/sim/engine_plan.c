@@ -1,5 +1,6 @@
-/* engine_plan.c — one request's encoding planned when it enters the run: the policy's encodings and
-   transfer plan, the bytes of each plane, and the encode and merge kernel costs. */
+/* engine_plan.c — one request's plan, asked of the policy when each decision takes effect: its transfer plan
+   (at prefill start), its encodings, the bytes of each plane and the encode and merge kernel costs (at prefill
+   end), and its speculation (when decoding on the anchor starts). docs/policies.md, "When each hook runs". */
 #include <math.h>
 #include <string.h>
 
@@ -11,7 +12,28 @@
 
 /* ---- Encoding: bytes and kernel costs of one request ----------------------------------------- */
 
-int kv_engine_plan_request(engine *e, request *r)
+int kv_engine_plan_transfer(engine *e, request *r)
+{
+    kv_policy_request pr = policy_request(r);
+    int rc = kv_policy_transfer(e->policy, &pr, &r->plan, e->err);
+    if (rc)
+        return rc;
+    r->layers_total = r->plan.layerwise ? e->cfg->model->layers : 1;
+    r->transfer_planned = true;
+    return KV_OK;
+}
+
+int kv_engine_plan_speculation(engine *e, request *r)
+{
+    kv_policy_request pr = policy_request(r);
+    int rc = kv_policy_speculation(e->policy, &pr, &r->spec_k, e->err);
+    if (rc)
+        return rc;
+    r->speculative = r->split && r->spec_k > 0 && !e->colocated;
+    return KV_OK;
+}
+
+int kv_engine_plan_encoding(engine *e, request *r)
 {
     const kv_model_card *m = e->cfg->model;
     kv_policy_request pr = policy_request(r);
@@ -58,17 +80,9 @@ int kv_engine_plan_request(engine *e, request *r)
     }
     if (rc)
         return rc;
-    r->slot = -1;
-    r->prefill_tokens = tokens;
-    r->prefilled = !e->colocated; /* disaggregated: the KV arrives computed */
+    r->cache_made = true;
     kv_cache_set_tokens(&r->cache, tokens, e->colocated);
-    rc = kv_policy_transfer(e->policy, &pr, &r->plan, e->err);
-    if (!rc)
-        rc = kv_policy_speculation(e->policy, &pr, &r->spec_k, e->err);
-    if (rc)
-        return rc;
     r->split = residual > 0;
-    r->speculative = r->split && r->spec_k > 0 && !e->colocated;
     r->full_per_token = (anchor + residual) / tokens;
     r->anchor_per_token = anchor / tokens;
     /* Encode reads the bf16 KV and writes the planes; merge reads both planes and writes the codes. */
@@ -83,10 +97,28 @@ int kv_engine_plan_request(engine *e, request *r)
         r->merge_s = values * e->costs.decode_s_per_value;
     else
         r->merge_s = kv_timing_decode_kernel_seconds(&e->decode_timing, 2.0 * (anchor + residual));
-    r->layers_total = r->plan.layerwise ? m->layers : 1;
     r->res->anchor_bytes = anchor;
     r->res->residual_bytes = residual;
     r->res->kv_stored_bytes = anchor + residual;
     r->res->kept_tokens_fraction = kept / ((double)tokens * m->layers * m->kv_heads);
+    r->res->bits = 8.0 * (anchor + residual) / values;
+    /* The decode nodes' memory and the network take their shape from the first request planned
+       (engine_setup.c); every request's cache is then bound to that memory's pages. */
+    if (!e->memory_ready) {
+        rc = kv_engine_setup_memory(e, r);
+        if (rc)
+            return rc;
+    }
+    if (e->dnodes && e->dnodes[0].mem) {
+        rc = kv_cache_bind(&r->cache, e->dnodes[0].mem, e->err);
+        if (rc)
+            return kv_error_prefix(e->err, "%s: policy %s, request %llu: ", e->cfg->source, kv_policy_name(e->policy),
+                                   (unsigned long long)r->spec.id);
+    }
+    if (!e->net_ready) {
+        rc = kv_engine_setup_network(e, r);
+        if (rc)
+            return rc;
+    }
     return KV_OK;
 }

@@ -8,6 +8,8 @@
 
 void kv_engine_free(engine *e)
 {
+    if (e->policy)
+        kv_policy_set_view(e->policy, NULL); /* it points into this engine */
     for (int i = 0; i < e->n_pnodes; i++) {
         kv_free(e->pnodes[i].queue);
         kv_free(e->pnodes[i].batch);
@@ -31,6 +33,9 @@ void kv_engine_free(engine *e)
     if (e->own_be)
         kv_backend_close(e->be);
     kv_free(e->host_tracks);
+    kv_free(e->host_flows);
+    kv_free(e->host_bytes);
+    kv_free(e->view_nodes);
     kv_net_destroy(e->net);
     kv_eventq_free(&e->q);
 }
@@ -131,7 +136,7 @@ static void setup_tracks(engine *e)
     e->tl_requests = kv_timeline_process(e->tl, name);
 }
 
-/* Every request of the workload, planned by the policy, its arrival queued. */
+/* Every request of the workload, its arrival queued; the policy plans each as it runs (engine_plan.c). */
 static int setup_requests(engine *e, const kv_workload *workload, kv_run_result *out)
 {
     size_t n = kv_workload_count(workload);
@@ -159,21 +164,25 @@ static int setup_requests(engine *e, const kv_workload *workload, kv_run_result 
             snprintf(name, sizeof name, "request %llu", (unsigned long long)r->spec.id);
             r->track = kv_timeline_track(e->tl, e->tl_requests, name);
         }
-        int rc = kv_engine_plan_request(e, r);
-        if (rc)
-            return rc;
+        r->slot = -1;
+        r->prefill_tokens = r->spec.prompt_tokens;
+        r->prefilled = !e->colocated; /* disaggregated: the KV arrives computed */
         kv_eventq_push(&e->q, r->spec.arrival_s, EV_ARRIVAL, (int)i, 0);
     }
     return KV_OK;
 }
 
-/* Paged KV memory on every decode node; the page size fits the first request's tiers (kvmem.h). */
-static int setup_memory(engine *e, kv_run_result *out, kv_error *err)
+/* Paged KV memory on every decode node, made when the first request is planned: the page size fits that
+   request's tiers (kvmem.h), as it did when every request was planned before the run; later requests with
+   other encodings bind their own tokens per page to it (kv_cache_bind), page tables per (layer, KV head)
+   where a whole token does not fit a page. */
+int kv_engine_setup_memory(engine *e, const request *first)
 {
+    kv_run_result *out = e->out;
+    kv_error *err = e->err;
+    e->memory_ready = true;
     out->kv_page_bytes = out->kv_pages_capacity = 0;
-    if (e->n_reqs == 0)
-        return KV_OK;
-    const kv_cache *c0 = &e->reqs[0].cache;
+    const kv_cache *c0 = &first->cache;
     e->charge_manager = c0->kind == KV_CACHE_DIFFKV;
     kv_mem_config mc = {.capacity_bytes = e->cfg->decode.kv_capacity_bytes, .tiers = 2,
                         .token_bytes = {c0->token_bytes[0], c0->token_bytes[1]},
@@ -184,12 +193,6 @@ static int setup_memory(engine *e, kv_run_result *out, kv_error *err)
         if (rc)
             return kv_error_prefix(err, "%s: memory: ", e->cfg->where_memory);
     }
-    for (size_t i = 0; i < e->n_reqs; i++) {
-        int rc = kv_cache_bind(&e->reqs[i].cache, e->dnodes[0].mem, err);
-        if (rc)
-            return kv_error_prefix(err, "%s: policy %s, request %llu: ", e->cfg->source, kv_policy_name(e->policy),
-                                   (unsigned long long)e->reqs[i].spec.id);
-    }
     out->kv_page_bytes = kv_mem_page_bytes(e->dnodes[0].mem);
     out->kv_pages_capacity = kv_mem_capacity_pages(e->dnodes[0].mem);
     for (int t = 0; t < 2; t++)
@@ -197,21 +200,24 @@ static int setup_memory(engine *e, kv_run_result *out, kv_error *err)
     return KV_OK;
 }
 
-/* The network between the pools, with the policy's priority classes (none when colocated). */
-static int setup_network(engine *e, kv_run_result *out, kv_error *err)
+/* The network between the pools, with the policy's priority classes (none when colocated), made when the
+   first request is planned (first: NULL when the workload is empty). */
+int kv_engine_setup_network(engine *e, const request *first)
 {
+    kv_run_result *out = e->out;
+    e->net_ready = true;
     if (e->colocated) {
         snprintf(out->network, sizeof out->network, "none (colocated)");
         return KV_OK;
     }
     kv_net_config cfg = e->cfg->net;
     /* Priority classes are a property of the network: take the policy's (first request's) plan. */
-    if (e->n_reqs > 0 && e->reqs[0].split) {
-        cfg.priority = (kv_priority_mode)e->reqs[0].plan.priority_mode;
-        cfg.class_weight[0] = e->reqs[0].plan.anchor_weight > 0 ? e->reqs[0].plan.anchor_weight : 1;
-        cfg.class_weight[1] = e->reqs[0].plan.residual_weight > 0 ? e->reqs[0].plan.residual_weight : 1;
+    if (first && first->split) {
+        cfg.priority = (kv_priority_mode)first->plan.priority_mode;
+        cfg.class_weight[0] = first->plan.anchor_weight > 0 ? first->plan.anchor_weight : 1;
+        cfg.class_weight[1] = first->plan.residual_weight > 0 ? first->plan.residual_weight : 1;
     }
-    int rc = kv_net_create(&cfg, kv_engine_on_flow_done, e, &e->net, err);
+    int rc = kv_net_create(&cfg, kv_engine_on_flow_done, e, &e->net, e->err);
     if (rc)
         return rc;
     snprintf(out->network, sizeof out->network, "%s", kv_net_name(e->net));
@@ -253,11 +259,14 @@ int kv_engine_setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_e
     for (int i = 0; i < e->n_dnodes; i++)
         e->dnodes[i].kv_capacity_bytes = c->decode.kv_capacity_bytes;
     setup_tracks(e);
+    int hosts = e->n_pnodes + e->n_dnodes;
+    e->host_flows = kv_calloc((size_t)hosts + 1, sizeof *e->host_flows);
+    e->host_bytes = kv_calloc((size_t)hosts + 1, sizeof *e->host_bytes);
     int rc = setup_requests(e, in->workload, out);
+    if (!rc && e->n_reqs == 0)
+        rc = kv_engine_setup_network(e, NULL); /* nothing will be planned: the empty run's network */
     if (!rc)
-        rc = setup_memory(e, out, err);
-    if (!rc)
-        rc = setup_network(e, out, err);
+        kv_engine_view_install(e);
     return rc;
 }
 

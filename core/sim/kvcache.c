@@ -192,11 +192,19 @@ void kv_cache_wire_bytes(kv_cache *c, const kv_encoding *enc, int head_dim, int 
 int kv_cache_bind(kv_cache *c, const kv_mem *m, kv_error *err)
 {
     uint32_t page = kv_mem_page_bytes(m);
-    if (kv_mem_heads(m) != c->tables)
-        return kv_error_set(err, KV_EINPUT,
-                            "its KV needs %d page tables per sequence but the decode node's memory was set up for %d "
-                            "(DiffKV and other encodings cannot share a run's decode nodes)",
-                            c->tables, kv_mem_heads(m));
+    /* The node's page size came from the first request planned, maybe of another encoding. A plain or
+       KIVI sequence whose token (every layer and head together) does not fit one page keeps a page table
+       per (layer, KV head) instead, as DiffKV does: its pages then hold tokens of one head. */
+    bool fits = true;
+    for (int t = 0; t < c->tiers; t++)
+        fits = fits && floor(page / c->token_bytes[t]) >= 1;
+    if (!fits && c->kind != KV_CACHE_DIFFKV && c->tables == 1 && c->heads > 1) {
+        c->tables = c->heads;
+        for (int t = 0; t < 2; t++)
+            c->token_bytes[t] = c->head_bytes[t];
+        kv_free(c->room);
+        c->room = kv_calloc((size_t)c->tables * 2, sizeof *c->room);
+    }
     for (int t = 0; t < c->tiers; t++) {
         double n = floor(page / c->token_bytes[t]);
         if (n < 1)

@@ -86,8 +86,10 @@ void kv_cache_totals(const kv_cache *c, double *tier0, double *tier1, double *pr
 /* Bytes one decode step reads: every stored token of every head. */
 double kv_cache_read_bytes(const kv_cache *c);
 
-/* Uses node memory m: tokens per page of each tier. KV_EINPUT when a token
-   does not fit a page (the node's page size came from another encoding). */
+/* Uses node memory m: tokens per page of each tier. Requests of any encodings share a node: a plain or
+   KIVI cache whose whole token does not fit m's page takes a page table per (layer, KV head) (tables =
+   heads), and a DiffKV one always has them (open its sequence with kv_mem_seq_open_tables(m, c->tables)).
+   KV_EINPUT when even one head's token does not fit a page. */
 int kv_cache_bind(kv_cache *c, const kv_mem *m, kv_error *err);
 /* Pages a fresh allocation of the current state needs (admission). */
 uint64_t kv_cache_pages_needed(const kv_cache *c);

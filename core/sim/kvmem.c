@@ -69,6 +69,8 @@ int kv_mem_choose_page(const double *token_bytes, int tiers, int min_tokens, int
 
 typedef struct mem_seq {
     bool open;
+    int heads;       /* page tables of this sequence (kv_mem_seq_open_tables) */
+    int n_cap;       /* heads the n array has room for */
     uint32_t cap;    /* entries per head table */
     uint32_t *table; /* [heads][cap]: tier 0 from the front, tier 1 from the back */
     uint32_t *n;     /* [heads][2]: pages per tier */
@@ -255,6 +257,12 @@ static mem_seq *seq_at(const kv_mem *m, int slot)
 
 int kv_mem_seq_open(kv_mem *m)
 {
+    return kv_mem_seq_open_tables(m, m->heads);
+}
+
+int kv_mem_seq_open_tables(kv_mem *m, int tables)
+{
+    MEM_ASSERT(tables >= 1);
     int slot;
     if (m->n_free_slots > 0) {
         slot = m->free_slots[--m->n_free_slots];
@@ -262,12 +270,22 @@ int kv_mem_seq_open(kv_mem *m)
         kv_grow((void **)&m->seqs, sizeof *m->seqs, &m->cap_seqs, m->n_seqs + 1);
         slot = (int)m->n_seqs++;
         memset(&m->seqs[slot], 0, sizeof m->seqs[slot]);
-        m->seqs[slot].n = kv_calloc((size_t)m->heads * 2, sizeof *m->seqs[slot].n);
     }
     mem_seq *s = &m->seqs[slot];
+    if (s->n_cap < tables) {
+        kv_free(s->n);
+        s->n = kv_calloc((size_t)tables * 2, sizeof *s->n);
+        s->n_cap = tables;
+    }
+    if (s->heads != tables) { /* a reused slot's tables have another shape: start them afresh */
+        kv_free(s->table);
+        s->table = NULL;
+        s->cap = 0;
+    }
+    s->heads = tables;
     s->open = true;
     s->total = 0;
-    memset(s->n, 0, (size_t)m->heads * 2 * sizeof *s->n);
+    memset(s->n, 0, (size_t)tables * 2 * sizeof *s->n);
     return slot;
 }
 
@@ -319,8 +337,9 @@ static void seq_grow(kv_mem *m, mem_seq *s, uint32_t need)
     uint32_t cap = s->cap ? s->cap : 16;
     while (cap < need)
         cap = cap > UINT32_MAX / 2 ? need : cap * 2;
-    uint32_t *t = kv_calloc((size_t)m->heads * cap, sizeof *t);
-    for (int h = 0; h < m->heads && s->table; h++) {
+    (void)m;
+    uint32_t *t = kv_calloc((size_t)s->heads * cap, sizeof *t);
+    for (int h = 0; h < s->heads && s->table; h++) {
         uint32_t n0 = s->n[(size_t)h * 2], n1 = s->n[(size_t)h * 2 + 1];
         const uint32_t *old = s->table + (size_t)h * s->cap;
         uint32_t *nw = t + (size_t)h * cap;
@@ -398,7 +417,8 @@ int kv_mem_alloc(kv_mem *m, const kv_mem_demand *d, size_t n, bool *granted, kv_
     uint64_t total = 0;
     host_reserve(m, n, 0);
     for (size_t i = 0; i < n; i++) {
-        MEM_ASSERT(d[i].tier >= 0 && d[i].tier < m->tiers && d[i].head >= 0 && d[i].head < m->heads);
+        MEM_ASSERT(d[i].tier >= 0 && d[i].tier < m->tiers && d[i].head >= 0 &&
+                   d[i].head < seq_at(m, d[i].slot)->heads);
         m->h_demand[i] = d[i].pages;
         total += d[i].pages;
     }
@@ -456,8 +476,8 @@ int kv_mem_release(kv_mem *m, const kv_mem_demand *d, size_t n, kv_error *err)
     /* Gather the newest pages of each entry, newest last (the order they were granted in). */
     uint64_t at = 0;
     for (size_t i = 0; i < n; i++) {
-        MEM_ASSERT(d[i].tier >= 0 && d[i].tier < m->tiers && d[i].head >= 0 && d[i].head < m->heads);
         mem_seq *s = seq_at(m, d[i].slot);
+        MEM_ASSERT(d[i].tier >= 0 && d[i].tier < m->tiers && d[i].head >= 0 && d[i].head < s->heads);
         uint32_t have = s->n[(size_t)d[i].head * 2 + (size_t)d[i].tier];
         MEM_ASSERT(d[i].pages <= have);
         const uint32_t *table = s->table + (size_t)d[i].head * s->cap;
@@ -487,7 +507,7 @@ int kv_mem_release_seqs(kv_mem *m, const int *slots, size_t n, kv_error *err)
     size_t entries = 0;
     for (size_t i = 0; i < n; i++)
         if (seq_at(m, slots[i])->total > 0)
-            entries += (size_t)m->heads * (size_t)m->tiers;
+            entries += (size_t)seq_at(m, slots[i])->heads * (size_t)m->tiers;
     if (entries == 0)
         return KV_OK;
     kv_mem_demand *d = kv_malloc(entries * sizeof *d);
@@ -496,7 +516,7 @@ int kv_mem_release_seqs(kv_mem *m, const int *slots, size_t n, kv_error *err)
         const mem_seq *s = seq_at(m, slots[i]);
         if (s->total == 0)
             continue;
-        for (int h = 0; h < m->heads; h++)
+        for (int h = 0; h < s->heads; h++)
             for (int t = 0; t < m->tiers; t++)
                 d[k++] = (kv_mem_demand){slots[i], h, t, s->n[(size_t)h * 2 + (size_t)t]};
     }
@@ -569,7 +589,7 @@ int kv_mem_check(kv_mem *m, bool full, kv_error *err)
         const mem_seq *s = &m->seqs[i];
         if (!s->open)
             continue;
-        for (int h = 0; !rc && h < m->heads; h++)
+        for (int h = 0; !rc && h < s->heads; h++)
             for (int t = 0; !rc && t < m->tiers; t++)
                 for (uint32_t j = 0; !rc && j < s->n[(size_t)h * 2 + (size_t)t]; j++) {
                     uint32_t page = s->table[(size_t)h * s->cap + table_index(s, t, j)];

@@ -81,11 +81,14 @@ uint32_t kv_mem_tokens_per_page(const kv_mem *m, int tier);
 uint32_t kv_mem_capacity_pages(const kv_mem *m);
 uint32_t kv_mem_free_pages(const kv_mem *m);
 uint32_t kv_mem_used_pages(const kv_mem *m);
-int kv_mem_heads(const kv_mem *m);
+int kv_mem_heads(const kv_mem *m); /* page tables per sequence the page size was chosen for */
 int kv_mem_tiers(const kv_mem *m);
 
-/* Opens a sequence with empty page tables; returns its slot (>= 0). */
+/* Opens a sequence with empty page tables, kv_mem_heads(m) of them; returns its slot (>= 0). */
 int kv_mem_seq_open(kv_mem *m);
+/* Opens a sequence with `tables` (>= 1) page tables: requests of different encodings share a node, one
+   table for a plain sequence, one per (layer, KV head) for DiffKV's (kvcache.h, kv_cache_bind). */
+int kv_mem_seq_open_tables(kv_mem *m, int tables);
 /* Closes a slot; it must hold no pages (release them first). */
 void kv_mem_seq_close(kv_mem *m, int slot);
 /* Pages of one tier of one head, and page i of them (0 = oldest). */
