@@ -776,8 +776,6 @@ static void start_flow(engine *e, request *r, int layer, int plane, double now)
     int rc = kv_net_flow_start(e->net, &f, now, &id, e->err);
     if (rc)
         fail(e, rc);
-    else
-        kv_engine_view_flow(e, f.src, f.dst, (double)f.bytes, +1);
 }
 
 static void start_transfer(engine *e, request *r, int layer, double now)
@@ -846,8 +844,6 @@ void kv_engine_on_flow_done(void *user, kv_flow_id id, uint64_t tag, double t)
     request *r = &e->reqs[tag >> 20];
     int layer = (int)((tag >> 1) & 0x7ffff);
     int plane = (int)(tag & 1);
-    kv_engine_view_flow(e, r->res->prefill_node, e->n_pnodes + r->res->decode_node, (double)flow_bytes(r, layer, plane),
-                        -1);
     if (plane == PLANE_ANCHOR) {
         if (r->split && r->plan.order == KV_ORDER_ANCHOR_FIRST)
             start_flow(e, r, layer, PLANE_RESIDUAL, t);

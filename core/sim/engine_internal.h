@@ -153,8 +153,6 @@ typedef struct engine {
     size_t done_count;
     bool memory_ready, net_ready; /* made from the first request planned (engine_setup.c) */
     /* What the engine knows of its own transfers, per host NIC (prefill out, then decode in): for ctx.route. */
-    int *host_flows;        /* flows started and not finished */
-    double *host_bytes;     /* their bytes */
     kv_policy_node *view_nodes; /* ctx.prefill_nodes / ctx.decode_nodes, rebuilt on each read */
     size_t cap_view_nodes;
 } engine;
@@ -179,7 +177,6 @@ int kv_engine_setup_memory(engine *e, const request *first);
 int kv_engine_setup_network(engine *e, const request *first);
 /* engine_view.c: what hooks see of the running system (kv_policy_view), and the engine's flow counts. */
 void kv_engine_view_install(engine *e);
-void kv_engine_view_flow(engine *e, int src, int dst, double bytes, int sign);
 int kv_engine_node_state(engine *e, bool decode, kv_policy_node **out);
 /* engine.c: the network's completion callback. */
 void kv_engine_on_flow_done(void *user, kv_flow_id id, uint64_t tag, double t);

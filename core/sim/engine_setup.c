@@ -33,8 +33,6 @@ void kv_engine_free(engine *e)
     if (e->own_be)
         kv_backend_close(e->be);
     kv_free(e->host_tracks);
-    kv_free(e->host_flows);
-    kv_free(e->host_bytes);
     kv_free(e->view_nodes);
     kv_net_destroy(e->net);
     kv_eventq_free(&e->q);
@@ -259,9 +257,6 @@ int kv_engine_setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_e
     for (int i = 0; i < e->n_dnodes; i++)
         e->dnodes[i].kv_capacity_bytes = c->decode.kv_capacity_bytes;
     setup_tracks(e);
-    int hosts = e->n_pnodes + e->n_dnodes;
-    e->host_flows = kv_calloc((size_t)hosts + 1, sizeof *e->host_flows);
-    e->host_bytes = kv_calloc((size_t)hosts + 1, sizeof *e->host_bytes);
     int rc = setup_requests(e, in->workload, out);
     if (!rc && e->n_reqs == 0)
         rc = kv_engine_setup_network(e, NULL); /* nothing will be planned: the empty run's network */

@@ -1,9 +1,10 @@
-/* engine_view.c — what policy hooks see of the running engine (kv_policy_view): the clock, the nodes, a
-   request's route, from what the engine itself knows of its transfers. */
+/* engine_view.c — what policy hooks see of the running engine (kv_policy_view): the clock, the nodes, and
+   a request's route as the network reports it. */
 #include <string.h>
 
 #include "core/base/alloc.h"
 #include "core/sim/engine_internal.h"
+#include "net/net.h"
 
 static double view_now(void *user)
 {
@@ -32,51 +33,54 @@ static const request *find_request(const engine *e, uint64_t id)
     return NULL;
 }
 
-/* One host NIC as a link: the scenario's NIC bandwidth, and the engine's own flows on it. Until the
-   integrator switches this to the network's link query (net.h), the engine knows how many of its flows
-   cross the NIC and their bytes, not their rates: a NIC with flows counts as busy at its full bandwidth. */
-static void host_link(const engine *e, int host, kv_policy_link *l)
+/* A link no flow has used yet: the network is built with the first transfer (engine_setup.c). */
+static void idle_link(const engine *e, kv_policy_link *l)
 {
-    double cap = e->cfg->net.nic_bandwidth_gbps;
-    int flows = e->host_flows[host];
-    *l = (kv_policy_link){
-        .capacity_gbps = cap,
-        .rate_gbps = flows > 0 ? cap : 0,
-        .utilisation = flows > 0 ? 1.0 : 0.0,
-        .flows = flows,
-        .bytes_in_flight = e->host_bytes[host],
-        .bytes_queued = 0, /* the engine starts every flow at once: nothing waits on its side */
-    };
+    *l = (kv_policy_link){.capacity_gbps = e->cfg->net.nic_bandwidth_gbps};
 }
 
-/* The request's route: its prefill node's NIC out, then (once it is placed) its decode node's NIC in.
-   Empty before its prefill node is chosen, and when colocated. */
+/* The request's route, from the network's own link query (net.h kv_net_route, kv_net_link_state): once
+   it is placed, every link from its prefill node to its decode node; before that, the first link of the
+   route to decode node 0, the prefill node's own uplink on the built-in topologies. Empty before its
+   prefill node is chosen, and when colocated. A failed query fails the run. */
 static int view_route(void *user, uint64_t id, kv_policy_link *links, int max)
 {
-    const engine *e = user;
+    engine *e = user;
     const request *r = find_request(e, id);
     if (!r || e->colocated || max < 2 || r->res->prefill_node < 0)
         return 0;
-    int n = 0;
-    host_link(e, r->res->prefill_node, &links[n++]);
-    if (r->res->decode_node >= 0)
-        host_link(e, e->n_pnodes + r->res->decode_node, &links[n++]);
-    return n;
+    bool placed = r->res->decode_node >= 0;
+    if (!e->net) {
+        idle_link(e, &links[0]);
+        if (placed)
+            idle_link(e, &links[1]);
+        return placed ? 2 : 1;
+    }
+    size_t idx[KV_POLICY_MAX_ROUTE], n = 0;
+    kv_error err;
+    kv_error_clear(&err);
+    int rc = kv_net_route(e->net, r->res->prefill_node, e->n_pnodes + (placed ? r->res->decode_node : 0), idx,
+                          (size_t)(max < KV_POLICY_MAX_ROUTE ? max : KV_POLICY_MAX_ROUTE), &n, &err);
+    if (!rc && !placed && n > 1)
+        n = 1;
+    for (size_t i = 0; !rc && i < n; i++) {
+        kv_link_state st;
+        rc = kv_net_link_state(e->net, idx[i], &st, &err);
+        links[i] = (kv_policy_link){st.capacity_gbps, st.rate_gbps, st.utilisation, st.flows,
+                                    (double)st.bytes_in_flight, (double)st.bytes_queued};
+    }
+    if (rc) {
+        if (!e->failed) {
+            *e->err = err;
+            e->failed = rc;
+        }
+        return 0;
+    }
+    return (int)n;
 }
 
 void kv_engine_view_install(engine *e)
 {
     kv_policy_view v = {.user = e, .now = view_now, .nodes = view_nodes, .route = view_route};
     kv_policy_set_view(e->policy, &v);
-}
-
-void kv_engine_view_flow(engine *e, int src, int dst, double bytes, int sign)
-{
-    int ends[2] = {src, dst};
-    for (int k = 0; k < 2; k++) {
-        e->host_flows[ends[k]] += sign;
-        e->host_bytes[ends[k]] += sign * bytes;
-        if (e->host_flows[ends[k]] == 0)
-            e->host_bytes[ends[k]] = 0; /* no rounding residue once idle */
-    }
 }
