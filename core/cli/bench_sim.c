@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include "core/base/afile.h"
+#include "core/base/datadir.h"
 #include "core/cli/commands.h"
 #include "core/report/report.h"
 #include "core/study/study.h"
@@ -45,8 +46,10 @@ int kv_cmd_bench_sim(int argc, char **argv)
     kv_error err = {0};
     kv_scenario *s = NULL;
     kv_study *st = NULL;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/scenarios/bench-sim.yaml", getenv("KVSIM_DATA") ? getenv("KVSIM_DATA") : KV_DATA_DIR);
+    char data[KV_DATA_PATH_MAX], path[KV_DATA_PATH_MAX + 32];
+    /* scenarios/bench-sim.yaml of kvsim's data folder, else of the working folder */
+    snprintf(path, sizeof path, "%s%sscenarios/bench-sim.yaml", kv_data_dir(data, sizeof data) ? data : "",
+             data[0] ? "/" : "");
     int rc = kv_scenario_load(path, sets, 2, &s, &err);
     if (!rc)
         rc = kv_study_prepare(s, &st, &err);
