@@ -1,4 +1,5 @@
 /* bench_sim.c — `kvsim bench sim`: simulated requests per wall-second on the Azure code trace. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,8 +49,8 @@ int kv_cmd_bench_sim(int argc, char **argv)
     kv_study *st = NULL;
     char data[KV_DATA_PATH_MAX], path[KV_DATA_PATH_MAX + 32];
     /* scenarios/bench-sim.yaml of kvsim's data folder, else of the working folder */
-    snprintf(path, sizeof path, "%s%sscenarios/bench-sim.yaml", kv_data_dir(data, sizeof data) ? data : "",
-             data[0] ? "/" : "");
+    bool found = kv_data_dir(data, sizeof data);
+    snprintf(path, sizeof path, "%s%sscenarios/bench-sim.yaml", found ? data : "", found ? "/" : "");
     int rc = kv_scenario_load(path, sets, 2, &s, &err);
     if (!rc)
         rc = kv_study_prepare(s, &st, &err);
