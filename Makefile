@@ -2,6 +2,8 @@
 #   make run   installs what is missing, builds, runs the quickstart scenario
 #   make test  the same set-up, then every test (a missing reference model fails it:
 #              KVSIM_REQUIRE_MODEL=0 lets it skip instead, visibly)
+#   make install PREFIX=DIR  builds, then installs PREFIX/bin/kvsim, PREFIX/share/kvsim/ (policies,
+#              scenarios, cards, devices, scripts/plot) and PREFIX/share/man/man1/kvsim.1 (default /usr/local)
 #   make fuzz  every libFuzzer harness of tests/fuzz for FUZZ_SECONDS each (needs clang)
 # Everything real is in CMake; this file only strings the steps together.
 
@@ -13,8 +15,9 @@ CMAKE_ARGS ?=
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?= scenario gguf trace_azure trace_mooncake trace_burstgpt
 KVSIM_REQUIRE_MODEL ?= 1
+PREFIX     ?= /usr/local
 
-.PHONY: all setup build run test test-asan fuzz bench clean
+.PHONY: all setup build run test test-asan fuzz bench clean install
 
 all: build
 
@@ -29,6 +32,9 @@ build: setup $(BUILD)/CMakeCache.txt
 
 run: build
 	./$(BUILD)/kvsim run $(SCENARIO) --out out/quickstart
+
+install: build
+	cmake --install $(BUILD) --prefix "$(PREFIX)"
 
 test: build
 	cd $(BUILD) && KVSIM_REQUIRE_MODEL=$(KVSIM_REQUIRE_MODEL) ctest --output-on-failure -j $(JOBS)

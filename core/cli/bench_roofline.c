@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/base/datadir.h"
 #include "core/config/cards.h"
 #include "core/cli/commands.h"
 #include "core/timing/profile.h"
@@ -126,8 +127,8 @@ int kv_cmd_bench_roofline(int argc, char **argv)
         tps[n_tp++] = 4;
         tps[n_tp++] = 8;
     }
-    char data[4096];
-    snprintf(data, sizeof data, "%s/scenarios", getenv("KVSIM_DATA") ? getenv("KVSIM_DATA") : KV_DATA_DIR);
+    char root[KV_DATA_PATH_MAX], data[KV_DATA_PATH_MAX + 16];
+    snprintf(data, sizeof data, "%s/scenarios", kv_data_dir(root, sizeof root) ? root : ".");
     const char *dirs[] = {".", data};
     kv_error err = {0};
     kv_model_card m;

@@ -1,10 +1,12 @@
 /* bench_sim.c — `kvsim bench sim`: simulated requests per wall-second on the Azure code trace. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "core/base/afile.h"
+#include "core/base/datadir.h"
 #include "core/cli/commands.h"
 #include "core/report/report.h"
 #include "core/study/study.h"
@@ -45,8 +47,10 @@ int kv_cmd_bench_sim(int argc, char **argv)
     kv_error err = {0};
     kv_scenario *s = NULL;
     kv_study *st = NULL;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/scenarios/bench-sim.yaml", getenv("KVSIM_DATA") ? getenv("KVSIM_DATA") : KV_DATA_DIR);
+    char data[KV_DATA_PATH_MAX], path[KV_DATA_PATH_MAX + 32];
+    /* scenarios/bench-sim.yaml of kvsim's data folder, else of the working folder */
+    bool found = kv_data_dir(data, sizeof data);
+    snprintf(path, sizeof path, "%s%sscenarios/bench-sim.yaml", found ? data : "", found ? "/" : "");
     int rc = kv_scenario_load(path, sets, 2, &s, &err);
     if (!rc)
         rc = kv_study_prepare(s, &st, &err);

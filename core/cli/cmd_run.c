@@ -23,6 +23,7 @@ typedef struct run_args {
     const char *out_dir;
     int quiet;
     int plot; /* --plot: scripts/plot on the output folder afterwards */
+    int strict; /* validate --strict: feasibility warnings are errors */
 } run_args;
 
 /* The signal registry: the staging folder (or previous folder) a SIGINT/SIGTERM/SIGHUP must remove
@@ -59,14 +60,18 @@ static void run_usage(FILE *out, const char *cmd)
 {
     fprintf(out,
             "usage: kvsim %s SCENARIO [--set key.path=value]... [--seed N]%s\n"
-            "  --set key.path=value  override any scenario key (YAML value: 4, true, [a, b], {k: v})\n"
+            "  --set key.path=value  override any scenario key (YAML value: 4, true, [a, b], {k: v}); a path\n"
+            "                        given here is relative to the working folder\n"
             "  --seed N              same as --set seed=N\n"
             "%s",
-            cmd, strcmp(cmd, "run") == 0 ? " [--out DIR] [--quiet] [--plot]" : "",
+            cmd, strcmp(cmd, "run") == 0 ? " [--out DIR] [--quiet] [--plot]" : " [--strict]",
             strcmp(cmd, "run") == 0 ? "  --out DIR             write results.json, requests.csv, trace.json there\n"
                                       "  --quiet               no table on stdout\n"
                                       "  --plot                figures into DIR/figures/ (scripts/plot; needs matplotlib)\n"
-                                    : "");
+                                    : "  --strict              feasibility warnings are errors (exit 2)\n"
+                                      "Checks every key, file and policy, and that the scenario can run: weights fit\n"
+                                      "each device at its tp, requests fit the model's context, a request's KV fits a\n"
+                                      "decode node. Measures nothing (no kernels, no reference model).\n");
 }
 
 /* Parses the arguments; returns 0, or 2 after printing the problem. */
@@ -107,6 +112,8 @@ static int parse(int argc, char **argv, run_args *a, char **seed_set)
             a->quiet = 1;
         } else if (strcmp(arg, "--plot") == 0 && strcmp(argv[0], "run") == 0) {
             a->plot = 1;
+        } else if (strcmp(arg, "--strict") == 0 && strcmp(argv[0], "validate") == 0) {
+            a->strict = 1;
         } else if (arg[0] == '-') {
             fprintf(stderr, "kvsim %s: unknown or incomplete option '%s'\n", argv[0], arg);
             run_usage(stderr, argv[0]);
@@ -140,7 +147,12 @@ static int run_or_validate(int argc, char **argv, int validate_only)
     kv_study *study = NULL;
     int plot_rc = 0;
     rc = kv_scenario_load(a.scenario, a.sets, a.n_sets, &s, &err);
-    if (!rc)
+    if (!rc && s->note)
+        fprintf(stderr, "kvsim %s: %s\n", argv[0], s->note);
+    size_t n_requests = 0;
+    if (!rc && validate_only)
+        rc = kv_study_validate(s, a.strict, stderr, &n_requests, &err); /* measures nothing */
+    else if (!rc)
         rc = kv_study_prepare(s, &study, &err);
     if (!rc && validate_only && s->accuracy) {
         /* The accuracy section's keys are checked the way kvsim eval checks them. */
@@ -149,7 +161,7 @@ static int run_or_validate(int argc, char **argv, int validate_only)
         kv_eval_scenario_destroy(es);
     }
     if (!rc && validate_only) {
-        printf("ok: %s: %s, %zu requests, policies:", a.scenario, s->model_card.name, kv_study_request_count(study));
+        printf("ok: %s: %s, %zu requests, policies:", a.scenario, s->model_card.name, n_requests);
         for (size_t i = 0; i < s->policies.count; i++)
             printf(" %s", s->policies.items[i]);
         printf("\n");

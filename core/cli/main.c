@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/base/datadir.h"
 #include "core/cli/commands.h"
 
 static const kv_command commands[] = {
@@ -9,7 +10,8 @@ static const kv_command commands[] = {
      "simulate a scenario and print the comparison table", kv_cmd_run},
     {"sweep", "SWEEP.yaml [-j N] [--plot] | SWEEP.yaml --emit slurm|parallel | --collect DIR",
      "run a parameter sweep in parallel, or write it as cluster jobs (docs/sweeps.md)", kv_cmd_sweep},
-    {"validate", "SCENARIO [--set key.path=value]...", "check a scenario without running it", kv_cmd_validate},
+    {"validate", "SCENARIO [--set key.path=value]... [--strict]",
+     "check a scenario without running or measuring anything: keys, files, and that it fits", kv_cmd_validate},
     {"eval", "SCENARIO [--set key.path=value]... [--seed N] [--out DIR] [--model PATH] [--quiet]",
      "accuracy of each policy's KV on the reference model (SmolLM2-135M)", kv_cmd_eval},
     {"bench", "WHAT [options]", "benchmarks that print ratios (kvsim bench --help)", kv_cmd_bench},
@@ -24,7 +26,27 @@ static void usage(FILE *out)
         fprintf(out, "  %-9s %s\n            %s\n", commands[i].name, commands[i].usage, commands[i].summary);
     fprintf(out, "\n  kvsim --help | --version\n\n"
                  "Exit codes: 0 ok, 1 the run failed, 2 bad input.\n"
-                 "Scenario reference: kvsim help scenario, or README.md.\n");
+                 "Scenario reference: kvsim help scenario, or README.md.\n"
+                 "Paths: relative paths in a scenario resolve against its folder, then the working folder,\n"
+                 "then kvsim's data folder; on the command line, against the working folder.\n"
+                 "KVSIM_DATA_DIR names the data folder; kvsim --version shows where it is looked for.\n");
+}
+
+/* The version, and where relative paths and kvsim's own data are looked for, in order. */
+static void print_version(void)
+{
+    printf("kvsim %s\n", KV_VERSION);
+    printf("relative paths in a scenario: the scenario's folder, the working folder, then kvsim's data folder\n"
+           "relative paths on the command line (--set, --out, arguments): the working folder\n"
+           "kvsim's data folder (policies/, scenarios/, scripts/plot), the first usable of:\n");
+    kv_data_places p;
+    kv_data_places_list(&p);
+    for (int i = 0; i < p.count; i++)
+        printf("  %d. %s (%s)%s\n", i + 1, p.path[i], p.what[i],
+               p.usable[i] ? "" : ": not there (no scenarios/ and policies/)");
+    if (p.count == 0)
+        printf("  none (no /proc/self/exe; set KVSIM_DATA_DIR)\n");
+    printf("KVSIM_DATA_DIR=FOLDER replaces this list\n");
 }
 
 int main(int argc, char **argv)
@@ -38,7 +60,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (strcmp(argv[1], "--version") == 0) {
-        printf("kvsim %s\n", KV_VERSION);
+        print_version();
         return 0;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "core/base/alloc.h"
+#include "core/base/datadir.h"
 #include "core/cli/commands.h"
 #include "core/policy/policy.h"
 
@@ -31,29 +32,16 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* policies/lynx.lua from the working directory, else next to the binary (build/kvsim → ../policies). */
-static char *find_policy(const char *argv0, const char *rel)
+/* policies/lynx.lua from the working directory, else from kvsim's data folder (core/base/datadir.h). */
+static char *find_policy(const char *rel)
 {
     if (access(rel, R_OK) == 0)
         return kv_strdup(rel);
-    char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0) {
-        if (!argv0)
-            return NULL;
-        snprintf(exe, sizeof exe, "%s", argv0);
-        n = (ssize_t)strlen(exe);
-    }
-    exe[n] = '\0';
-    char *slash = strrchr(exe, '/');
-    if (!slash)
+    char data[KV_DATA_PATH_MAX], path[KV_DATA_PATH_MAX + 64];
+    if (!kv_data_dir(data, sizeof data))
         return NULL;
-    *slash = '\0';
-    char path[PATH_MAX + 64];
-    snprintf(path, sizeof path, "%s/../%s", exe, rel);
-    if (access(path, R_OK) == 0)
-        return kv_strdup(path);
-    return NULL;
+    snprintf(path, sizeof path, "%s/%s", data, rel);
+    return access(path, R_OK) == 0 ? kv_strdup(path) : NULL;
 }
 
 /* An adaptive policy (as tests/fixtures/policies/live_bits.lua): bits from the route and the decode nodes'
@@ -132,10 +120,10 @@ int kv_cmd_bench_policy(int argc, char **argv)
             return 2;
         }
     }
-    char *path = policy_arg ? kv_strdup(policy_arg) : find_policy(argv[0], "policies/lynx.lua");
+    char *path = policy_arg ? kv_strdup(policy_arg) : find_policy("policies/lynx.lua");
     if (!path) {
-        fprintf(stderr, "kvsim bench policy: cannot find policies/lynx.lua (run from the source tree, or use "
-                        "--policy)\n");
+        fprintf(stderr, "kvsim bench policy: cannot find policies/lynx.lua (not in the working folder nor kvsim's data "
+                        "folder; use --policy)\n");
         return 2;
     }
     kv_error err;

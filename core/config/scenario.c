@@ -8,11 +8,8 @@
 #include <unistd.h>
 
 #include "core/base/alloc.h"
+#include "core/base/datadir.h"
 #include "core/base/didyoumean.h"
-
-#ifndef KV_DATA_DIR
-#define KV_DATA_DIR "."
-#endif
 
 /* The names of the enum keys' values, in enum order (scenario.h). */
 const char *const kv_network_model_names[] = {"simgrid", "ideal", NULL};
@@ -139,7 +136,7 @@ static const kv_key_spec scenario_keys[] = {
     {"workload.trace.format", KV_KEY_ENUM, S(workload.trace.format), "none", 0, 0, kv_workload_trace_format_names,
      "trace format"},
     {"workload.trace.path", KV_KEY_STRING, S(workload.trace.path), "\"\"", 0, 0, NULL,
-     "trace file (relative to the scenario or kvsim's folder)"},
+     "trace file (relative: the scenario's folder, the working folder, kvsim's data folder)"},
     {"workload.trace.time_scale", KV_KEY_POSITIVE, S(workload.trace.time_scale), "1", 0, 1e9, NULL,
      "multiply trace times by this (0.5 = twice the rate)"},
     {"workload.trace.repeat", KV_KEY_INT, S(workload.trace.repeat), "1", 1, 1000000, NULL,
@@ -157,7 +154,7 @@ static const kv_key_spec scenario_keys[] = {
     {"timing.profile", KV_KEY_SECTION, 0, NULL, 0, 0, NULL,
      "profile: a CSV in splitwise-sim's perf_model.csv layout (docs/timing.md)"},
     {"timing.profile.file", KV_KEY_STRING, S(timing.profile.file), "\"\"", 0, 0, NULL,
-     "the table (relative to the scenario or kvsim's folder)"},
+     "the table (relative: as workload.trace.path)"},
     {"timing.profile.model", KV_KEY_STRING, S(timing.profile.model), "\"\"", 0, 0, NULL,
      "the table's model column to use (e.g. llama2-70b)"},
     {"timing.profile.prefill_hardware", KV_KEY_STRING, S(timing.profile.prefill_hardware), "\"\"", 0, 0, NULL,
@@ -287,21 +284,55 @@ void kv_scenario_locate(const kv_scenario *s, kv_error *err)
     kv_error_set_key(err, err->code, key, "%s: %s", node ? kv_ytree_where(node, w, sizeof w) : s->path, msg);
 }
 
+/* Whether the value of `key` is `name` as given on the command line (--set): such a path is the user's
+   own, relative to the working folder only. */
+static int from_command_line(const kv_scenario *s, const char *key, const char *name)
+{
+    const kv_ynode *n = key ? kv_ytree_path(s->tree, key) : NULL;
+    return n && n->kind == KV_YSCALAR && strcmp(n->value, name) == 0 && strncmp(n->file, "--set", 5) == 0;
+}
+
 int kv_scenario_find_file(const kv_scenario *s, const char *name, const char *key, char *path, size_t size,
                           kv_error *err)
 {
     char w[512];
     if (name[0] == '/') {
         snprintf(path, size, "%s", name);
-    } else {
-        snprintf(path, size, "%s/%s", s->dir, name);
-        if (access(path, R_OK) != 0)
-            snprintf(path, size, "%s/%s", s->data_dir, name);
+        if (access(path, R_OK) == 0)
+            return KV_OK;
+        return kv_error_set(err, KV_EINPUT, "%s: %s: file '%s' not found", kv_scenario_where(s, key, w, sizeof w),
+                            key, name);
     }
-    if (access(path, R_OK) == 0)
-        return KV_OK;
-    return kv_error_set(err, KV_EINPUT, "%s: %s: file '%s' not found (relative to %s or %s)",
-                        kv_scenario_where(s, key, w, sizeof w), key, name, s->dir, s->data_dir);
+    /* The scenario's folder, the working folder, kvsim's data folder; a --set path: the working folder. */
+    int cli = from_command_line(s, key, name);
+    const char *bases[3];
+    int n = 0;
+    if (!cli)
+        bases[n++] = s->dir;
+    bases[n++] = ".";
+    if (!cli && s->data_dir && s->data_dir[0])
+        bases[n++] = s->data_dir;
+    for (int i = 0; i < n; i++) {
+        if (strcmp(bases[i], ".") == 0)
+            snprintf(path, size, "%s", name);
+        else
+            snprintf(path, size, "%s/%s", bases[i], name);
+        if (access(path, R_OK) == 0)
+            return KV_OK;
+    }
+    char cwd[4096];
+    if (!getcwd(cwd, sizeof cwd))
+        snprintf(cwd, sizeof cwd, ".");
+    if (cli)
+        return kv_error_set(err, KV_EINPUT, "--set %s: file '%s' not found (a path given with --set is relative to "
+                            "the working folder, %s)", key, name, cwd);
+    if (s->data_dir && s->data_dir[0])
+        return kv_error_set(err, KV_EINPUT, "%s: %s: file '%s' not found (looked in the scenario's folder %s, the "
+                            "working folder %s and kvsim's data folder %s)", kv_scenario_where(s, key, w, sizeof w),
+                            key, name, s->dir, cwd, s->data_dir);
+    return kv_error_set(err, KV_EINPUT, "%s: %s: file '%s' not found (looked in the scenario's folder %s and the "
+                        "working folder %s; no kvsim data folder was found: kvsim --version lists where it looks)",
+                        kv_scenario_where(s, key, w, sizeof w), key, name, s->dir, cwd);
 }
 
 /* Applies one "a.b.c=value" override to the tree. */
@@ -438,6 +469,38 @@ static int check_policy_settings(const kv_scenario *s, const char **sorted, kv_e
     return KV_OK;
 }
 
+/* After --set policies=[...]: the policy.<name> settings of the policies no longer listed are dropped
+   (a scenario that configures lynx16 can be run with policies=[bf16, lynx]); s->note says which. */
+static void drop_unlisted_settings(kv_scenario *s)
+{
+    const kv_ynode *list = kv_ytree_get(s->tree, "policies", NULL);
+    kv_ynode *settings = kv_ytree_get(s->tree, "policy", NULL);
+    if (!list || list->kind != KV_YSEQ || !settings || settings->kind != KV_YMAP)
+        return; /* binding reports a malformed list or section */
+    char dropped[1024] = "";
+    size_t used = 0;
+    for (size_t i = 0; i < settings->count;) {
+        int listed = 0;
+        for (size_t k = 0; k < list->count && !listed; k++)
+            listed = list->items[k]->kind == KV_YSCALAR && strcmp(list->items[k]->value, settings->keys[i]) == 0;
+        if (listed) {
+            i++;
+            continue;
+        }
+        if (used < sizeof dropped) {
+            int n = snprintf(dropped + used, sizeof dropped - used, "%spolicy.%s.*", used ? ", " : "",
+                             settings->keys[i]);
+            used += n > 0 ? (size_t)n : 0;
+        }
+        kv_ytree_remove(settings, settings->keys[i]);
+    }
+    if (!dropped[0])
+        return;
+    size_t len = strlen(dropped) + 128;
+    s->note = kv_malloc(len);
+    snprintf(s->note, len, "--set policies: ignoring the settings of policies not listed (%s)", dropped);
+}
+
 int kv_scenario_load(const char *path, const char *const *overrides, int n_overrides, kv_scenario **out,
                      kv_error *err)
 {
@@ -447,38 +510,60 @@ int kv_scenario_load(const char *path, const char *const *overrides, int n_overr
     char *tmp = kv_strdup(path);
     s->dir = kv_strdup(dirname(tmp));
     kv_free(tmp);
-    const char *env = getenv("KVSIM_DATA");
-    s->data_dir = kv_strdup(env && env[0] ? env : KV_DATA_DIR);
+    char data[KV_DATA_PATH_MAX];
+    s->data_dir = kv_strdup(kv_data_dir(data, sizeof data) ? data : "");
 
     int rc = kv_ytree_load_file(path, &s->tree, err);
     if (!rc && s->tree->kind != KV_YMAP)
         rc = kv_error_set(err, KV_EINPUT, "%s:%d:%d: a scenario is a mapping of keys (name:, model:, ...)", path,
                           s->tree->line, s->tree->col);
     s->overrides = kv_calloc((size_t)n_overrides + 1, sizeof *s->overrides);
+    int sets_policies = 0;
     for (int i = 0; !rc && i < n_overrides; i++) {
         rc = apply_override(s->tree, overrides[i], err);
         s->overrides[s->n_overrides++] = kv_strdup(overrides[i]);
+        sets_policies |= strncmp(overrides[i], "policies=", 9) == 0;
     }
+    if (!rc && sets_policies)
+        drop_unlisted_settings(s);
     if (!rc)
         rc = kv_schema_bind(&scenario_schema, s->tree, s, err);
     if (!rc)
         rc = check(s, err);
 
-    /* Cards: the scenario's folder, its parent (for scenarios/tutorial/...), kvsim's own. */
+    /* Cards by name: <dir>/models/<name>.yaml (devices/...) for dir the scenario's folder, its parent (for
+       scenarios/tutorial/...), the working folder's scenarios/, kvsim's data folder's scenarios/. A card
+       given as a path resolves like every other path (kv_scenario_find_file). */
     char parent[4096];
     snprintf(parent, sizeof parent, "%s/..", s->dir);
     char data_scen[4096];
     snprintf(data_scen, sizeof data_scen, "%s/scenarios", s->data_dir);
-    const char *dirs[] = {s->dir, parent, data_scen};
+    const char *dirs[] = {s->dir, parent, "scenarios", data_scen};
+    int n_dirs = s->data_dir[0] ? 4 : 3;
+    const char *card_keys[] = {"model", "cluster.prefill.device", "cluster.decode.device"};
+    const char *card_names[] = {s->model, s->cluster.prefill.device, s->cluster.decode.device};
+    char card_paths[3][4096];
+    int card_dirs[3]; /* a resolved path goes with no search folders: cards.c then takes it as it is */
+    for (int i = 0; !rc && i < 3; i++) {
+        const char *name = card_names[i];
+        size_t len = strlen(name);
+        card_dirs[i] = n_dirs;
+        snprintf(card_paths[i], sizeof card_paths[i], "%s", name);
+        if (strchr(name, '/') || (len > 5 && strcmp(name + len - 5, ".yaml") == 0)) {
+            card_dirs[i] = 0;
+            rc = kv_scenario_find_file(s, name, card_keys[i], card_paths[i], sizeof card_paths[i], err);
+        }
+    }
     char w[512];
     if (!rc)
-        rc = kv_model_card_load(s->model, dirs, 3, kv_scenario_where(s, "model", w, sizeof w), &s->model_card, err);
+        rc = kv_model_card_load(card_paths[0], dirs, card_dirs[0], kv_scenario_where(s, "model", w, sizeof w),
+                                &s->model_card, err);
     if (!rc)
-        rc = kv_device_profile_load(s->cluster.prefill.device, dirs, 3,
+        rc = kv_device_profile_load(card_paths[1], dirs, card_dirs[1],
                                     kv_scenario_where(s, "cluster.prefill.device", w, sizeof w), &s->prefill_device,
                                     err);
     if (!rc)
-        rc = kv_device_profile_load(s->cluster.decode.device, dirs, 3,
+        rc = kv_device_profile_load(card_paths[2], dirs, card_dirs[2],
                                     kv_scenario_where(s, "cluster.decode.device", w, sizeof w), &s->decode_device,
                                     err);
     if (rc) {
@@ -504,5 +589,6 @@ void kv_scenario_destroy(kv_scenario *s)
     kv_free(s->path);
     kv_free(s->dir);
     kv_free(s->data_dir);
+    kv_free(s->note);
     kv_free(s);
 }

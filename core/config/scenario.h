@@ -195,7 +195,9 @@ typedef struct kv_scenario {
     int n_overrides;
     char *path;            /* scenario file as given */
     char *dir;             /* its folder */
-    char *data_dir;        /* kvsim's own scenarios/ folder, for cards by name */
+    char *data_dir;        /* kvsim's data folder (core/base/datadir.h), "" when none was found */
+    char *note;            /* a line for stderr, shown once by the command (--set policies dropped some
+                              policy.<name> settings), or NULL */
     kv_model_card model_card;
     kv_device_profile prefill_device, decode_device;
 } kv_scenario;
@@ -212,9 +214,10 @@ void kv_scenario_destroy(kv_scenario *s); /* NULL is fine */
    the reporting layer may have written. Layers that see only their own configuration (net/,
    core/workload) name the key with kv_error_set_key and leave positions to this. */
 void kv_scenario_locate(const kv_scenario *s, kv_error *err);
-/* Resolves a file named in the scenario (trace, policy, platform): absolute,
-   relative to the scenario's folder, or to kvsim's source tree. Writes into
-   path; KV_EINPUT naming `key` when it does not exist. */
+/* Resolves a file named in the scenario (trace, policy, card, platform, profile, ...): an absolute
+   path as it is; a relative one against the scenario's folder, then the working folder, then kvsim's
+   data folder; one given on the command line (the value of `key` came from --set) against the working
+   folder only. Writes into path; KV_EINPUT naming `key` and every place looked when it does not exist. */
 int kv_scenario_find_file(const kv_scenario *s, const char *name, const char *key, char *path, size_t size,
                           kv_error *err);
 

@@ -376,6 +376,28 @@ kv_ynode *kv_ytree_path(const kv_ynode *root, const char *dotted)
     return (kv_ynode *)n;
 }
 
+int kv_ytree_remove(kv_ynode *map, const char *key)
+{
+    size_t at = 0;
+    if (!map || map->kind != KV_YMAP || !kv_ytree_get(map, key, &at))
+        return 0;
+    kv_free(map->keys[at]);
+    kv_ytree_free(map->items[at]);
+    for (size_t i = at + 1; i < map->count; i++) { /* keeps the order of the rest */
+        map->keys[i - 1] = map->keys[i];
+        map->key_lines[i - 1] = map->key_lines[i];
+        map->key_cols[i - 1] = map->key_cols[i];
+        map->items[i - 1] = map->items[i];
+    }
+    map->count--;
+    /* Positions moved: rebuild the index (or drop it when the mapping is small again). */
+    kv_free(map->index);
+    map->index = NULL;
+    map->index_cap = 0;
+    index_grow(map);
+    return 1;
+}
+
 int kv_ytree_set(kv_ynode *root, const char *dotted, kv_ynode *value, kv_error *err)
 {
     char part[256];

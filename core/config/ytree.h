@@ -63,6 +63,10 @@ kv_ynode *kv_ytree_path(const kv_ynode *root, const char *dotted);
    way; replaces an existing value. Fails if a step on the way is not a mapping. */
 int kv_ytree_set(kv_ynode *root, const char *dotted, kv_ynode *value, kv_error *err);
 
+/* Removes key (and its value, freed) from a mapping, keeping the order of the rest; returns 1 if it
+   was there, 0 if not (or map is not a mapping). */
+int kv_ytree_remove(kv_ynode *map, const char *key);
+
 /* "file:line:col" of a node into buf. */
 const char *kv_ytree_where(const kv_ynode *node, char *buf, size_t size);
 

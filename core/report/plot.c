@@ -9,9 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#ifndef KV_DATA_DIR
-#define KV_DATA_DIR "."
-#endif
+#include "core/base/datadir.h"
 
 /* Runs argv (PATH searched); stdout/stderr to /dev/null when quiet. When log is given, the
    child's stdout comes through a pipe and is copied there with every `from` replaced by `to`.
@@ -97,12 +95,17 @@ int kv_plot_folder(const char *dir, const char *shown, FILE *log, kv_cleanup_slo
 {
     if (!shown)
         shown = dir;
-    const char *data = getenv("KVSIM_DATA");
-    char script[4096];
-    snprintf(script, sizeof script, "%s/scripts/plot", data && data[0] ? data : KV_DATA_DIR);
+    char data[KV_DATA_PATH_MAX];
+    if (!kv_data_dir(data, sizeof data)) {
+        fprintf(log, "plots skipped: no kvsim data folder with scripts/plot (kvsim --version lists where it looks; "
+                     "KVSIM_DATA_DIR names one)\n");
+        return 0;
+    }
+    char script[KV_DATA_PATH_MAX + 16];
+    snprintf(script, sizeof script, "%s/scripts/plot", data);
     struct stat st;
     if (stat(script, &st) != 0) {
-        fprintf(log, "plots skipped: %s not found (set KVSIM_DATA to kvsim's source folder)\n", script);
+        fprintf(log, "plots skipped: %s not found (KVSIM_DATA_DIR names kvsim's data folder)\n", script);
         return 0;
     }
     const char *env = getenv("KVSIM_PYTHON");

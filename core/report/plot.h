@@ -7,8 +7,8 @@
 #include "core/base/afile.h"
 
 /* Finds a Python 3 that imports matplotlib ($KVSIM_PYTHON, python3 on PATH,
-   /usr/bin/python3) and runs scripts/plot DIR (from $KVSIM_DATA or the
-   source tree). Messages go to log. Returns 0 when figures were written or
+   /usr/bin/python3) and runs scripts/plot DIR (from kvsim's data folder,
+   core/base/datadir.h). Messages go to log. Returns 0 when figures were written or
    plotting was skipped (it says "plots skipped: why" visibly), 1 when the
    script ran and failed. The script's output goes to log too, with dir shown as `shown` (NULL:
    dir itself), so plotting a staging folder names the folder it will become. slot (may be

@@ -5,6 +5,7 @@
 
 #include "core/base/alloc.h"
 #include "core/sim/engine.h"
+#include "core/study/feasible.h"
 #include "core/timing/measure.h"
 #include "core/report/metrics.h"
 #include "core/accuracy/diffkv_scores.h"
@@ -141,6 +142,24 @@ int kv_study_check(const kv_scenario *s, kv_error *err)
 {
     kv_study *st = NULL;
     int rc = study_inputs(s, &st, err);
+    kv_study_destroy(st);
+    return rc;
+}
+
+int kv_study_validate(const kv_scenario *s, bool strict, FILE *log, size_t *n_requests, kv_error *err)
+{
+    *n_requests = 0;
+    kv_study *st = NULL;
+    int rc = study_inputs(s, &st, err);
+    kv_kernel_costs costs;
+    if (!rc && s->timing.source != KV_TIMING_MEASURED) /* a calibration file is read, nothing is timed */
+        rc = kv_measure_costs(s, st->policies[0], 1, &costs, err);
+    if (!rc)
+        rc = kv_measure_profiles(s, &st->prefill_profile, &st->decode_profile, err); /* reads the table */
+    if (!rc)
+        rc = kv_study_feasible(s, st->workload, st->policies, st->n, strict, log, err);
+    if (!rc)
+        *n_requests = kv_workload_count(st->workload);
     kv_study_destroy(st);
     return rc;
 }

@@ -2,6 +2,7 @@
 #ifndef KV_STUDY_H
 #define KV_STUDY_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 
@@ -18,6 +19,10 @@ void kv_study_destroy(kv_study *st); /* NULL is fine */
 /* The checks of kv_study_prepare that measure nothing (the workload, the network, every policy
    loaded with its parameters), for kvsim sweep's validation of each point. */
 int kv_study_check(const kv_scenario *s, kv_error *err);
+/* kvsim validate: kv_study_check, the files timing reads (calibration, profile table), and the
+   feasibility checks of core/study/feasible.h (warnings to log; errors with strict). Runs no
+   measurement: no kernels, no reference model. *n_requests: the workload's size. */
+int kv_study_validate(const kv_scenario *s, bool strict, FILE *log, size_t *n_requests, kv_error *err);
 size_t kv_study_request_count(const kv_study *st);
 
 /* Runs every policy on the same workload. */
