@@ -54,10 +54,10 @@ Test(safety_net, lynx_70b_on_an_oversubscribed_fat_tree_runs, .timeout = 120)
                  "run %s --set model=llama-3-70b --set cluster.prefill.tp=4 --set cluster.decode.tp=4 "
                  "--set network.topology=fat-tree --set network.oversubscription=2 "
                  "--set network.nic_bandwidth_gbps=25 --set workload.trace.format=azure "
-                 "--set workload.trace.path=traces/azure-%s-2023-sample.csv --set workload.trace.time_scale=0.25 "
+                 "--set workload.trace.path=%s/scenarios/traces/azure-%s-2023-sample.csv --set workload.trace.time_scale=0.25 "
                  "--set workload.requests=300 --set 'policies=[lynx]' --set 'policy={}' --set lynx.from=scenario "
                  "--quiet --out %s/out%d",
-                 scen, t ? "code" : "conv", dir, t);
+                 scen, KV_SOURCE_DIR, t ? "code" : "conv", dir, t); /* a --set path is the user's own */
         expect_kvsim(args, 0, NULL);
     }
     free(scen);
