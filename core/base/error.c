@@ -56,3 +56,11 @@ void kv_error_clear(kv_error *err)
         err->key[0] = '\0';
     }
 }
+
+int kv_error_keyed(kv_error *err, const char *key)
+{
+    if (!err)
+        return KV_EFAIL;
+    snprintf(err->key, sizeof err->key, "%s", key ? key : "");
+    return err->code;
+}

@@ -30,6 +30,9 @@ int kv_error_setv(kv_error *err, int code, const char *fmt, va_list ap)
 int kv_error_set_key(kv_error *err, int code, const char *key, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* Records on an error already set the dotted input key it concerns (kv_error.key); returns its code. */
+int kv_error_keyed(kv_error *err, const char *key);
+
 /* Prefixes the existing message with more context ("while loading X: ..."). */
 int kv_error_prefix(kv_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

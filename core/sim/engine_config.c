@@ -60,9 +60,6 @@ int kv_engine_config_build(const kv_scenario *s, kv_engine_config *cfg, kv_error
         .low_fraction = s->diffkv.low_fraction};
     cfg->memory = s->memory;
     cfg->timing_backend = s->timing.backend;
-    kv_scenario_where(s, "diffkv.scores", cfg->where_diffkv_scores, sizeof cfg->where_diffkv_scores);
-    kv_scenario_where(s, "timing.backend", cfg->where_timing_backend, sizeof cfg->where_timing_backend);
-    kv_scenario_where(s, "memory", cfg->where_memory, sizeof cfg->where_memory);
     int rc = check_weights(s, cfg, weights, err);
     if (!rc && !cfg->colocated)
         rc = kv_engine_net_config(s, &cfg->net, cfg->platform_path, sizeof cfg->platform_path, err);

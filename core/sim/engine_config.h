@@ -41,8 +41,6 @@ typedef struct kv_engine_config {
     const char *timing_backend;  /* timing.backend: where the memory managers run (borrowed) */
     kv_net_config net;           /* network.* (not colocated); a run sets the policy's priority classes */
     char platform_path[4096];    /* network.platform_file resolved; net.platform_file points here */
-    /* Where the engine's errors point. */
-    char where_diffkv_scores[512], where_timing_backend[512], where_memory[512];
 } kv_engine_config;
 
 /* Fills *cfg from the scenario, which must outlive it. KV_EINPUT naming the key when the weights do

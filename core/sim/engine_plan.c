@@ -69,9 +69,9 @@ int kv_engine_plan_encoding(engine *e, request *r)
     }
     if (!rc && r->cache.kind == KV_CACHE_DIFFKV && e->score_model.kind == KV_DIFFKV_SCORES_MEASURED &&
         !e->score_model.table.z_exit) {
-        rc = kv_error_set(e->err, KV_EINPUT, "%s: diffkv.scores: measured: no significance table was measured for "
-                          "policy %s (set diffkv.scores: lognormal for the lognormal stand-in)",
-                          e->cfg->where_diffkv_scores, kv_policy_name(e->policy));
+        rc = kv_error_set_key(e->err, KV_EINPUT, "diffkv.scores", "diffkv.scores: measured: no significance table was "
+                              "measured for policy %s (set diffkv.scores: lognormal for the lognormal stand-in)",
+                              kv_policy_name(e->policy));
     }
     if (!rc && r->cache.kind == KV_CACHE_DIFFKV) {
         /* Only the kept tiers travel, each at its precision, with their scores and positions. */

@@ -188,8 +188,10 @@ int kv_engine_setup_memory(engine *e, const request *first)
                         .max_page_tokens = e->cfg->memory.page_tokens_max, .align_bytes = 32};
     for (int i = 0; i < e->n_dnodes; i++) {
         int rc = kv_mem_create(e->be, &mc, &e->dnodes[i].mem, err);
-        if (rc)
-            return kv_error_prefix(err, "%s: memory: ", e->cfg->where_memory);
+        if (rc) {
+            kv_error_prefix(err, "memory: ");
+            return kv_error_keyed(err, "memory"); /* the study puts memory's position in front */
+        }
     }
     out->kv_page_bytes = kv_mem_page_bytes(e->dnodes[0].mem);
     out->kv_pages_capacity = kv_mem_capacity_pages(e->dnodes[0].mem);
@@ -237,9 +239,10 @@ int kv_engine_setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_e
         e->be = in->backend;
     } else {
         int rc = kv_backend_open(c->timing_backend, 0, &e->be, err);
-        if (rc)
-            return kv_error_prefix(err, "%s: timing.backend (the decode nodes' memory managers run there): ",
-                                   c->where_timing_backend);
+        if (rc) {
+            kv_error_prefix(err, "timing.backend (the decode nodes' memory managers run there): ");
+            return kv_error_keyed(err, "timing.backend");
+        }
         e->own_be = true;
     }
     const kv_model_card *m = c->model;

@@ -279,8 +279,10 @@ int kv_study_run(kv_study *st, kv_error *err)
         o->acceptance_samples = a->positions > 0 ? a->speculations : 0;
         rc = kv_engine_run(&in, &o->run, err);
         kv_progress_finish(progress);
-        if (rc)
+        if (rc) {
+            kv_scenario_locate(s, err); /* an error keyed to a scenario key gets its position */
             return kv_error_prefix(err, "policy %s: ", o->name);
+        }
         kv_summary_compute(&o->run, bf16_per_token, &o->summary);
     }
     st->ran = 1;
