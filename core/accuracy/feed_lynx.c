@@ -261,9 +261,26 @@ int kv_feed_acceptance_measure(const kv_scenario *s, kv_policy *const *policies,
     /* Which policies speculate: k from the policy itself (no model needed). */
     int *ks = kv_calloc(n ? n : 1, sizeof *ks);
     int rc = KV_OK, k_max = 0;
+    /* Probed at 1,024 tokens and at the workload's shortest, median and longest prompt, so a hook that
+       speculates only on some lengths is measured too (the engine refuses a speculating request whose
+       policy has no measured acceptance). */
+    int probes[4] = {1024, 1024, 1024, 1024};
+    if (n_prompts > 0) {
+        int *sorted = kv_malloc(n_prompts * sizeof *sorted);
+        memcpy(sorted, prompt_tokens, n_prompts * sizeof *sorted);
+        qsort(sorted, n_prompts, sizeof *sorted, cmp_int);
+        probes[1] = sorted[0];
+        probes[2] = sorted[n_prompts / 2];
+        probes[3] = sorted[n_prompts - 1];
+        kv_free(sorted);
+    }
     for (size_t i = 0; i < n && !rc; i++) {
-        kv_policy_request probe = {0, 1024, 16, 0.0};
-        rc = kv_policy_speculation(policies[i], &probe, &ks[i], err);
+        for (int j = 0; j < 4 && !rc; j++) {
+            kv_policy_request probe = {0, probes[j], 16, 0.0};
+            int k = 0;
+            rc = kv_policy_speculation(policies[i], &probe, &k, err);
+            ks[i] = k > ks[i] ? k : ks[i];
+        }
         k_max = ks[i] > k_max ? ks[i] : k_max;
     }
     if (rc || k_max == 0) {
@@ -293,9 +310,12 @@ int kv_feed_acceptance_measure(const kv_scenario *s, kv_policy *const *policies,
     for (size_t i = 0; i < n && !rc; i++) {
         if (ks[i] <= 0)
             continue;
-        rc = kv_policy_speculation(policies[i], &req, &ks[i], err);
-        if (rc || ks[i] <= 0)
+        int k_here = 0;
+        rc = kv_policy_speculation(policies[i], &req, &k_here, err);
+        if (rc)
             continue;
+        if (k_here > 0)
+            ks[i] = k_here; /* else it speculates only at other lengths: measure the k it gave there */
         if (ks[i] > KV_FEED_MAX_POSITIONS)
             ks[i] = KV_FEED_MAX_POSITIONS;
         enc[i] = kv_calloc(lanes, sizeof *enc[i]);

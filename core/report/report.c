@@ -40,10 +40,13 @@ void kv_report_table(FILE *out, const kv_scenario *s, const kv_policy_outcome *o
         cell(out, m->e2el_ms.mean, 9, 1);
         cell(out, m->request_throughput, 8, 3);
         cell(out, m->spec_accept_rate, 7, 3);
+        if (!isnan(m->spec_accept_rate) && strncmp(o[i].run.acceptance_source, "scenario", 8) == 0)
+            fputs(" fixed", out); /* drawn from lynx.acceptance, not measured: said on the row (#20) */
         fputc('\n', out);
     }
     fprintf(out, "(ms are means over requests unless p99; ttft_spec = first speculative token, ttft = first "
-                 "committed token,\n ttkt@K = K-th committed token; accept = accepted / speculated; timing: %s)\n", n ? o[0].run.timing_source : "model");
+                 "committed token,\n ttkt@K = K-th committed token; accept = accepted / speculated (fixed: drawn from "
+                 "lynx.acceptance, not measured); timing: %s)\n", n ? o[0].run.timing_source : "model");
     kv_report_memory_table(out, s, o, n);
 }
 

@@ -128,6 +128,7 @@ typedef struct engine {
     double accept_p;        /* lynx.acceptance */
     const double *accept_pos; /* per-position conditional acceptance, or NULL */
     size_t n_accept_pos;
+    bool accept_from_run;   /* accept_pos is this policy's measured acceptance (kv_run_inputs) */
     int ttkt_k;
     kv_kernel_costs costs;  /* zeroes: roofline */
     kv_backend *be;         /* where the memory managers' free lists and compaction kernels run */

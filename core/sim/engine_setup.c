@@ -49,6 +49,7 @@ static void setup_acceptance(engine *e, const kv_run_inputs *in, kv_run_result *
     if (in->accept_conditional && in->accept_positions > 0) {
         e->accept_pos = in->accept_conditional;
         e->n_accept_pos = (size_t)in->accept_positions;
+        e->accept_from_run = true;
         snprintf(out->acceptance_source, sizeof out->acceptance_source, "%s",
                  in->accept_source ? in->accept_source : in->feed_source ? in->feed_source : "reference model");
     }
