@@ -149,8 +149,8 @@ static int setup_requests(engine *e, const kv_workload *workload, kv_run_result 
                                    .arrival_s = r->spec.arrival_s, .prefill_start_s = -1, .prefill_end_s = -1,
                                    .encode_end_s = -1, .anchor_arrived_s = -1, .kv_arrived_s = -1,
                                    .admitted_s = -1, .first_spec_s = -1, .first_token_s = -1, .kth_token_s = -1,
-                                   .done_s = -1, .kept_tokens_fraction = 1, .tier_high_fraction = NAN,
-                                   .tier_low_fraction = NAN, .tier_pruned_fraction = NAN};
+                                   .done_s = -1, .second_commit_s = -1, .kept_tokens_fraction = 1,
+                                   .tier_high_fraction = NAN, .tier_low_fraction = NAN, .tier_pruned_fraction = NAN};
         kv_rng_fork(&e->base_rng, r->spec.id + 1, &r->rng);
         r->plane_start_s[0] = r->plane_start_s[1] = -1;
         r->enqueued_s = r->spec_start_s = r->verify_start_s = r->verify_end_s = -1;
