@@ -88,6 +88,10 @@ static void setup_timing(engine *e, const kv_run_inputs *in, kv_run_result *out)
     const kv_model_card *m = e->cfg->model;
     kv_timing_init(&e->prefill_timing, m, e->cfg->prefill.device, e->cfg->prefill.tp);
     kv_timing_init(&e->decode_timing, m, e->cfg->decode.device, e->cfg->decode.tp);
+    for (int ph = 0; ph < 2; ph++) {
+        e->prefill_timing.step_floor_s[ph] = e->decode_timing.step_floor_s[ph] = e->cfg->step_floor_s[ph];
+        e->prefill_timing.step_efficiency[ph] = e->decode_timing.step_efficiency[ph] = e->cfg->step_efficiency[ph];
+    }
     e->prefill_timing.profile = in->prefill_profile;
     e->decode_timing.profile = in->decode_profile;
     if (in->costs) {
