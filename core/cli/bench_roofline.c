@@ -6,7 +6,9 @@
 
 #include "core/base/datadir.h"
 #include "core/config/cards.h"
+#include "core/base/alloc.h"
 #include "core/cli/commands.h"
+#include "core/report/metrics.h"
 #include "core/timing/profile.h"
 #include "core/timing/timing.h"
 
@@ -19,7 +21,9 @@ static void usage(FILE *out)
                  "  For every point of a profiled table (splitwise-sim's perf_model.csv layout), the\n"
                  "  profiled time, kvsim's roofline for the same step, and their ratio; with and without\n"
                  "  the tensor-parallel all-reduces. Defaults: --model llama-2-70b --device h100-sxm,\n"
-                 "  --tp 2 --tp 4 --tp 8 (a tp the table lacks is reported and skipped).\n");
+                 "  --tp 2 --tp 4 --tp 8 (a tp the table lacks is reported and skipped). Then, per tp and phase,\n"
+                 "  timing.roofline's floor and efficiency fitted to the table (kv_timing_fit_phase) and the\n"
+                 "  ratios profiled / calibrated roofline that remain: median and worst.\n");
 }
 
 /* The roofline's seconds for a profiled point: `batch` prompts of x tokens, or `batch` decode tokens over
@@ -71,6 +75,37 @@ static int compare_tp(const char *path, const char *pmodel, const char *hw, int 
             s->max = s->n ? fmax(s->max, r) : r;
             s->n++;
         }
+    }
+    printf("\n");
+    for (int decode = 0; decode < 2; decode++) {
+        size_t n = kv_profile_point_count(p, decode);
+        double *model = kv_calloc(n + 1, sizeof *model), *table = kv_calloc(n + 1, sizeof *table);
+        double *err_abs = kv_calloc(n + 1, sizeof *err_abs);
+        for (size_t i = 0; i < n; i++) {
+            double batch, x, nc;
+            kv_profile_point(p, decode, i, &batch, &x, &table[i]);
+            model[i] = roofline(&t, decode, batch, x, &nc);
+        }
+        double floor_s, eff;
+        kv_timing_fit_phase(model, table, n, &floor_s, &eff);
+        double worst = 1, worst_abs = 0;
+        for (size_t i = 0; i < n; i++) {
+            double m = fmax(model[i] / eff, floor_s), r = table[i] / m;
+            err_abs[i] = fabs(log(r));
+            if (err_abs[i] > worst_abs) {
+                worst_abs = err_abs[i];
+                worst = r;
+            }
+        }
+        kv_stat st;
+        kv_stat_compute(err_abs, n, &st);
+        const char *ph = decode ? "decode" : "prefill";
+        printf("tp %d %-7s fitted: timing.roofline.%s_floor_ms=%.4g timing.roofline.%s_efficiency=%.4g; "
+               "profiled / calibrated roofline: median error %.1f%%, worst ratio %.3f over %zu points\n",
+               tp, ph, ph, floor_s * 1e3, ph, eff, 100 * (exp(st.median) - 1), worst, n);
+        kv_free(model);
+        kv_free(table);
+        kv_free(err_abs);
     }
     printf("\n");
     kv_profile_destroy(p);

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "core/base/afile.h"
@@ -16,6 +17,17 @@ static double clock_seconds(clockid_t id)
     struct timespec ts;
     clock_gettime(id, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* User and system seconds of this process (RUSAGE_SELF) or of its waited-for children (RUSAGE_CHILDREN:
+   the SimGrid child, reaped when its network is closed at the end of each policy's run). */
+static void cpu_seconds(int who, double *user, double *sys)
+{
+    struct rusage ru;
+    memset(&ru, 0, sizeof ru);
+    getrusage(who, &ru);
+    *user = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6;
+    *sys = (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6;
 }
 
 int kv_cmd_bench_sim(int argc, char **argv)
@@ -59,10 +71,17 @@ int kv_cmd_bench_sim(int argc, char **argv)
     if (!rc && write_dir)
         rc = kv_outdir_begin(&od, write_dir, kv_report_owned_names, kv_report_owned_count, NULL, &err);
     /* CPU time beside wall time: on a shared machine the wall clock also counts other jobs. */
+    double su0, ss0, cu0, cs0, su1, ss1, cu1, cs1;
+    cpu_seconds(RUSAGE_SELF, &su0, &ss0);
+    cpu_seconds(RUSAGE_CHILDREN, &cu0, &cs0);
     double t0 = clock_seconds(CLOCK_MONOTONIC), c0 = clock_seconds(CLOCK_PROCESS_CPUTIME_ID);
     if (!rc)
         rc = kv_study_run(st, &err);
     double dt = clock_seconds(CLOCK_MONOTONIC) - t0, dc = clock_seconds(CLOCK_PROCESS_CPUTIME_ID) - c0;
+    cpu_seconds(RUSAGE_SELF, &su1, &ss1);
+    cpu_seconds(RUSAGE_CHILDREN, &cu1, &cs1);
+    double self_user = su1 - su0, self_sys = ss1 - ss0, child_user = cu1 - cu0, child_sys = cs1 - cs0;
+    double all_cpu = self_user + self_sys + child_user + child_sys;
     double wt = 0, wc = 0;
     if (!rc && write_dir) {
         t0 = clock_seconds(CLOCK_MONOTONIC);
@@ -90,8 +109,15 @@ int kv_cmd_bench_sim(int argc, char **argv)
                "%zu policies\n", kv_study_request_count(st), s->cluster.prefill.nodes, s->cluster.decode.nodes,
                network, n);
         printf("  wall time            %.3f s (one core), CPU time %.3f s\n", dt, dc);
+        printf("  CPU time, kvsim      %.3f s user + %.3f s system\n", self_user, self_sys);
+        printf("  CPU time, children   %.3f s user + %.3f s system (the SimGrid child; 0 with the ideal network)\n",
+               child_user, child_sys);
+        printf("  system time share    %.1f%% of %.3f s CPU, children included (target < 10%%)\n",
+               all_cpu > 0 ? 100.0 * (self_sys + child_sys) / all_cpu : 0.0, all_cpu);
         printf("  simulated requests   %zu  -> %.0f requests per wall-second (target >= 10000), %.0f per CPU-second\n",
                simulated, simulated / dt, simulated / dc);
+        printf("                       %.0f per CPU-second, children included; %.2f us CPU per request\n",
+               all_cpu > 0 ? simulated / all_cpu : 0.0, all_cpu / (double)simulated * 1e6);
         printf("  events               %llu -> %.0f events per wall-second\n", events, events / dt);
         printf("  decode steps         %llu\n", steps);
         if (write_dir)

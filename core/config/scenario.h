@@ -129,6 +129,10 @@ typedef struct kv_scenario_timing {
         char *model;                             /* its `model` column to use */
         char *prefill_hardware, *decode_hardware; /* its `hardware` column per pool */
     } profile;
+    struct {
+        double prefill_floor_ms, decode_floor_ms;     /* per-step floor of the roofline (docs/timing.md) */
+        double prefill_efficiency, decode_efficiency; /* the roofline's step time is divided by these */
+    } roofline;
 } kv_scenario_timing;
 
 typedef struct kv_scenario_limits {

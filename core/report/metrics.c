@@ -97,6 +97,20 @@ void kv_stat_compute(const double *values, size_t n, kv_stat *out)
     kv_free(v);
 }
 
+void kv_stat_from_histogram(const kv_histogram *h, double scale, kv_stat *out)
+{
+    memset(out, 0, sizeof *out);
+    out->n = (size_t)h->n;
+    if (h->n == 0) {
+        out->mean = out->median = out->p90 = out->p99 = NAN;
+        return;
+    }
+    out->mean = kv_histogram_mean(h) * scale;
+    out->median = kv_histogram_percentile(h, 50) * scale;
+    out->p90 = kv_histogram_percentile(h, 90) * scale;
+    out->p99 = kv_histogram_percentile(h, 99) * scale;
+}
+
 /* Collects one value per request where `ok`, in milliseconds. */
 typedef struct collector {
     double *v;
@@ -150,11 +164,7 @@ void kv_summary_compute(const kv_run_result *r, double bf16_bytes_per_token, kv_
     kv_stat_compute(xfer.v, xfer.n, &out->transfer_ms);
     kv_stat_compute(axfer.v, axfer.n, &out->anchor_transfer_ms);
     kv_stat_compute(queue.v, queue.n, &out->queue_ms);
-    double *itl = kv_calloc(r->n_itl + 1, sizeof *itl);
-    for (size_t i = 0; i < r->n_itl; i++)
-        itl[i] = r->itl_s[i] * 1e3;
-    kv_stat_compute(itl, r->n_itl, &out->itl_ms);
-    kv_free(itl);
+    kv_stat_from_histogram(&r->itl_s, 1e3, &out->itl_ms);
     collector *all[] = {&ttft, &spec, &kth, &tpot, &e2el, &xfer, &axfer, &queue};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         kv_free(all[i]->v);

@@ -16,7 +16,8 @@ typedef struct kv_summary {
     double duration_s;           /* first arrival to last completion */
     double request_throughput;   /* requests / s */
     double output_throughput;    /* output tokens / s */
-    kv_stat ttft_ms, ttft_spec_ms, ttkt_ms, tpot_ms, itl_ms, e2el_ms;
+    kv_stat ttft_ms, ttft_spec_ms, ttkt_ms, tpot_ms, e2el_ms;
+    kv_stat itl_ms;              /* from the run's histogram: percentiles within 0.39% */
     kv_stat transfer_ms;         /* encode end to all KV at the decode node */
     kv_stat anchor_transfer_ms;  /* encode end to anchor at the decode node */
     kv_stat queue_ms;            /* arrival to prefill start */
@@ -32,6 +33,10 @@ typedef struct kv_summary {
 
 /* Sorts a copy of values and fills mean/median/p90/p99 (linear interpolation, as numpy). */
 void kv_stat_compute(const double *values, size_t n, kv_stat *out);
+/* The same from a histogram (core/base/histogram.h: each order statistic within 0.39% of the exact
+   one), values multiplied by scale. Inter-token latencies are summarised this way: their count grows
+   with every generated token, the histogram's memory does not. */
+void kv_stat_from_histogram(const kv_histogram *h, double scale, kv_stat *out);
 /* Summarises a run; bf16_bytes_per_token is 2 * layers * kv_heads * head_dim * 2. */
 void kv_summary_compute(const kv_run_result *r, double bf16_bytes_per_token, kv_summary *out);
 

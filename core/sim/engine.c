@@ -121,9 +121,9 @@ static void commit_tokens(engine *e, request *r, int n, double t)
         if (res->first_spec_s < 0)
             res->first_spec_s = t;
     } else {
-        kv_run_result *o = e->out;
-        kv_grow((void **)&o->itl_s, sizeof *o->itl_s, &o->cap_itl, o->n_itl + 1);
-        o->itl_s[o->n_itl++] = (float)(t - r->last_commit_s);
+        if (res->second_commit_s < 0)
+            res->second_commit_s = t;
+        kv_histogram_add(&e->out->itl_s, t - r->last_commit_s);
     }
     if (r->committed < e->ttkt_k && r->committed + n >= e->ttkt_k)
         res->kth_token_s = t;
@@ -1109,7 +1109,7 @@ void kv_run_result_free(kv_run_result *r)
     if (!r)
         return;
     kv_free(r->requests);
-    kv_free(r->itl_s);
+    kv_histogram_free(&r->itl_s);
     kv_free(r->links);
     memset(r, 0, sizeof *r);
 }

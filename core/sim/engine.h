@@ -8,6 +8,7 @@
 #include "core/kv/diffkv.h"
 #include "core/sim/engine_config.h"
 #include "core/base/error.h"
+#include "core/base/histogram.h"
 #include "core/policy/policy.h"
 #include "core/timing/profile.h"
 #include "core/timing/timing.h"
@@ -50,6 +51,7 @@ typedef struct kv_request_result {
     double first_token_s;      /* first committed token */
     double kth_token_s;        /* K-th committed token (lynx.ttkt_k) */
     double done_s;             /* last token committed */
+    double second_commit_s;    /* the commit event after the first token's (its ITL ends here) */
     double anchor_bytes, residual_bytes; /* on the wire */
     double kv_stored_bytes;    /* on the decode node once complete */
     double kept_tokens_fraction; /* DiffKV: tokens kept / tokens (1 otherwise) */
@@ -65,8 +67,7 @@ typedef struct kv_request_result {
 typedef struct kv_run_result {
     kv_request_result *requests; /* [n_requests] in id order */
     size_t n_requests;
-    float *itl_s;                /* inter-token latencies, one per commit event after the first */
-    size_t n_itl, cap_itl;
+    kv_histogram itl_s;          /* inter-token latencies, one per commit event after the first (bounded memory) */
     kv_link_stats *links;        /* [n_links] */
     size_t n_links;
     char network[32];            /* "simgrid" or "ideal" */

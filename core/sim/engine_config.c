@@ -60,6 +60,10 @@ int kv_engine_config_build(const kv_scenario *s, kv_engine_config *cfg, kv_error
         .head_spread = s->diffkv.head_spread, .high_fraction = s->diffkv.high_fraction,
         .low_fraction = s->diffkv.low_fraction};
     cfg->memory = s->memory;
+    cfg->step_floor_s[0] = s->timing.roofline.prefill_floor_ms * 1e-3;
+    cfg->step_floor_s[1] = s->timing.roofline.decode_floor_ms * 1e-3;
+    cfg->step_efficiency[0] = s->timing.roofline.prefill_efficiency;
+    cfg->step_efficiency[1] = s->timing.roofline.decode_efficiency;
     cfg->timing_backend = s->timing.backend;
     int rc = check_weights(s, cfg, weights, err);
     if (!rc && !cfg->colocated)

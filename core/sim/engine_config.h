@@ -40,6 +40,7 @@ typedef struct kv_engine_config {
     int ttkt_k;                  /* lynx.ttkt_k */
     kv_diffkv_score_model score_model; /* diffkv.*; a run adds its measured table */
     kv_scenario_memory memory;   /* memory.* */
+    double step_floor_s[2], step_efficiency[2]; /* timing.roofline.* (prefill, decode) */
     const char *timing_backend;  /* timing.backend: where the memory managers run (borrowed) */
     kv_net_config net;           /* network.* (not colocated); a run sets the policy's priority classes */
     char platform_path[4096];    /* network.platform_file resolved; net.platform_file points here */

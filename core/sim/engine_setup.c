@@ -92,6 +92,10 @@ static void setup_timing(engine *e, const kv_run_inputs *in, kv_run_result *out)
     const kv_model_card *m = e->cfg->model;
     kv_timing_init(&e->prefill_timing, m, e->cfg->prefill.device, e->cfg->prefill.tp);
     kv_timing_init(&e->decode_timing, m, e->cfg->decode.device, e->cfg->decode.tp);
+    for (int ph = 0; ph < 2; ph++) {
+        e->prefill_timing.step_floor_s[ph] = e->decode_timing.step_floor_s[ph] = e->cfg->step_floor_s[ph];
+        e->prefill_timing.step_efficiency[ph] = e->decode_timing.step_efficiency[ph] = e->cfg->step_efficiency[ph];
+    }
     e->prefill_timing.profile = in->prefill_profile;
     e->decode_timing.profile = in->decode_profile;
     if (in->costs) {
@@ -153,8 +157,8 @@ static int setup_requests(engine *e, const kv_workload *workload, kv_run_result 
                                    .arrival_s = r->spec.arrival_s, .prefill_start_s = -1, .prefill_end_s = -1,
                                    .encode_end_s = -1, .anchor_arrived_s = -1, .kv_arrived_s = -1,
                                    .admitted_s = -1, .first_spec_s = -1, .first_token_s = -1, .kth_token_s = -1,
-                                   .done_s = -1, .kept_tokens_fraction = 1, .tier_high_fraction = NAN,
-                                   .tier_low_fraction = NAN, .tier_pruned_fraction = NAN};
+                                   .done_s = -1, .second_commit_s = -1, .kept_tokens_fraction = 1,
+                                   .tier_high_fraction = NAN, .tier_low_fraction = NAN, .tier_pruned_fraction = NAN};
         kv_rng_fork(&e->base_rng, r->spec.id + 1, &r->rng);
         r->plane_start_s[0] = r->plane_start_s[1] = -1;
         r->enqueued_s = r->spec_start_s = r->verify_start_s = r->verify_end_s = -1;

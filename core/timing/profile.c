@@ -39,6 +39,9 @@ typedef struct surface {
     line arm_batch;      /* cross: time over batch at x_ref */
     line arm_x;          /* cross: time over x at batch_ref */
     double t_ref;        /* cross: time at (batch_ref, x_ref) */
+    double batch_ref, x_ref; /* cross: the reference point */
+    bool by_tokens;      /* cross, prefill: priced on total tokens (see profile.h) */
+    line ratio;          /* by_tokens: over batch, the batch arm's time / the length arm's at the same tokens */
     char dropped[200];   /* points dropped as non-monotone, for the description */
 } surface;
 
@@ -75,6 +78,16 @@ static double line_at(const line *l, double q)
     return lerp(l->k[i - 1], l->k[i], l->v[i - 1], l->v[i], q);
 }
 
+/* Piecewise linear through the knots, held at the end values outside them. */
+static double clamped_at(const line *l, double q)
+{
+    if (q <= l->k[0])
+        return l->v[0];
+    if (q >= l->k[l->n - 1])
+        return l->v[l->n - 1];
+    return line_at(l, q);
+}
+
 static double surface_at(const surface *s, double batch, double x)
 {
     if (s->grid) {
@@ -85,7 +98,24 @@ static double surface_at(const surface *s, double batch, double x)
         return lerp(s->row_batch[i - 1], s->row_batch[i], line_at(&s->rows[i - 1], x), line_at(&s->rows[i], x),
                     batch);
     }
+    if (s->by_tokens)
+        return line_at(&s->arm_x, batch * x / s->batch_ref) * clamped_at(&s->ratio, batch);
     return s->t_ref > 0 ? line_at(&s->arm_x, x) * line_at(&s->arm_batch, batch) / s->t_ref : 0;
+}
+
+/* Prefill on a cross (profile.h): the ratio of each batch-arm point to the length arm at its total tokens. */
+static void build_ratio(surface *s)
+{
+    const line *b = &s->arm_batch;
+    s->ratio.k = kv_calloc(b->n ? b->n : 1, sizeof(double));
+    s->ratio.v = kv_calloc(b->n ? b->n : 1, sizeof(double));
+    s->ratio.n = b->n;
+    for (size_t i = 0; i < b->n; i++) {
+        double len = line_at(&s->arm_x, b->k[i] * s->x_ref / s->batch_ref);
+        s->ratio.k[i] = b->k[i];
+        s->ratio.v[i] = len > 0 ? b->v[i] / len : 1;
+    }
+    s->by_tokens = b->n > 0;
 }
 
 /* ---- Building a surface ---------------------------------------------------------------------- */
@@ -216,6 +246,10 @@ static int surface_build(surface *s, const char *what, const char *path, kv_erro
             s->t_ref = ref->t_s;
             build_arm(s, what, 1, x_ref, b_ref, "batch", &s->arm_batch);
             build_arm(s, what, 0, b_ref, x_ref, what[0] == 'p' ? "prompt" : "context", &s->arm_x);
+            s->batch_ref = b_ref;
+            s->x_ref = x_ref;
+            if (what[0] == 'p')
+                build_ratio(s);
         }
     }
     kv_free(bs);
@@ -236,6 +270,8 @@ static void surface_free(surface *s)
     kv_free(s->arm_batch.v);
     kv_free(s->arm_x.k);
     kv_free(s->arm_x.v);
+    kv_free(s->ratio.k);
+    kv_free(s->ratio.v);
 }
 
 static void surface_range(const surface *s, double *b0, double *b1, double *x0, double *x1)

@@ -16,7 +16,10 @@
  * time over (batch, prompt tokens) and decode step time over (batch, context
  * tokens). Points may form a full grid (bilinear interpolation) or a cross —
  * one batch-size arm and one length arm through a common reference point, as
- * splitwise-sim measured them — where t(B, x) = t_len(x) * t_batch(B) / t_ref.
+ * splitwise-sim measured them. On a cross, prefill follows total batch tokens:
+ * t(B, P) = t_len(B P / B_ref) * r(B), r(B) = t_batch(B) / t_len(B x_ref / B_ref)
+ * piecewise linear over the batch arm and held at its ends (1 at B_ref), so every
+ * point is reproduced; decode keeps t(B, x) = t_len(x) * t_batch(B) / t_ref.
  * Along an axis, values are piecewise linear between knots and extrapolated
  * linearly from the end segments (never below zero). A point whose time falls
  * below an earlier point's on the same arm (a measurement artefact; e.g. batch

@@ -1,6 +1,8 @@
 /* timing.c — costs of prefill, decode steps, verification and KV kernels: roofline or profiled table. */
 #include "core/timing/timing.h"
 
+#include <math.h>
+
 void kv_timing_init(kv_timing *t, const kv_model_card *m, const kv_device_profile *d, int tp)
 {
     t->model = m;
@@ -9,6 +11,10 @@ void kv_timing_init(kv_timing *t, const kv_model_card *m, const kv_device_profil
     t->encode_efficiency = d->memory_efficiency;
     t->decode_efficiency = d->memory_efficiency;
     t->profile = NULL;
+    for (int ph = 0; ph < 2; ph++) {
+        t->step_floor_s[ph] = 0;
+        t->step_efficiency[ph] = 1;
+    }
 }
 
 double kv_timing_linear_flops_per_token(const kv_model_card *m)
@@ -100,8 +106,45 @@ double kv_step_roofline_seconds(const kv_timing *t, const kv_step_work *w)
     const kv_device_profile *d = t->device;
     double compute = w->flops / (d->bf16_tflops * 1e12 * d->compute_efficiency * t->tp);
     double memory = hbm_seconds(t, kv_model_weight_bytes(t->model) + w->kv_bytes);
-    return (compute > memory ? compute : memory) + kv_step_allreduce_seconds(t, w) + d->kernel_overhead_s +
-           w->kernel_s;
+    double base = (compute > memory ? compute : memory) + kv_step_allreduce_seconds(t, w) + d->kernel_overhead_s;
+    int ph = w->prefill_requests > 0 ? 0 : 1;
+    base /= t->step_efficiency[ph];
+    return (base > t->step_floor_s[ph] ? base : t->step_floor_s[ph]) + w->kernel_s;
+}
+
+static double fit_cost(const double *roofline, const double *table, size_t n, double floor_s, double eff)
+{
+    double c = 0;
+    for (size_t i = 0; i < n; i++) {
+        double m = roofline[i] / eff;
+        double e = log((m > floor_s ? m : floor_s) / table[i]);
+        c += e * e;
+    }
+    return c;
+}
+
+void kv_timing_fit_phase(const double *roofline, const double *table, size_t n, double *floor_s,
+                         double *efficiency)
+{
+    *floor_s = 0;
+    *efficiency = 1;
+    if (n == 0)
+        return;
+    double lo = table[0];
+    for (size_t i = 1; i < n; i++)
+        lo = fmin(lo, table[i]);
+    double best = INFINITY;
+    for (int f = 0; f <= 150; f++) {
+        double fl = lo * 0.01 * f;
+        for (double eff = 0.01; eff <= 10; eff *= 1.005) {
+            double c = fit_cost(roofline, table, n, fl, eff);
+            if (c < best) {
+                best = c;
+                *floor_s = fl;
+                *efficiency = eff;
+            }
+        }
+    }
 }
 
 /* The profiled table's time for the step (see timing.h). */

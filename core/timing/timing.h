@@ -23,6 +23,8 @@
 #ifndef KV_TIMING_H
 #define KV_TIMING_H
 
+#include <stddef.h>
+
 #include "core/config/cards.h"
 #include "core/timing/profile.h"
 
@@ -43,6 +45,11 @@ typedef struct kv_timing {
     double encode_efficiency;    /* fraction of bandwidth KV encode kernels reach */
     double decode_efficiency;    /* likewise for merge/dequantize kernels */
     const kv_profile *profile;   /* step times from a profiled table; NULL: the roofline */
+    /* Roofline calibration (timing.roofline.*), per phase [0] prefill (a step with prompts), [1] decode:
+       a step costs max(floor, roofline / efficiency) + its known kernel time. Defaults 0 and 1 leave the
+       roofline unchanged. */
+    double step_floor_s[2];
+    double step_efficiency[2];
 } kv_timing;
 
 /* A roofline timing (profile NULL). */
@@ -77,6 +84,13 @@ void kv_step_add_verify(const kv_timing *t, kv_step_work *w, double k, double co
 double kv_step_seconds(const kv_timing *t, const kv_step_work *w);
 /* The roofline's seconds for the step, whatever t->profile says (for comparisons). */
 double kv_step_roofline_seconds(const kv_timing *t, const kv_step_work *w);
+/* Fits timing.roofline's floor and efficiency of one phase (decode 0/1) to n profiled points: roofline[i]
+   is the stock roofline's seconds (floor 0, efficiency 1) for point i, table[i] the table's. Minimises the
+   sum of squared log ratios of max(floor, roofline / efficiency) to the table over a grid (floor in steps
+   of 1% of the smallest table time up to 1.5x it, efficiency 0.01-10 in 0.5% steps). */
+void kv_timing_fit_phase(const double *roofline, const double *table, size_t n, double *floor_s,
+                         double *efficiency);
+
 /* Seconds of the step's tensor-parallel all-reduces (0 when tp is 1). */
 double kv_step_allreduce_seconds(const kv_timing *t, const kv_step_work *w);
 

@@ -42,8 +42,8 @@ Test(profile, cross_is_exact_at_points_and_linear_between)
     near(kv_profile_prefill_s(p, 1, 768), 86.8e-3, "prefill(1, 768) between knots");
     near(kv_profile_prefill_s(p, 1, 2048), 214.8e-3, "prefill(1, 2048) extrapolated");
     near(kv_profile_prefill_s(p, 4, 512), (10 + 0.1 * 512 * 4) * 1e-3, "prefill(4, 512)");
-    /* Off both arms: the length arm times the batch arm over the reference point. */
-    near(kv_profile_prefill_s(p, 2, 1024), 112.4 * 112.4 / 61.2 * 1e-3, "prefill(2, 1024) separable");
+    /* Off both arms: prefill follows total tokens (the length arm at 2048, times batch 2's ratio, 1 here). */
+    near(kv_profile_prefill_s(p, 2, 1024), (10 + 0.1 * 2048) * 1e-3, "prefill(2, 1024) on total tokens");
     near(kv_profile_decode_s(p, 1, 1088), (20.5 + 1.088) * 1e-3, "decode(1, 1088)");
     near(kv_profile_decode_s(p, 8, 576), (20 + 4 + 0.576) * 1e-3, "decode(8, 576)");
     near(kv_profile_decode_s(p, 4, 1088), (20.5 + 1.088) * (22 + 0.576) / 21.076 * 1e-3, "decode(4, 1088)");
