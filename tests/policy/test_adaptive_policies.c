@@ -256,3 +256,58 @@ Test(adaptive_policies, same_scenario_same_bytes)
     kvt_rmtree(dir);
     free(dir);
 }
+
+static bool have_matplotlib(void)
+{
+    return system("python3 -c 'import matplotlib' >/dev/null 2>&1") == 0 ||
+           system("/usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1") == 0;
+}
+
+static bool is_png(const char *path)
+{
+    size_t n = 0;
+    char *t = kvt_read(path, &n);
+    bool ok = t && n > 8 && memcmp(t, "\x89PNG", 4) == 0;
+    free(t);
+    return ok;
+}
+
+/* Tutorial 5 runs, says its question, command and figure, and --plot draws bits_over_time for it (a
+   run whose policies never change their bits skips that figure, saying why). */
+Test(adaptive_policies, tutorial_runs_and_plots_bits_over_time, .timeout = 120)
+{
+    char *dir = kvt_tempdir();
+    char *tut = kvt_source("scenarios/tutorial/05-adaptive.yaml");
+    char *text = kvt_read(tut, NULL);
+    cr_assert_not_null(text);
+    cr_expect(strstr(text, "?") && strstr(text, "figures/bits_over_time.png") && strstr(text, "Run:"));
+    free(text);
+    char *readme = kvt_source("scenarios/tutorial/README.md");
+    text = kvt_read(readme, NULL);
+    cr_expect(text && strstr(text, "`05-adaptive.yaml`"), "scenarios/tutorial/README.md has no row for tutorial 5");
+    free(text);
+    free(readme);
+    char *run = kvt_path(dir, "run"), *stat = kvt_path(dir, "static");
+    char args[4096], *out = NULL;
+    snprintf(args, sizeof args, "run %s --quiet --out %s --plot", tut, run);
+    cr_assert_eq(kvt_kvsim(args, &out), 0, "%s", out);
+    bool plotting = have_matplotlib();
+    if (plotting) {
+        char *fig = kvt_path(run, "figures/bits_over_time.png");
+        cr_expect(is_png(fig), "no bits_over_time.png:\n%s", out);
+        free(fig);
+    } else {
+        cr_expect(strstr(out, "plots skipped:") != NULL, "%s", out);
+    }
+    free(out);
+    snprintf(args, sizeof args, "run %s --quiet --out %s --plot --set 'policies=[int8,lynx]'", tut, stat);
+    cr_assert_eq(kvt_kvsim(args, &out), 0, "%s", out);
+    if (plotting)
+        cr_expect(strstr(out, "skipped bits_over_time: no policy changes its bits between requests"), "%s", out);
+    free(out);
+    free(run);
+    free(stat);
+    free(tut);
+    kvt_rmtree(dir);
+    free(dir);
+}
