@@ -6,6 +6,7 @@
 #include "core/config/scenario.h"
 #include "core/policy/policy.h"
 #include "core/study/study.h"
+#include "tests/net_support.h"
 #include "tests/support.h"
 
 #define BURST "tests/fixtures/scenarios/burst-fifo.yaml"
@@ -310,4 +311,30 @@ Test(adaptive_policies, tutorial_runs_and_plots_bits_over_time, .timeout = 120)
     free(tut);
     kvt_rmtree(dir);
     free(dir);
+}
+
+/* A bug the request-aware Lynx found (net/simgrid/sg_child.cpp relevel): in the levels mode every flow's penalty
+   was set again at each change of the flows, and SimGrid (lazy updates) takes an action off its completion heap
+   on every set, while an unchanged penalty does not mark it for the next solve. A flow on links that the change
+   did not touch then never completed: on 2 prefill + 2 decode nodes lynx-ordered stalled for seconds, or SimGrid
+   stopped with "Deadlock detected". Two level-0 flows on disjoint routes; the short one ends first. */
+Test(adaptive_policies, levels_flow_on_untouched_links_still_completes, .timeout = 60)
+{
+    const double gbps = 25, lat = 5e-6, bps = gbps * 1e9 / 8;
+    nett_rec r = {0};
+    kv_net_config cfg = nett_star(KV_NET_SIMGRID, 4, gbps, lat);
+    kv_net *net = nett_create(&cfg, &r);
+    kv_error err;
+    kv_flow_spec a = {.src = 0, .dst = 2, .bytes = 2000000000, .has_level = 1, .level = 0, .weight = 1};
+    kv_flow_spec b = {.src = 1, .dst = 3, .bytes = 100000000, .has_level = 1, .level = 0, .weight = 1};
+    kv_flow_id ia = 0, ib = 0;
+    double t = 0;
+    cr_assert_eq(kv_net_flow_start(net, &a, 0, &ia, &err), KV_OK, "%s", err.msg);
+    cr_assert_eq(kv_net_advance(net, 0.01, &t, &err), KV_OK, "%s", err.msg);
+    cr_assert_eq(kv_net_flow_start(net, &b, 0.01, &ib, &err), KV_OK, "%s", err.msg);
+    nett_drain(net);
+    cr_assert_eq(r.n, 2);
+    nett_close(r.t[nett_find(&r, ib)], 0.01 + 2 * lat + (double)b.bytes / bps, 1e-9, "the short flow");
+    nett_close(r.t[nett_find(&r, ia)], 2 * lat + (double)a.bytes / bps, 1e-9, "the long flow, as if alone");
+    kv_net_destroy(net);
 }
