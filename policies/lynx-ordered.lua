@@ -13,6 +13,8 @@
 --     a later committed one for r).
 -- Encoding and speculation are lynx.lua's: 8 bits split 4 + 4, speculate 8 tokens.
 -- On the ideal network (no link is shared) levels change nothing: it behaves as lynx.lua.
+-- Levels go up to 2^30 (docs/network.md "Per-flow priority"): with stride 2, request ids up to
+-- about 5e8; a level past that is an error naming this file.
 -- Acceptance: one bit split for every request, measured like lynx's (lynx.from), or the
 -- scenario's lynx.acceptance with lynx.from: scenario.
 
