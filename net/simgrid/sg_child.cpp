@@ -150,6 +150,7 @@ struct Flow {
     int level = 0;            /* per-flow level (0 highest) and weight, for the levels mode */
     double weight = 1;
     bool held = false;        /* levels mode: suspended, a higher level fills a link of its route */
+    double level_penalty = 0; /* levels mode: the penalty relevel last set (0: none yet) */
     sg4::CommPtr comm;
     std::vector<int> links;   /* indices into Platform::links, forward route */
     Action* action = nullptr; /* SimGrid's network action (nullptr without an LMM model) */
@@ -723,7 +724,13 @@ void Driver::relevel()
         }
         size_t rank = (size_t)(std::lower_bound(ranks.begin(), ranks.end(), f->level) - ranks.begin());
         double p = f->base_ratio * kPenaltyScale * (w_ref_ / f->weight) * std::pow(range, (double)rank / steps);
-        f->action->set_sharing_penalty(p);
+        /* Only a change: with lazy updates set_sharing_penalty takes the action off the completion heap, and an
+           unchanged penalty does not mark its variable for the next solve, so nothing would put it back and the
+           flow would never complete (SimGrid then stops: "Deadlock detected"). */
+        if (p != f->level_penalty) {
+            f->action->set_sharing_penalty(p);
+            f->level_penalty = p;
+        }
     }
 }
 
