@@ -251,8 +251,8 @@ void kv_capacity_print(FILE *out, const kv_scenario *s, const kv_capacity_result
             fprintf(out, " %13s %8s", "-", "-");
         fprintf(out, " %7zu  %s\n", p->n_probes,
                 p->status == KV_CAPACITY_FOUND       ? "found"
-                : p->status == KV_CAPACITY_UNBOUNDED ? "met at every rate tried (raise the SLO's load?)"
-                                                     : "missed at every rate tried");
+                : p->status == KV_CAPACITY_UNBOUNDED ? "met at every rate tried (up to 2^16 x the scenario's)"
+                                                     : "missed at every rate tried (down to 2^-16 x)");
     }
     fprintf(out, "(goodput = highest offered rate at which >= %.3g of requests meet every bound (DistServe); next = "
                  "the lowest rate above it that misses,\n within %.3g relative; reproduce a row with kvsim run "
