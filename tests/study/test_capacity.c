@@ -247,3 +247,32 @@ Test(capacity, slo_parser_reads_every_bound)
     cr_assert_eq(kv_capacity_parse_slo("tpot_ms=40", &slo, &err), 0);
     cr_expect(isnan(slo.ttft_ms) && isnan(slo.e2el_ms));
 }
+
+Test(capacity, plot_draws_attainment_against_rate)
+{
+    char *path = kvt_source(SMALL), *dir = kvt_tempdir(), *args = NULL, *out = NULL;
+    cr_assert(asprintf(&args, "capacity '%s' --slo ttft_ms=300 --set 'policies=[bf16]' --out '%s/c' --plot", path,
+                       dir) > 0);
+    int rc = kvt_kvsim(args, &out);
+    if (strstr(out, "plots skipped")) {
+        free(out);
+        free(args);
+        free(path);
+        kvt_rmtree(dir);
+        free(dir);
+        cr_skip("no Python 3 with matplotlib here");
+    }
+    cr_assert_eq(rc, 0, "%s", out);
+    char *fig = NULL;
+    cr_assert(asprintf(&fig, "%s/c/figures/capacity.png", dir) > 0);
+    size_t len = 0;
+    char *png = kvt_read(fig, &len);
+    cr_expect(png && len > 1000, "%s: %s", fig, out);
+    free(png);
+    free(fig);
+    free(out);
+    free(args);
+    free(path);
+    kvt_rmtree(dir);
+    free(dir);
+}
