@@ -87,6 +87,8 @@ typedef struct search {
     size_t policy;
     kv_capacity_policy *out;
     size_t cap;
+    int unscalable; /* the last probe's workload could not be built at its factor (a trace stretched past
+                       KV_TRACE_MAX_TIME_S) */
 } search;
 
 /* Runs the policy at factor f (or finds the probe already made there). */
@@ -98,6 +100,7 @@ static int probe(search *x, double f, kv_capacity_probe *p, kv_error *err)
             return KV_OK;
         }
     int rc = kv_study_rescale(x->st, f, err);
+    x->unscalable = rc == KV_EINPUT;
     if (!rc)
         rc = kv_study_run_policy(x->st, x->policy, err);
     if (rc) {
@@ -162,7 +165,14 @@ static int search_policy(search *x, kv_error *err)
                 return KV_OK;
             }
             f /= 2;
-            if ((rc = probe(x, f, &p, err)) != KV_OK)
+            if ((rc = probe(x, f, &p, err)) != KV_OK && x->unscalable) {
+                /* A trace cannot be stretched that far: stop halving, the SLOs were missed at every rate tried. */
+                x->out->status = KV_CAPACITY_NONE;
+                x->out->above = hi;
+                memset(err, 0, sizeof *err);
+                return KV_OK;
+            }
+            if (rc)
                 return rc;
             if (meets(x, &p))
                 break;

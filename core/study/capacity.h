@@ -9,7 +9,8 @@
  * The rate is the scenario's load times a factor f (kv_study_rescale): a synthetic workload's
  * workload.rate_per_s x f, a trace's workload.trace.time_scale / f (a smaller time_scale packs the
  * arrivals tighter). Search, per policy: f = 1; while it meets the SLOs double f (at most
- * KV_CAPACITY_MAX_STEPS times), else halve it until it does (as many times at most); then bisect
+ * KV_CAPACITY_MAX_STEPS times), else halve it until it does (as many times at most, and no further than
+ * a trace can be stretched: its last arrival within KV_TRACE_MAX_TIME_S); then bisect
  * between the highest f that met the SLOs and the lowest above it that did not, until they are within
  * `precision` (relative: hi - lo <= precision x lo). The answer is the lower end, with its attainment,
  * and the upper end ("the next step above") with its attainment. Attainment need not fall
