@@ -24,6 +24,7 @@ typedef struct run_args {
     int quiet;
     int plot; /* --plot: scripts/plot on the output folder afterwards */
     int strict; /* validate --strict: feasibility warnings are errors */
+    int seeds;  /* run --seeds N: replicates (0: the scenario's `replicates`) */
 } run_args;
 
 /* The signal registry: the staging folder (or previous folder) a SIGINT/SIGTERM/SIGHUP must remove
@@ -64,8 +65,11 @@ static void run_usage(FILE *out, const char *cmd)
             "                        given here is relative to the working folder\n"
             "  --seed N              same as --set seed=N\n"
             "%s",
-            cmd, strcmp(cmd, "run") == 0 ? " [--out DIR] [--quiet] [--plot]" : " [--strict]",
-            strcmp(cmd, "run") == 0 ? "  --out DIR             write results.json, requests.csv, trace.json there\n"
+            cmd, strcmp(cmd, "run") == 0 ? " [--seeds N] [--out DIR] [--quiet] [--plot]" : " [--strict]",
+            strcmp(cmd, "run") == 0 ? "  --seeds N             run seeds seed..seed+N-1 (1..1000): the table and results.json\n"
+                                      "                        give each metric's mean and 95% CI (Student t); as\n"
+                                      "                        --set replicates=N\n"
+                                      "  --out DIR             write results.json, requests.csv, trace.json there\n"
                                       "  --quiet               no table on stdout\n"
                                       "  --plot                figures into DIR/figures/ (scripts/plot; needs matplotlib)\n"
                                     : "  --strict              feasibility warnings are errors (exit 2)\n"
@@ -101,6 +105,15 @@ static int parse(int argc, char **argv, run_args *a, char **seed_set)
             *seed_set = kv_malloc(len);
             snprintf(*seed_set, len, "seed=%s", v);
             a->sets[a->n_sets++] = *seed_set;
+        } else if (strcmp(arg, "--seeds") == 0 && has_value && strcmp(argv[0], "run") == 0) {
+            const char *v = argv[++i];
+            char *end = NULL;
+            long n = strtol(v, &end, 10);
+            if (*v == '\0' || *end != '\0' || n < 1 || n > 1000) {
+                fprintf(stderr, "kvsim %s: --seeds: expected a whole number 1..1000, got '%s'\n", argv[0], v);
+                return 2;
+            }
+            a->seeds = (int)n;
         } else if (strcmp(arg, "--out") == 0 && has_value && strcmp(argv[0], "run") == 0) {
             a->out_dir = argv[++i];
             if (!a->out_dir[0]) {
@@ -177,6 +190,13 @@ static int run_or_validate(int argc, char **argv, int validate_only)
                                  &err);
         if (!rc)
             rc = kv_study_run(study, &err);
+        int runs = a.seeds ? a.seeds : s->replicates;
+        if (!rc && runs > 1 && (long long)s->seed + runs - 1 > 2147483647LL) {
+            rc = kv_error_set(&err, KV_EINPUT, "%s: seeds %d..%lld pass the largest seed, 2147483647",
+                              a.seeds ? "--seeds" : "replicates", s->seed, (long long)s->seed + runs - 1);
+        } else if (!rc && runs > 1) {
+            rc = kv_study_replicate(study, runs, &err);
+        }
         if (!rc && !a.quiet)
             kv_study_print(study, stdout);
         if (!rc && to_folder)

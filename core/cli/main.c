@@ -6,8 +6,10 @@
 #include "core/cli/commands.h"
 
 static const kv_command commands[] = {
-    {"run", "SCENARIO [--set key.path=value]... [--seed N] [--out DIR] [--quiet] [--plot]",
+    {"run", "SCENARIO [--set key.path=value]... [--seed N] [--seeds N] [--out DIR] [--quiet] [--plot]",
      "simulate a scenario and print the comparison table", kv_cmd_run},
+    {"capacity", "SCENARIO --slo ttft_ms=X,tpot_ms=Y [--attainment 0.9] [--precision 0.02] [--out DIR] [--plot]",
+     "the highest request rate per policy at which the SLOs are met (goodput, DistServe)", kv_cmd_capacity},
     {"sweep", "SWEEP.yaml [-j N] [--plot] | SWEEP.yaml --emit slurm|parallel | --collect DIR",
      "run a parameter sweep in parallel, or write it as cluster jobs (docs/sweeps.md)", kv_cmd_sweep},
     {"validate", "SCENARIO [--set key.path=value]... [--strict]",

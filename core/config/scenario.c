@@ -35,6 +35,8 @@ static const kv_key_spec scenario_keys[] = {
     {"name", KV_KEY_STRING, S(name), "scenario", 0, 0, NULL, "name shown in outputs"},
     {"description", KV_KEY_STRING, S(description), "\"\"", 0, 0, NULL, "what the scenario asks"},
     {"seed", KV_KEY_INT, S(seed), "1", 0, 2147483647, NULL, "random seed; same seed, same results"},
+    {"replicates", KV_KEY_INT, S(replicates), "1", 1, 1000, NULL,
+     "kvsim run: run seeds seed..seed+N-1, report mean and 95% CI per metric (--seeds overrides)"},
     {"model", KV_KEY_STRING, S(model), NULL, 0, 0, NULL, "model card: a name under scenarios/models or a path"},
 
     {"cluster", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "prefill and decode pools"},

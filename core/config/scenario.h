@@ -179,6 +179,7 @@ typedef struct kv_scenario {
     char *name;
     char *description;
     int seed;
+    int replicates;        /* kvsim run: seeds seed..seed+replicates-1 (core/report/replicates.h) */
     char *model;
     kv_scenario_cluster cluster;
     kv_scenario_network network;

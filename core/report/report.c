@@ -7,6 +7,7 @@
 
 #include "core/base/alloc.h"
 #include "core/base/json.h"
+#include "core/report/replicates.h"
 
 static void cell(FILE *out, double v, int width, int prec)
 {
@@ -239,7 +240,12 @@ void kv_report_json(FILE *out, const kv_scenario *s, const kv_policy_outcome *o,
             jnum(out, "utilisation", m->duration_s > 0 ? r->links[l].busy_s / m->duration_s : NAN, 0);
             fputc('}', out);
         }
-        fputs("]}", out);
+        fputc(']', out);
+        if (o[i].replicates) { /* kvsim run --seeds N: absent for one run, so its bytes stay as they were */
+            fputs(",\n", out);
+            kv_replicates_json(out, o[i].replicates, o[i].replicate_index);
+        }
+        fputc('}', out);
         fputs(i + 1 < n ? ",\n" : "\n", out);
     }
     fputs("]\n}\n", out);

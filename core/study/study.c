@@ -1,6 +1,7 @@
 /* study.c — prepare a scenario's workload and policies, run each policy, hand results to the reports. */
 #include "core/study/study.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "core/base/alloc.h"
@@ -8,6 +9,7 @@
 #include "core/study/feasible.h"
 #include "core/timing/measure.h"
 #include "core/report/metrics.h"
+#include "core/report/replicates.h"
 #include "core/accuracy/diffkv_scores.h"
 #include "core/accuracy/feed_lynx.h"
 #include "core/policy/policy.h"
@@ -31,8 +33,12 @@ struct kv_study {
     kv_feed_acceptance *accepts; /* [n] Lynx acceptance measured on the reference model, when asked */
     kv_profile *prefill_profile, *decode_profile; /* timing.source: profile; else NULL */
     kv_diffkv_measured *dkv;  /* [n] DiffKV significance tables (z NULL: none needed) */
-    kv_engine_config engine;  /* what every run's engine reads of the scenario (built by kv_study_run) */
+    kv_engine_config engine;  /* what every run's engine reads of the scenario (built by the first run) */
+    int engine_built;
     int ran;
+    int probing;              /* kv_study_rescale was called: no timeline (capacity probes write none) */
+    double factor;            /* the load factor of the workload in use (1: the scenario's) */
+    kv_replicates *reps;      /* kvsim run --seeds N (N > 1); else NULL */
 };
 
 static kv_length_kind length_kind(kv_workload_length dist)
@@ -74,18 +80,20 @@ static kv_length_dist length_dist(const kv_length_config *c)
                             .n_samples = c->samples.count};
 }
 
-static int make_workload(kv_study *st, kv_error *err)
+/* The scenario's workload with its load multiplied by factor (1: as written): the synthetic rate times
+   factor, or the trace's clock divided by it (kv_study_rescale). */
+static int make_workload(kv_study *st, double factor, kv_error *err)
 {
     const kv_scenario *s = st->s;
     kv_workload_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.requests = s->workload.requests;
     cfg.arrival = arrival_kind(s->workload.arrival);
-    cfg.rate_per_s = s->workload.rate_per_s;
+    cfg.rate_per_s = factor == 1.0 ? s->workload.rate_per_s : s->workload.rate_per_s * factor;
     cfg.burstiness = s->workload.burstiness;
     cfg.prompt = length_dist(&s->workload.prompt);
     cfg.output = length_dist(&s->workload.output);
-    cfg.time_scale = s->workload.trace.time_scale;
+    cfg.time_scale = factor == 1.0 ? s->workload.trace.time_scale : kv_study_time_scale(s, factor);
     cfg.repeat = s->workload.trace.repeat;
     cfg.max_prompt_tokens = s->model_card.max_context;
     char path[4096];
@@ -130,7 +138,8 @@ static int study_inputs(const kv_scenario *s, kv_study **out, kv_error *err)
     st->costs = kv_calloc(st->n, sizeof *st->costs);
     st->dkv = kv_calloc(st->n, sizeof *st->dkv);
     st->accepts = kv_calloc(st->n, sizeof *st->accepts);
-    int rc = make_workload(st, err);
+    st->factor = 1.0;
+    int rc = make_workload(st, 1.0, err);
     if (!rc)
         rc = kv_engine_check_network(s, err);
     for (size_t i = 0; !rc && i < st->n; i++)
@@ -237,6 +246,7 @@ void kv_study_destroy(kv_study *st)
     kv_free(st->accepts);
     kv_workload_destroy(st->workload);
     kv_timeline_destroy(st->timeline);
+    kv_replicates_destroy(st->reps);
     kv_free(st);
 }
 
@@ -245,47 +255,167 @@ size_t kv_study_request_count(const kv_study *st)
     return kv_workload_count(st->workload);
 }
 
-int kv_study_run(kv_study *st, kv_error *err)
+/* The engine's view of the scenario, built once for every policy and probe; its errors (weights that
+   do not fit) read as they did when the first policy's run found them. */
+static int engine_config(kv_study *st, kv_error *err)
+{
+    if (st->engine_built)
+        return KV_OK;
+    int rc = kv_engine_config_build(st->s, &st->engine, err);
+    if (rc)
+        return kv_error_prefix(err, "policy %s: ", st->s->policies.items[0]);
+    st->engine_built = 1;
+    return KV_OK;
+}
+
+int kv_study_run_policy(kv_study *st, size_t i, kv_error *err)
 {
     const kv_scenario *s = st->s;
-    if (s->outputs.trace && !st->timeline)
-        st->timeline = kv_timeline_create();
-    /* Once for every policy; its errors (weights that do not fit) read as they did when the first
-       policy's run found them. */
-    int rc = kv_engine_config_build(s, &st->engine, err);
+    if (i >= st->n)
+        return kv_error_set(err, KV_EFAIL, "policy index %zu of %zu", i, st->n);
+    int rc = engine_config(st, err);
     if (rc)
-        return kv_error_prefix(err, "policy %s: ", s->policies.items[0]);
+        return rc;
+    if (s->outputs.trace && !st->timeline && !st->probing)
+        st->timeline = kv_timeline_create();
     double bf16_per_token = kv_model_kv_values_per_token(&s->model_card) * 2.0;
-    for (size_t i = 0; i < st->n; i++) {
-        kv_progress *progress = kv_progress_create(stderr, s->outputs.progress, s->policies.items[i],
-                                                   kv_workload_count(st->workload));
-        kv_run_inputs in = {.config = &st->engine, .policy = st->policies[i], .workload = st->workload,
-                            .costs = &st->costs[i], .timeline = st->timeline, .progress = progress,
-                            .prefill_profile = st->prefill_profile, .decode_profile = st->decode_profile};
-        const kv_feed_acceptance *a = &st->accepts[i];
-        if (a->positions > 0) {
-            in.accept_conditional = a->accept_conditional;
-            in.accept_positions = a->positions;
-            in.accept_source = a->source;
-        }
-        if (st->dkv[i].z) {
-            in.diffkv_table = &st->dkv[i].table;
-            in.diffkv_source = st->dkv[i].source;
-        }
-        kv_policy_outcome *o = &st->outcomes[i];
-        o->name = s->policies.items[i];
-        o->file = st->files[i];
-        o->policy = st->policies[i];
-        o->acceptance_samples = a->positions > 0 ? a->speculations : 0;
-        rc = kv_engine_run(&in, &o->run, err);
-        kv_progress_finish(progress);
-        if (rc) {
-            kv_scenario_locate(s, err); /* an error keyed to a scenario key gets its position */
-            return kv_error_prefix(err, "policy %s: ", o->name);
-        }
-        kv_summary_compute(&o->run, bf16_per_token, &o->summary);
+    kv_progress *progress = kv_progress_create(stderr, s->outputs.progress, s->policies.items[i],
+                                               kv_workload_count(st->workload));
+    kv_run_inputs in = {.config = &st->engine, .policy = st->policies[i], .workload = st->workload,
+                        .costs = &st->costs[i], .timeline = st->probing ? NULL : st->timeline,
+                        .progress = progress, .prefill_profile = st->prefill_profile,
+                        .decode_profile = st->decode_profile};
+    const kv_feed_acceptance *a = &st->accepts[i];
+    if (a->positions > 0) {
+        in.accept_conditional = a->accept_conditional;
+        in.accept_positions = a->positions;
+        in.accept_source = a->source;
     }
+    if (st->dkv[i].z) {
+        in.diffkv_table = &st->dkv[i].table;
+        in.diffkv_source = st->dkv[i].source;
+    }
+    kv_policy_outcome *o = &st->outcomes[i];
+    kv_run_result_free(&o->run); /* a probe's earlier run */
+    memset(o, 0, sizeof *o);
+    o->name = s->policies.items[i];
+    o->file = st->files[i];
+    o->policy = st->policies[i];
+    o->acceptance_samples = a->positions > 0 ? a->speculations : 0;
+    rc = kv_engine_run(&in, &o->run, err);
+    kv_progress_finish(progress);
+    if (rc) {
+        kv_scenario_locate(s, err); /* an error keyed to a scenario key gets its position */
+        return kv_error_prefix(err, "policy %s: ", o->name);
+    }
+    kv_summary_compute(&o->run, bf16_per_token, &o->summary);
+    return KV_OK;
+}
+
+int kv_study_run(kv_study *st, kv_error *err)
+{
+    int rc = engine_config(st, err);
+    for (size_t i = 0; !rc && i < st->n; i++)
+        rc = kv_study_run_policy(st, i, err);
+    if (rc)
+        return rc;
     st->ran = 1;
+    return KV_OK;
+}
+
+const kv_policy_outcome *kv_study_outcome(const kv_study *st, size_t i)
+{
+    return i < st->n ? &st->outcomes[i] : NULL;
+}
+
+double kv_study_time_scale(const kv_scenario *s, double factor)
+{
+    double base = s->workload.trace.time_scale > 0 ? s->workload.trace.time_scale : 1.0;
+    return base / factor;
+}
+
+int kv_study_rescale(kv_study *st, double factor, kv_error *err)
+{
+    if (!(factor > 0) || !isfinite(factor))
+        return kv_error_set(err, KV_EFAIL, "load factor %g: must be a positive number", factor);
+    kv_workload *old = st->workload;
+    st->workload = NULL;
+    int rc = make_workload(st, factor, err);
+    if (rc) {
+        st->workload = old;
+        return rc;
+    }
+    kv_workload_destroy(old);
+    st->factor = factor;
+    st->probing = 1;
+    st->ran = 0;
+    kv_timeline_destroy(st->timeline);
+    st->timeline = NULL;
+    return KV_OK;
+}
+
+double kv_study_offered_rate(const kv_study *st)
+{
+    const kv_scenario *s = st->s;
+    if (s->workload.trace.format == KV_WORKLOAD_TRACE_NONE)
+        return s->workload.rate_per_s * st->factor;
+    size_t n = kv_workload_count(st->workload);
+    if (n < 2)
+        return NAN;
+    double span = kv_workload_get(st->workload, n - 1)->arrival_s - kv_workload_get(st->workload, 0)->arrival_s;
+    return span > 0 ? (double)(n - 1) / span : INFINITY;
+}
+
+int kv_study_replicate(kv_study *st, int runs, kv_error *err)
+{
+    const kv_scenario *s = st->s;
+    if (!st->ran)
+        return kv_error_set(err, KV_EFAIL, "replicates: the study has not run");
+    if (runs < 2)
+        return KV_OK;
+    if ((long long)s->seed + runs - 1 > 2147483647LL)
+        return kv_error_set(err, KV_EINPUT, "replicates: seeds %d..%lld pass the largest seed, 2147483647", s->seed,
+                            (long long)s->seed + runs - 1);
+    kv_replicates_destroy(st->reps);
+    st->reps = kv_replicates_create(st->n, runs);
+    int rc = kv_replicates_add(st->reps, s->seed, s, st->outcomes, st->n, err);
+    /* Each further seed is the scenario loaded again with the same --set values and seed=K: what
+       `kvsim run --seed K` does, measurements included (they depend on the seed's prompts). */
+    const char **sets = kv_calloc((size_t)s->n_overrides + 1, sizeof *sets);
+    for (int k = 0; k < s->n_overrides; k++)
+        sets[k] = s->overrides[k];
+    char seed_set[48];
+    sets[s->n_overrides] = seed_set;
+    for (int r = 1; !rc && r < runs; r++) {
+        int seed = s->seed + r;
+        snprintf(seed_set, sizeof seed_set, "seed=%d", seed);
+        kv_scenario *sk = NULL;
+        kv_study *stk = NULL;
+        rc = kv_scenario_load(s->path, sets, s->n_overrides + 1, &sk, err);
+        if (!rc)
+            rc = kv_study_prepare(sk, &stk, err);
+        if (!rc) {
+            stk->probing = 1; /* its timeline is not written */
+            rc = kv_study_run(stk, err);
+        }
+        if (!rc)
+            rc = kv_replicates_add(st->reps, seed, sk, stk->outcomes, stk->n, err);
+        if (rc)
+            kv_error_prefix(err, "seed %d: ", seed);
+        kv_study_destroy(stk);
+        kv_scenario_destroy(sk);
+    }
+    kv_free(sets);
+    if (rc) {
+        kv_replicates_destroy(st->reps);
+        st->reps = NULL;
+        return rc;
+    }
+    kv_replicates_finish(st->reps);
+    for (size_t i = 0; i < st->n; i++) {
+        st->outcomes[i].replicates = st->reps;
+        st->outcomes[i].replicate_index = i;
+    }
     return KV_OK;
 }
 
@@ -297,7 +427,10 @@ const kv_policy_outcome *kv_study_outcomes(const kv_study *st, size_t *n)
 
 void kv_study_print(const kv_study *st, FILE *out)
 {
-    kv_report_table(out, st->s, st->outcomes, st->ran ? st->n : 0);
+    if (st->reps)
+        kv_replicates_table(out, st->s, st->outcomes, st->ran ? st->n : 0, st->reps);
+    else
+        kv_report_table(out, st->s, st->outcomes, st->ran ? st->n : 0);
 }
 
 int kv_study_write(const kv_study *st, const char *dir, kv_error *err)

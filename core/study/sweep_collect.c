@@ -51,6 +51,25 @@ static void csv_json_scalar(FILE *f, const kv_jvalue *v)
     }
 }
 
+/* A column's value in a policy entry: a field, or "replicates.n", "replicates.mean.KEY",
+   "replicates.ci95.KEY" inside its replicates object (kvsim run --seeds N). */
+static const kv_jvalue *column_value(const kv_jvalue *o, const char *col)
+{
+    if (strncmp(col, "replicates.", 11) != 0)
+        return kv_jvalue_get(o, col);
+    const kv_jvalue *r = kv_jvalue_get(o, "replicates");
+    const char *rest = col + 11, *dot = strchr(rest, '.');
+    if (!dot)
+        return kv_jvalue_get(r, rest);
+    char section[8];
+    size_t len = (size_t)(dot - rest);
+    if (len >= sizeof section)
+        return NULL;
+    memcpy(section, rest, len);
+    section[len] = '\0';
+    return kv_jvalue_get(kv_jvalue_get(r, section), dot + 1);
+}
+
 static int by_name(const void *a, const void *b)
 {
     return strcmp(*(char *const *)a, *(char *const *)b);
@@ -183,6 +202,19 @@ int kv_sweep_collect(const char *dir, kv_sweep_totals *totals, kv_error *err)
                 kv_jkind kind = o->items[k]->kind;
                 if (strcmp(o->keys[k], "name") != 0 && kind != KV_JARRAY && kind != KV_JOBJECT)
                     add_column(&cols, &n_cols, &cap_cols, o->keys[k]);
+                if (strcmp(o->keys[k], "replicates") == 0 && kind == KV_JOBJECT) {
+                    /* the mean and 95% half-width of every metric, as replicates.mean.KEY, replicates.ci95.KEY */
+                    const kv_jvalue *mean = kv_jvalue_get(o->items[k], "mean");
+                    add_column(&cols, &n_cols, &cap_cols, "replicates.n");
+                    for (size_t j = 0; mean && mean->kind == KV_JOBJECT && j < mean->count; j++) {
+                        char *c = kv_sweep_join3("replicates.mean", ".", mean->keys[j]);
+                        add_column(&cols, &n_cols, &cap_cols, c);
+                        kv_free(c);
+                        c = kv_sweep_join3("replicates.ci95", ".", mean->keys[j]);
+                        add_column(&cols, &n_cols, &cap_cols, c);
+                        kv_free(c);
+                    }
+                }
             }
         }
         kv_free(sub);
@@ -228,7 +260,7 @@ int kv_sweep_collect(const char *dir, kv_sweep_totals *totals, kv_error *err)
                     csv_field(f, pname->text);
                 for (size_t c = 0; c < n_cols; c++) {
                     fputc(',', f);
-                    csv_json_scalar(f, kv_jvalue_get(o, cols[c]));
+                    csv_json_scalar(f, column_value(o, cols[c]));
                 }
                 fputc('\n', f);
                 totals->rows++;
