@@ -122,21 +122,28 @@ int kv_policy_make_strict_mt(lua_State *L, const char *what)
 
 /* --- ctx ------------------------------------------------------------------ */
 
+/* t[k] = v on the table at the top of the stack. */
+static void set_num(lua_State *L, const char *k, double v)
+{
+    lua_pushnumber(L, v);
+    lua_setfield(L, -2, k);
+}
+
+static void set_int(lua_State *L, const char *k, lua_Integer v)
+{
+    lua_pushinteger(L, v);
+    lua_setfield(L, -2, k);
+}
+
 static void push_request(lua_State *L, kv_policy *p, const kv_policy_request *r)
 {
     lua_createtable(L, 0, 6);
-    lua_pushinteger(L, (lua_Integer)r->id);
-    lua_setfield(L, -2, "id");
-    lua_pushinteger(L, r->prompt_tokens);
-    lua_setfield(L, -2, "prompt_tokens");
-    lua_pushinteger(L, r->output_tokens);
-    lua_setfield(L, -2, "output_tokens");
-    lua_pushnumber(L, r->arrival_s);
-    lua_setfield(L, -2, "arrival_s");
-    lua_pushnumber(L, r->prefill_start_s);
-    lua_setfield(L, -2, "prefill_start_s");
-    lua_pushnumber(L, r->prefill_end_s);
-    lua_setfield(L, -2, "prefill_end_s");
+    set_int(L, "id", (lua_Integer)r->id);
+    set_int(L, "prompt_tokens", r->prompt_tokens);
+    set_int(L, "output_tokens", r->output_tokens);
+    set_num(L, "arrival_s", r->arrival_s);
+    set_num(L, "prefill_start_s", r->prefill_start_s);
+    set_num(L, "prefill_end_s", r->prefill_end_s);
     lua_rawgeti(L, LUA_REGISTRYINDEX, p->request_mt_ref);
     lua_setmetatable(L, -2);
 }
@@ -144,29 +151,17 @@ static void push_request(lua_State *L, kv_policy *p, const kv_policy_request *r)
 static void push_node(lua_State *L, kv_policy *p, const kv_policy_node *n)
 {
     lua_createtable(L, 0, 7);
-    lua_pushinteger(L, n->index);
-    lua_setfield(L, -2, "index");
-    lua_pushinteger(L, n->queued);
-    lua_setfield(L, -2, "queued");
-    lua_pushinteger(L, n->running);
-    lua_setfield(L, -2, "running");
-    lua_pushnumber(L, n->kv_free_bytes);
-    lua_setfield(L, -2, "kv_free_bytes");
-    lua_pushnumber(L, n->kv_used_bytes);
-    lua_setfield(L, -2, "kv_used_bytes");
-    lua_pushinteger(L, n->incoming);
-    lua_setfield(L, -2, "incoming");
-    lua_pushnumber(L, n->kv_reserved_bytes);
-    lua_setfield(L, -2, "kv_reserved_bytes");
+    set_int(L, "index", n->index);
+    set_int(L, "queued", n->queued);
+    set_int(L, "running", n->running);
+    set_num(L, "kv_free_bytes", n->kv_free_bytes);
+    set_num(L, "kv_used_bytes", n->kv_used_bytes);
+    set_int(L, "incoming", n->incoming);
+    set_num(L, "kv_reserved_bytes", n->kv_reserved_bytes);
     lua_rawgeti(L, LUA_REGISTRYINDEX, p->node_mt_ref);
     lua_setmetatable(L, -2);
 }
 
-static void set_num(lua_State *L, const char *k, double v)
-{
-    lua_pushnumber(L, v);
-    lua_setfield(L, -2, k);
-}
 
 /* ctx.prefill_nodes / ctx.decode_nodes: the pool's nodes now, from the engine's view (empty without one). */
 static void push_pool(lua_State *L, kv_policy *p, int pool)
@@ -217,8 +212,7 @@ static void push_result(lua_State *L, kv_policy *p, const kv_policy_finished *o)
     set_num(L, "residual_bytes", o->residual_bytes);
     set_num(L, "bytes", o->anchor_bytes + o->residual_bytes);
     set_num(L, "bits", o->bits);
-    lua_pushinteger(L, o->preemptions);
-    lua_setfield(L, -2, "preemptions");
+    set_int(L, "preemptions", o->preemptions);
     lua_rawgeti(L, LUA_REGISTRYINDEX, p->result_mt_ref);
     lua_setmetatable(L, -2);
 }
@@ -294,14 +288,10 @@ static void build_model(lua_State *L, kv_policy *p)
     lua_createtable(L, 0, 5);
     lua_pushstring(L, p->model.name ? p->model.name : "");
     lua_setfield(L, -2, "name");
-    lua_pushinteger(L, p->model.layers);
-    lua_setfield(L, -2, "layers");
-    lua_pushinteger(L, p->model.heads);
-    lua_setfield(L, -2, "heads");
-    lua_pushinteger(L, p->model.kv_heads);
-    lua_setfield(L, -2, "kv_heads");
-    lua_pushinteger(L, p->model.head_dim);
-    lua_setfield(L, -2, "head_dim");
+    set_int(L, "layers", p->model.layers);
+    set_int(L, "heads", p->model.heads);
+    set_int(L, "kv_heads", p->model.kv_heads);
+    set_int(L, "head_dim", p->model.head_dim);
     kv_policy_push_readonly(L, -1, "ctx.model");
     p->model_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_pop(L, 1);
