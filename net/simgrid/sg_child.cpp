@@ -90,18 +90,32 @@ constexpr int kMaxFlowsPerLink = 2048;   /* with classes: flows crossing one lin
 constexpr double kLevelEps = 1e-9;       /* levels: a link with less left than this x its bandwidth is full */
 constexpr double kMinLevelRange = 2;     /* levels: least penalty range between the highest and lowest level */
 
-/* Full reads and writes on the socket; any failure means the parent is gone. */
-void read_all(int fd, void* buf, size_t n)
+/* Requests come in batches (sg_net.c buffers them): one read takes as many as are there. */
+struct InBuf {
+    char data[64 * 1024];
+    size_t pos = 0, len = 0;
+};
+
+/* Full reads (through `in`: one read refills it when empty) and writes on the socket; any failure
+   means the parent is gone. */
+void read_buffered(int fd, InBuf* in, void* buf, size_t n)
 {
     char* p = static_cast<char*>(buf);
     while (n > 0) {
-        ssize_t r = read(fd, p, n);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            _exit(0);
-        p += r;
-        n -= (size_t)r;
+        if (in->pos == in->len) {
+            ssize_t r = read(fd, in->data, sizeof in->data);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0)
+                _exit(0);
+            in->pos = 0;
+            in->len = (size_t)r;
+        }
+        size_t k = std::min(n, in->len - in->pos);
+        std::memcpy(p, in->data + in->pos, k);
+        in->pos += k;
+        p += k;
+        n -= k;
     }
 }
 
@@ -175,6 +189,11 @@ public:
         model_ = dynamic_cast<Model*>(sg4::Engine::get_instance()->get_netzone_root()->get_network_model());
         lmm_ok_ = model_ != nullptr && model_->get_maxmin_system() != nullptr && model_->is_update_lazy();
         precision_ = simgrid::config::get_value<double>("maxmin/precision");
+        try {
+            precision_timing_ = simgrid::config::get_value<double>("surf/precision"); /* sg_precision_timing */
+        } catch (const std::exception&) {
+            precision_timing_ = -1; /* unknown: every ADVANCE is answered without a horizon */
+        }
         double c_lo = 0, c_hi = 0;
         for (const sg4::Link* l : platform_.links) {
             double c = l->get_bandwidth();
@@ -235,6 +254,10 @@ private:
     int error_code_ = KV_OK;                  /* first error of an unanswered request */
     std::string error_;
     uint64_t steps_ = 0;                      /* solver steps since the driver last woke */
+    double horizon_ = -INFINITY;              /* the next answer's t_next_s (advance sets it) */
+    double precision_timing_ = -1;            /* SimGrid's precision/timing; < 0: no horizon given */
+    std::vector<char> out_;                   /* the answer being written */
+    InBuf in_;                                /* requests read, not yet served */
 
     /* The child's watchdog: SimGrid steps (each solve that moves the clock, maybe by 0)
        while the driver waits. Legit runs take a few per flow between two wake-ups; a
@@ -265,15 +288,18 @@ private:
         }
     }
 
+    /* One write per answer: head, items and message together. */
     void reply(const kv_sg_reply& head, const void* items, size_t item_bytes, const std::string& msg)
     {
         kv_sg_reply h = head;
         h.msg_len = (uint32_t)msg.size();
-        write_all(fd_, &h, sizeof h);
+        out_.resize(sizeof h + item_bytes + msg.size());
+        std::memcpy(out_.data(), &h, sizeof h);
         if (item_bytes)
-            write_all(fd_, items, item_bytes);
+            std::memcpy(out_.data() + sizeof h, items, item_bytes);
         if (!msg.empty())
-            write_all(fd_, msg.data(), msg.size());
+            std::memcpy(out_.data() + sizeof h + item_bytes, msg.data(), msg.size());
+        write_all(fd_, out_.data(), out_.size());
     }
 
     /* Answers with the pending error (if any) and clears it. */
@@ -283,6 +309,8 @@ private:
         h.code = error_code_;
         h.count = count;
         h.t_now_s = now_;
+        h.t_next_s = error_code_ == KV_OK ? horizon_ : -INFINITY;
+        horizon_ = -INFINITY;
         reply(h, items, item_bytes, error_);
         error_code_ = KV_OK;
         error_.clear();
@@ -343,6 +371,8 @@ private:
     void start(const kv_sg_request& rq);
     void cancel(const kv_sg_request& rq);
     void advance(double t_limit);
+    double horizon_after_timeout(bool settled) const;
+    bool settled() const;
     void stats();
     bool wait_until(double t);
     void collect_done(std::vector<Flow*>* done);
@@ -847,6 +877,32 @@ void Driver::collect_done(std::vector<Flow*>* done)
     std::sort(done->begin(), done->end(), [](const Flow* a, const Flow* b) { return a->id < b->id; });
 }
 
+/* The horizon after a wait that ended on its timeout: the date of SimGrid's next event (a completion
+   or a latency paid) less twice precision/timing (SimGrid handles events that close to the clock
+   at once), when that date is sure: a lazy LMM model, every flow's latency paid and its penalty set
+   before the wait (settled), so nothing changed the solver's system since its last solve; -inf
+   otherwise. Until then, with no flow started or cancelled, an ADVANCE ends on its timeout with no
+   completion and changes nothing in SimGrid but its clock (sg_proto.h). */
+double Driver::horizon_after_timeout(bool settled) const
+{
+    if (!settled || !lmm_ok_ || precision_timing_ < 0 || !pending_.empty() || model_->get_action_heap().empty())
+        return -INFINITY;
+    double top = model_->get_action_heap().top_date();
+    double h = top - 2 * precision_timing_;
+    return h > now_ ? h : -INFINITY;
+}
+
+/* Every active flow has its SimGrid action, past its latency, with nothing pending on it. */
+bool Driver::settled() const
+{
+    if (!lmm_ok_ || !pending_.empty())
+        return false;
+    for (const Flow* f : active_)
+        if (f->action == nullptr || f->held || f->action->get_type() == ActionHeap::Type::latency)
+            return false;
+    return true;
+}
+
 void Driver::advance(double t_limit)
 {
     std::vector<Flow*> done;
@@ -859,6 +915,7 @@ void Driver::advance(double t_limit)
             if (std::isfinite(t_limit))
                 wait_until(t_limit);
         } else {
+            bool was_settled = settled();
             double timeout = std::isfinite(t_limit) ? exact_delta(sg4::Engine::get_clock(), t_limit) : -1.0;
             ssize_t i = sg4::Comm::wait_any_for(comms_, timeout);
             steps_ = 0;
@@ -867,6 +924,7 @@ void Driver::advance(double t_limit)
             collect_done(&done);
             if (done.empty()) {
                 now_ = t_limit;
+                horizon_ = horizon_after_timeout(was_settled);
             } else {
                 /* SimGrid's completion date, kept inside [now_, t_limit] against 1-ulp drift. */
                 now_ = std::min(std::max(sg4::Engine::get_clock(), now_), t_limit);
@@ -907,10 +965,15 @@ void Driver::serve()
     reply(ready, nullptr, 0, "");
     for (;;) {
         kv_sg_request rq;
-        read_all(fd_, &rq, sizeof rq);
+        read_buffered(fd_, &in_, &rq, sizeof rq);
         switch (rq.op) {
         case KV_SG_START:
             start(rq);
+            break;
+        case KV_SG_SYNC:
+            if (error_code_ == KV_OK && !wait_until(rq.t_s))
+                fail(KV_EFAIL, "net simgrid: a flow completed before the time kvsim moved to without asking "
+                               "(t_next_s was wrong)");
             break;
         case KV_SG_CANCEL:
             cancel(rq);

@@ -9,8 +9,11 @@
  *   crash or abort in SimGrid ends the child, never kvsim; the parent reports it
  *   with SimGrid's last words, which the child writes to a temporary file.
  * - Requests go over a socket (sg_proto.h). Flow ids are assigned here, so a START
- *   needs no answer and is buffered until the next request that needs one; a
- *   run costs about one round trip per ADVANCE.
+ *   needs no answer and is buffered until the next request that needs one (then
+ *   both go in one write). An ADVANCE below the horizon the child gave (t_next_s,
+ *   sg_proto.h) is answered here with no round trip; the child's clock then lags
+ *   (sync_s) until the next START or SYNC. A run costs about one round trip per
+ *   flow start and one per completion date.
  * - Completions come back in batches (all flows completing at one date, in start
  *   order) and are handed to the callback one by one. The callback may start
  *   flows (they start at that date: the child has not moved) or cancel flows,
@@ -38,6 +41,12 @@
 
 /* ---- talking to the child ---- */
 
+static void push_out(sg_net *net, kv_sg_request rq)
+{
+    kv_grow((void **)&net->out, sizeof *net->out, &net->cap_out, net->n_out + 1);
+    net->out[net->n_out++] = rq;
+}
+
 static int flush_out(sg_net *net, kv_error *err)
 {
     if (net->n_out == 0)
@@ -57,10 +66,15 @@ static int request(sg_net *net, const kv_sg_request *rq, kv_sg_reply *head, kv_e
         *err = net->failure;
         return net->failure.code;
     }
-    int rc = flush_out(net, err);
-    if (rc != KV_OK)
-        return rc;
-    if (kv_sg_write_full(net, rq, sizeof *rq) != 0 || kv_sg_read_full(net, head, sizeof *head) != 0)
+    /* The child's clock lags (ADVANCEs answered here): bring it to sync_s before anything that reads
+       or changes its state; buffered STARTs carry a later t_s, an ADVANCE past sync_s gets there. */
+    if (net->n_out == 0 && net->sync_s > -INFINITY && !(rq->op == KV_SG_ADVANCE && rq->t_s >= net->sync_s))
+        push_out(net, (kv_sg_request){.op = KV_SG_SYNC, .t_s = net->sync_s});
+    net->sync_s = -INFINITY;
+    push_out(net, *rq);
+    size_t n = net->n_out;
+    net->n_out = 0;
+    if (kv_sg_write_full(net, net->out, n * sizeof *net->out) != 0 || kv_sg_read_full(net, head, sizeof *head) != 0)
         return kv_sg_child_failed(net, KV_EFAIL, "during the run", err);
     return KV_OK;
 }
@@ -127,8 +141,8 @@ static int sg_flow_start(void *ctx, const kv_flow_spec *flow, double now_s, kv_f
     if (rq.t_s > net->now_s) {
         later_push(net, rq); /* started by sg_advance when the network gets there */
     } else {
-        kv_grow((void **)&net->out, sizeof *net->out, &net->cap_out, net->n_out + 1);
-        net->out[net->n_out++] = rq;
+        push_out(net, rq); /* carries the child to t_s (sync_s <= t_s) */
+        net->horizon_s = net->sync_s = -INFINITY;
         if (net->n_out >= 256) {
             int rc = flush_out(net, err);
             if (rc != KV_OK)
@@ -167,6 +181,7 @@ static int sg_flow_cancel(void *ctx, kv_flow_id id, kv_error *err)
     }
     kv_sg_request rq = {.op = KV_SG_CANCEL, .id = id};
     kv_sg_reply head;
+    net->horizon_s = -INFINITY;
     int rc = request(net, &rq, &head, err);
     if (rc != KV_OK)
         return rc;
@@ -180,10 +195,22 @@ static int sg_flow_cancel(void *ctx, kv_flow_id id, kv_error *err)
     return KV_OK;
 }
 
-/* One ADVANCE round trip to t_s; the completions it finds are left in net->batch. */
+/* One ADVANCE to t_s; the completions it finds are left in net->batch. Below the horizon, with
+   nothing sent since it was given, answered here: no completion, the child catches up later. */
 static int advance_once(sg_net *net, double t_s, kv_sg_reply *head, kv_error *err)
 {
+    if (net->n_out == 0 && t_s < net->horizon_s) {
+        if (t_s > net->now_s) {
+            net->now_s = t_s;
+            net->sync_s = t_s;
+            net->links_fresh = net->states_fresh = 0;
+        }
+        *head = (kv_sg_reply){.code = KV_OK, .t_now_s = net->now_s, .t_next_s = net->horizon_s};
+        net->n_batch = 0;
+        return KV_OK;
+    }
     kv_sg_request rq = {.op = KV_SG_ADVANCE, .t_s = t_s};
+    net->horizon_s = -INFINITY;
     int rc = request(net, &rq, head, err);
     if (rc != KV_OK)
         return rc;
@@ -196,6 +223,8 @@ static int advance_once(sg_net *net, double t_s, kv_sg_reply *head, kv_error *er
     net->links_fresh = net->states_fresh = 0;
     net->now_s = head->t_now_s;
     net->n_batch = head->count;
+    if (head->count == 0)
+        net->horizon_s = head->t_next_s;
     return KV_OK;
 }
 
@@ -228,9 +257,10 @@ static int sg_advance(void *ctx, double t_limit_s, double *t_now_s, kv_error *er
         if (head.count > 0 || !start_due)
             break;
         while (net->n_later > 0 && net->later[0].t_s <= net->now_s) {
-            kv_grow((void **)&net->out, sizeof *net->out, &net->cap_out, net->n_out + 1);
-            net->out[net->n_out] = net->later[0];
-            net->out[net->n_out++].t_s = net->now_s;
+            kv_sg_request rq = net->later[0];
+            rq.t_s = net->now_s;
+            push_out(net, rq);
+            net->horizon_s = net->sync_s = -INFINITY;
             later_remove(net, 0);
         }
     }
@@ -387,6 +417,7 @@ static void sg_destroy(void *ctx)
     kv_free(net->route_n);
     kv_free(net->states);
     kv_free(net->out);
+    kv_free(net->in);
     kv_free(net->later);
     kv_free(net->batch);
     kv_free(net->links);
@@ -421,6 +452,8 @@ int kv_net_simgrid_create(const kv_net_config *cfg, kv_net_done_fn done, void *u
     net->hosts = cfg->hosts;
     net->next_id = 1;
     net->fd = -1;
+    net->in = kv_malloc(KV_SG_IN_BYTES);
+    net->horizon_s = net->sync_s = -INFINITY;
     net->watchdog_ms = (int)ceil(1e3 * (cfg->watchdog_s > 0 ? cfg->watchdog_s : KV_NET_WATCHDOG_DEFAULT_S));
     char suspects[2048] = "";
     for (int i = 0; i < cfg->n_options; i++) {

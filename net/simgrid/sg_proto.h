@@ -2,11 +2,25 @@
  *
  * kvsim runs SimGrid in a forked child, one per network (docs/network.md says
  * why). The parent (sg_net.c) writes fixed-size requests on a stream socket;
- * START is not answered (its errors come back with the next answer), every
+ * START and SYNC are not answered (their errors come back with the next answer), every
  * other request is answered by one kv_sg_reply followed by `count` items and
  * `msg_len` bytes of error message (the key it concerns travels in the reply's
  * `key`). Both ends are the same program image, so
  * structs travel in native layout.
+ *
+ * Few round trips (each costs two process switches and most of a run's system time):
+ * - the parent buffers unanswered requests and sends them with the next answered one in one
+ *   write; the child reads requests in blocks and writes each answer (head, items, message) in
+ *   one write; the parent reads answers in blocks, and waits on the socket's own timeouts
+ *   (SO_RCVTIMEO / SO_SNDTIMEO = the watchdog), no poll per message;
+ * - an ADVANCE that ends on its timeout (no completion) carries t_next_s, the horizon: while no
+ *   flow starts or is cancelled, an ADVANCE to any t < t_next_s ends on its timeout too and
+ *   changes nothing in SimGrid but its clock (a lazy LMM model updates nothing at a bare timer
+ *   step). The parent then answers such an ADVANCE itself and lets the child's clock lag; the
+ *   next START (its t_s) or SYNC brings the child there, before anything that reads or changes
+ *   its state, and fails the run if a flow completed on the way (a wrong horizon is never
+ *   silent). -inf where the child cannot be sure (a flow paying its latency or awaiting its
+ *   penalty, full-update models, unknown precision/timing).
  */
 #ifndef KV_SG_PROTO_H
 #define KV_SG_PROTO_H
@@ -23,6 +37,8 @@ enum kv_sg_op {
     KV_SG_ROUTE = 5,   /* the links of src -> dst: answered with uint32_t link indices, in path order */
     KV_SG_LINKSTATE = 6, /* answered with kv_link_state items, one per link (bytes_queued left 0: the
                             parent holds the flows that start later) */
+    KV_SG_SYNC = 7,    /* move to t_s with no completion on the way (a START's catch-up without a flow);
+                          not answered */
 };
 
 /* kv_sg_reply.flags */
@@ -52,6 +68,7 @@ typedef struct kv_sg_reply {
     uint32_t msg_len;         /* bytes of error message after the items */
     uint32_t flags;           /* KV_SG_STUCK: the child's watchdog stopped SimGrid (then it exits) */
     double t_now_s;           /* the network's time after the request */
+    double t_next_s;          /* ADVANCE: the horizon (see above); -inf when none */
     char key[64];             /* an error's dotted scenario key ("network.priority"), "" if none; the
                                  message then does not repeat it (the parent writes "key: msg") */
 } kv_sg_reply;

@@ -6,7 +6,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,52 +14,35 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <time.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "net/simgrid/sg_options.h"
 
-static double mono_ms(void)
+/* The watchdog on the socket itself: a send or recv that moves no byte for watchdog_ms fails with
+   EAGAIN (no poll per message). */
+static int set_watchdog(sg_net *net)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-/* Waits until fd is ready for `events`, at most watchdog_ms since `since` (the last
-   byte moved); 0 when ready, -1 on a timeout (net->timed_out set). */
-static int wait_ready(sg_net *net, short events, double since)
-{
-    for (;;) {
-        double left = net->watchdog_ms - (mono_ms() - since);
-        if (left <= 0) {
-            net->timed_out = 1;
-            return -1;
-        }
-        struct pollfd p = {.fd = net->fd, .events = events};
-        int r = poll(&p, 1, (int)ceil(left));
-        if (r > 0)
-            return 0;
-        if (r < 0 && errno != EINTR)
-            return -1;
-    }
+    struct timeval tv = {.tv_sec = net->watchdog_ms / 1000, .tv_usec = (net->watchdog_ms % 1000) * 1000};
+    if (setsockopt(net->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0 ||
+        setsockopt(net->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0)
+        return -1;
+    return 0;
 }
 
 int kv_sg_write_full(sg_net *net, const void *buf, size_t n)
 {
     const char *p = buf;
-    double since = mono_ms();
     while (n > 0) {
-        if (wait_ready(net, POLLOUT, since) != 0)
-            return -1;
-        ssize_t r = send(net->fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK))
+        ssize_t r = send(net->fd, p, n, MSG_NOSIGNAL);
+        if (r < 0 && errno == EINTR)
             continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            net->timed_out = 1;
         if (r <= 0)
             return -1;
         p += r;
         n -= (size_t)r;
-        since = mono_ms();
     }
     return 0;
 }
@@ -68,18 +50,23 @@ int kv_sg_write_full(sg_net *net, const void *buf, size_t n)
 int kv_sg_read_full(sg_net *net, void *buf, size_t n)
 {
     char *p = buf;
-    double since = mono_ms();
     while (n > 0) {
-        if (wait_ready(net, POLLIN, since) != 0)
-            return -1;
-        ssize_t r = recv(net->fd, p, n, MSG_DONTWAIT);
-        if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK))
-            continue;
-        if (r <= 0)
-            return -1;
-        p += r;
-        n -= (size_t)r;
-        since = mono_ms();
+        if (net->in_pos == net->in_len) {
+            ssize_t r = recv(net->fd, net->in, KV_SG_IN_BYTES, 0);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+                net->timed_out = 1;
+            if (r <= 0)
+                return -1;
+            net->in_pos = 0;
+            net->in_len = (size_t)r;
+        }
+        size_t k = net->in_len - net->in_pos < n ? net->in_len - net->in_pos : n;
+        memcpy(p, net->in + net->in_pos, k);
+        net->in_pos += k;
+        p += k;
+        n -= k;
     }
     return 0;
 }
@@ -160,6 +147,8 @@ static int stuck_reply(sg_net *net, char *msg, size_t cap)
 {
     kv_sg_reply head;
     net->watchdog_ms = 200; /* the child has written and exited, or will never write */
+    if (set_watchdog(net) != 0)
+        return 0;
     if (kv_sg_read_full(net, &head, sizeof head) != 0 || !(head.flags & KV_SG_STUCK) || head.count != 0)
         return 0;
     size_t keep = head.msg_len < cap - 1 ? head.msg_len : cap - 1;
@@ -278,6 +267,10 @@ int kv_sg_spawn(sg_net *net, const kv_net_config *cfg, uint32_t *links, kv_error
     close(sv[1]);
     net->pid = pid;
     net->fd = sv[0];
+    if (set_watchdog(net) != 0) {
+        rc = kv_error_set(err, KV_EFAIL, "net simgrid: setsockopt: %s", strerror(errno));
+        return rc;
+    }
     kv_sg_reply ready;
     if (kv_sg_read_full(net, &ready, sizeof ready) != 0) {
         char when[600];

@@ -25,8 +25,13 @@ typedef struct sg_net {
     double now_s;          /* network time, as the child last reported it */
     uint64_t next_id;
     size_t active;         /* started, not yet reported or cancelled */
-    kv_sg_request *out;    /* buffered START requests */
+    kv_sg_request *out;    /* buffered unanswered requests (START, SYNC), sent with the next answered one */
     size_t n_out, cap_out;
+    char *in;              /* bytes read from the child, not yet consumed: [in_pos, in_len) */
+    size_t in_pos, in_len;
+    double horizon_s;      /* the last ADVANCE's t_next_s while no flow started or was cancelled since;
+                              -inf otherwise (sg_proto.h) */
+    double sync_s;         /* the child's clock lags behind this time (ADVANCEs answered here); -inf: none */
     kv_sg_request *later;  /* min-heap on (t_s, id): flows that start after now_s */
     size_t n_later, cap_later;
     kv_sg_done *batch;     /* completions being handed over */
@@ -54,10 +59,14 @@ typedef struct sg_net {
    child names one) and the caller destroys net, which stops the child (kv_sg_stop). */
 int kv_sg_spawn(sg_net *net, const kv_net_config *cfg, uint32_t *links, kv_error *err);
 
-/* Full writes and reads on the child's socket; -1 when the child closed it, failed, or
-   moved no byte for watchdog_ms (the watchdog: SimGrid stuck, or the child stopped). */
+/* Full writes and reads on the child's socket (reads through net->in, refilled a block at a time);
+   -1 when the child closed it, failed, or moved no byte for watchdog_ms (the watchdog: SimGrid
+   stuck, or the child stopped). */
 int kv_sg_write_full(sg_net *net, const void *buf, size_t n);
 int kv_sg_read_full(sg_net *net, void *buf, size_t n);
+
+/* Size of net->in (bytes). */
+#define KV_SG_IN_BYTES (64 * 1024)
 
 /* Reaps the child after it failed and records why (the network is then broken); returns the error code. */
 int kv_sg_child_failed(sg_net *net, int code, const char *when, kv_error *err);
