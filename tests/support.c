@@ -178,3 +178,18 @@ kv_study *kvt_study_run(const char *path, const char **sets, int n_sets, kv_scen
     cr_assert_eq(kv_study_run(st, &err), 0, "%s: %s", path, err.msg);
     return st;
 }
+
+void kvt_expect_same_files(const char *dir_a, const char *dir_b, const char *const *names, int n)
+{
+    for (int i = 0; i < n; i++) {
+        char *pa = kvt_path(dir_a, names[i]), *pb = kvt_path(dir_b, names[i]);
+        size_t la = 0, lb = 0;
+        char *ta = kvt_read(pa, &la), *tb = kvt_read(pb, &lb);
+        cr_assert(ta && tb, "%s missing", names[i]);
+        cr_expect(la == lb && memcmp(ta, tb, la) == 0, "%s differs between %s and %s", names[i], dir_a, dir_b);
+        free(ta);
+        free(tb);
+        free(pa);
+        free(pb);
+    }
+}

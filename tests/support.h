@@ -16,6 +16,8 @@ char *kvt_tempdir(void);
 char *kvt_write(const char *dir, const char *name, const char *text);
 /* Reads a whole file (NUL-terminated, free it); NULL if missing. *len may be NULL. */
 char *kvt_read(const char *path, size_t *len);
+/* Expects dir_a/names[i] and dir_b/names[i] to exist with the same bytes, for each of the n names. */
+void kvt_expect_same_files(const char *dir_a, const char *dir_b, const char *const *names, int n);
 /* Runs the kvsim binary with a shell argument string; captures stdout+stderr
    (free *output). Returns the exit code, or -1 if it was killed by a signal. */
 int kvt_kvsim(const char *args, char **output);

@@ -240,17 +240,7 @@ Test(adaptive_policies, same_scenario_same_bytes)
     snprintf(args, sizeof args, "run %s --quiet --out %s", src, b);
     cr_assert_eq(kvt_kvsim(args, &out), 0, "%s", out);
     free(out);
-    for (int i = 0; i < 2; i++) {
-        char *pa = kvt_path(a, names[i]), *pb = kvt_path(b, names[i]);
-        size_t la = 0, lb = 0;
-        char *ta = kvt_read(pa, &la), *tb = kvt_read(pb, &lb);
-        cr_assert(ta && tb, "%s missing", names[i]);
-        cr_expect(la == lb && memcmp(ta, tb, la) == 0, "%s differs between two runs", names[i]);
-        free(ta);
-        free(tb);
-        free(pa);
-        free(pb);
-    }
+    kvt_expect_same_files(a, b, names, 2);
     free(src);
     free(a);
     free(b);
