@@ -71,16 +71,10 @@ int kv_cmd_capacity(int argc, char **argv)
         } else if (strncmp(arg, "--set=", 6) == 0) {
             sets[n_sets++] = arg + 6;
         } else if (strcmp(arg, "--seed") == 0 && has_value) {
-            const char *v = argv[++i];
-            char *end = NULL;
-            long seed = strtol(v, &end, 10);
-            if (*v == '\0' || *end != '\0' || seed < 0 || seed > 2147483647) {
-                fprintf(stderr, "kvsim capacity: --seed: expected a whole number 0..2147483647, got '%s'\n", v);
+            char *set = kv_cmd_seed_override("capacity", argv[++i]);
+            if (!set) {
                 rc = 2;
             } else {
-                size_t len = strlen(v) + 8;
-                char *set = kv_malloc(len);
-                snprintf(set, len, "seed=%s", v);
                 owned_sets[n_owned++] = set;
                 sets[n_sets++] = set;
             }

@@ -70,17 +70,11 @@ int kv_cmd_eval(int argc, char **argv)
         } else if (strncmp(argv[i], "--set=", 6) == 0) {
             sets[n_sets++] = argv[i] + 6;
         } else if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc && !seed_set) {
-            const char *v = argv[++i];
-            char *end = NULL;
-            long seed = strtol(v, &end, 10);
-            if (*v == '\0' || *end != '\0' || seed < 0 || seed > 2147483647) {
-                fprintf(stderr, "kvsim eval: --seed: expected a whole number 0..2147483647, got '%s'\n", v);
+            seed_set = kv_cmd_seed_override("eval", argv[++i]);
+            if (!seed_set) {
                 kv_free(sets);
                 return 2;
             }
-            size_t len = strlen(v) + 8;
-            seed_set = kv_malloc(len);
-            snprintf(seed_set, len, "seed=%s", v);
             sets[n_sets++] = seed_set;
         } else if (strcmp(argv[i], "--out") == 0 && i + 1 < argc) {
             out_dir = argv[++i];

@@ -57,6 +57,20 @@ kv_cleanup_slot *kv_cmd_cleanup_slot(void)
     return &cleanup_slot;
 }
 
+char *kv_cmd_seed_override(const char *cmd, const char *value)
+{
+    char *end = NULL;
+    long seed = strtol(value, &end, 10);
+    if (*value == '\0' || *end != '\0' || seed < 0 || seed > 2147483647) {
+        fprintf(stderr, "kvsim %s: --seed: expected a whole number 0..2147483647, got '%s'\n", cmd, value);
+        return NULL;
+    }
+    size_t len = strlen(value) + 8;
+    char *set = kv_malloc(len);
+    snprintf(set, len, "seed=%s", value);
+    return set;
+}
+
 static void run_usage(FILE *out, const char *cmd)
 {
     fprintf(out,
@@ -94,17 +108,16 @@ static int parse(int argc, char **argv, run_args *a, char **seed_set)
         } else if (strncmp(arg, "--set=", 6) == 0) {
             a->sets[a->n_sets++] = arg + 6;
         } else if (strcmp(arg, "--seed") == 0 && has_value) {
-            const char *v = argv[++i];
-            char *end = NULL;
-            long seed = strtol(v, &end, 10);
-            if (*v == '\0' || *end != '\0' || seed < 0 || seed > 2147483647) {
-                fprintf(stderr, "kvsim %s: --seed: expected a whole number 0..2147483647, got '%s'\n", argv[0], v);
+            char *set = kv_cmd_seed_override(argv[0], argv[++i]);
+            if (!set)
                 return 2;
-            }
-            size_t len = strlen(v) + 8;
-            *seed_set = kv_malloc(len);
-            snprintf(*seed_set, len, "seed=%s", v);
-            a->sets[a->n_sets++] = *seed_set;
+            for (int k = 0; *seed_set && k < a->n_sets; k++)
+                if (a->sets[k] == *seed_set)
+                    a->sets[k] = set; /* a second --seed replaces the first, in its place */
+            if (!*seed_set)
+                a->sets[a->n_sets++] = set;
+            kv_free(*seed_set);
+            *seed_set = set;
         } else if (strcmp(arg, "--seeds") == 0 && has_value && strcmp(argv[0], "run") == 0) {
             const char *v = argv[++i];
             char *end = NULL;

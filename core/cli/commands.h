@@ -24,6 +24,10 @@ struct kv_cleanup_slot; /* core/base/afile.h */
    the folder the slot names and exits 128 + the signal, and returns the slot for kv_outdir_begin. */
 struct kv_cleanup_slot *kv_cmd_cleanup_slot(void);
 
+/* `--seed V` of run, validate, eval and capacity (core/cli/cmd_run.c): the override "seed=V" (the caller
+   frees it), or NULL after printing to stderr why V is not a seed 0..2147483647. */
+char *kv_cmd_seed_override(const char *cmd, const char *value);
+
 /* `kvsim bench <what>`: each lives with the module it measures. */
 int kv_cmd_bench_sim(int argc, char **argv);     /* core/cli/bench_sim.c */
 int kv_cmd_bench_kernels(int argc, char **argv); /* core/cli/bench_kernels.c */
