@@ -34,6 +34,17 @@ static void add(kv_data_places *out, const char *what, const char *path)
     out->usable[i] = holds_data(out->path[i]);
 }
 
+bool kv_self_exe(char *buf, size_t size)
+{
+    if (size < 2)
+        return false;
+    ssize_t n = readlink("/proc/self/exe", buf, size - 1);
+    if (n <= 0)
+        return false;
+    buf[n] = '\0';
+    return true;
+}
+
 void kv_data_places_list(kv_data_places *out)
 {
     memset(out, 0, sizeof *out);
@@ -43,10 +54,8 @@ void kv_data_places_list(kv_data_places *out)
         return;
     }
     char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0)
+    if (!kv_self_exe(exe, sizeof exe))
         return; /* no /proc: only the scenario's and the working folder */
-    exe[n] = '\0';
     char *slash = strrchr(exe, '/');
     if (!slash)
         return;

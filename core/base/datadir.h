@@ -25,6 +25,8 @@ typedef struct kv_data_places {
     bool usable[KV_DATA_MAX_PLACES];      /* holds scenarios/ and policies/ */
 } kv_data_places;
 
+/* This executable's path (/proc/self/exe) into buf; false when it cannot be read. */
+bool kv_self_exe(char *buf, size_t size);
 /* Fills *out with the places, in order. */
 void kv_data_places_list(kv_data_places *out);
 /* The data folder (the first usable place) into path; returns true, or false with path "" when

@@ -30,6 +30,7 @@
 
 #include "core/base/afile.h"
 #include "core/base/alloc.h"
+#include "core/base/datadir.h"
 #include "core/cli/commands.h"
 #include "core/base/infile.h"
 #include "core/report/plot.h"
@@ -497,15 +498,6 @@ static int run_points(run_state *st, const int *pending, int jobs)
     return rc;
 }
 
-static int self_path(char *buf, size_t size)
-{
-    ssize_t n = readlink("/proc/self/exe", buf, size - 1);
-    if (n <= 0)
-        return -1;
-    buf[n] = '\0';
-    return 0;
-}
-
 int kv_cmd_sweep(int argc, char **argv)
 {
     sweep_args a;
@@ -520,7 +512,7 @@ int kv_cmd_sweep(int argc, char **argv)
         return rc;
     }
     char self[PATH_MAX];
-    if (self_path(self, sizeof self) != 0) {
+    if (!kv_self_exe(self, sizeof self)) {
         fprintf(stderr, "kvsim sweep: cannot find this binary through /proc/self/exe: %s\n", strerror(errno));
         kv_free(a.sets);
         return 1;
