@@ -272,6 +272,18 @@ const char *kv_scenario_where(const kv_scenario *s, const char *dotted, char *bu
     return buf;
 }
 
+const char *kv_scenario_where_first(const kv_scenario *s, const char *const *keys, size_t n, const char **key,
+                                    char *buf, size_t size)
+{
+    for (size_t i = 0; i + 1 < n; i++)
+        if (kv_ytree_path(s->tree, keys[i])) {
+            *key = keys[i];
+            return kv_scenario_where(s, keys[i], buf, size);
+        }
+    *key = keys[n - 1];
+    return kv_scenario_where(s, keys[n - 1], buf, size);
+}
+
 void kv_scenario_locate(const kv_scenario *s, kv_error *err)
 {
     if (!err || err->code == KV_OK || !err->key[0])

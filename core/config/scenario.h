@@ -213,6 +213,10 @@ int kv_scenario_load(const char *path, const char *const *overrides, int n_overr
                      kv_error *err);
 void kv_scenario_destroy(kv_scenario *s); /* NULL is fine */
 
+/* kv_scenario_where of the first of keys[0..n) written in the scenario, else of keys[n - 1]; *key is
+   the one used. */
+const char *kv_scenario_where_first(const kv_scenario *s, const char *const *keys, size_t n, const char **key,
+                                    char *buf, size_t size);
 /* The one place an error's key becomes a position: when err->key names a scenario key, the message
    gets that key's "file:line:col: " in front ("--set KEY: " for a value from the command line; the
    nearest enclosing section, or the file, for a key left at its default), replacing a bare "PATH: "

@@ -1,6 +1,8 @@
 /* engine_config.c — the scenario, read once into what the engine needs (core/sim/engine_config.h). */
 #include "core/sim/engine_config.h"
 
+#include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 
@@ -21,23 +23,35 @@ static kv_engine_pool pool(const kv_pool_config *p, const kv_device_profile *dev
                             .kv_capacity_bytes = device->memory_gb * 1e9 * p->memory_fraction * p->tp - weights};
 }
 
-/* The model's weights must leave room for KV on the decode nodes, and fit on the prefill nodes. */
-static int check_weights(const kv_scenario *s, const kv_engine_config *cfg, double weights, kv_error *err)
+/* One pool: its devices must hold the weights at its TP degree with room left for KV. */
+static int check_pool_weights(const kv_scenario *s, const char *pool, const kv_pool_config *p,
+                              const kv_device_profile *d, kv_error *err)
 {
-    char w[512];
-    const kv_model_card *m = cfg->model;
-    const kv_pool_config *d = &s->cluster.decode;
-    if (cfg->decode.kv_capacity_bytes <= 0)
-        return kv_error_set(err, KV_EINPUT,
-                            "%s: cluster.decode: %s's weights (%.3g GB) do not fit in %d x %s (%.3g GB usable); "
-                            "raise cluster.decode.tp",
-                            kv_scenario_where(s, "cluster.decode", w, sizeof w), m->name, weights / 1e9, d->tp,
-                            s->decode_device.name, s->decode_device.memory_gb * d->memory_fraction * d->tp);
-    if (cfg->prefill.kv_capacity_bytes <= 0 && !cfg->colocated)
-        return kv_error_set(err, KV_EINPUT, "%s: cluster.prefill: %s's weights (%.3g GB) do not fit; raise "
-                            "cluster.prefill.tp", kv_scenario_where(s, "cluster.prefill", w, sizeof w), m->name,
-                            weights / 1e9);
-    return KV_OK;
+    const kv_model_card *m = &s->model_card;
+    double weights = kv_model_weight_bytes(m), usable = d->memory_gb * 1e9 * p->memory_fraction;
+    double share = weights / p->tp;
+    if (share < usable)
+        return KV_OK;
+    char k_tp[64], k_pool[64], k_dev[64], w[512];
+    snprintf(k_tp, sizeof k_tp, "cluster.%s.tp", pool);
+    snprintf(k_dev, sizeof k_dev, "cluster.%s.device", pool);
+    snprintf(k_pool, sizeof k_pool, "cluster.%s", pool);
+    const char *keys[] = {k_tp, k_dev, k_pool, "model"}, *key = NULL;
+    kv_scenario_where_first(s, keys, 4, &key, w, sizeof w);
+    int need = (int)floor(weights / usable) + 1; /* the smallest tp whose share is below usable */
+    return kv_error_set(err, KV_EINPUT,
+                        "%s: %s: %s's weights (%.1f GB, %.1f GB per device at tp %d) do not fit one %s "
+                        "(%.1f GB usable: %.0f GB x memory_fraction %.2g); raise cluster.%s.tp to at least %d",
+                        w, key, m->name, weights / 1e9, share / 1e9, p->tp, d->name, usable / 1e9, d->memory_gb,
+                        p->memory_fraction, pool, need);
+}
+
+int kv_engine_check_weights(const kv_scenario *s, kv_error *err)
+{
+    int rc = check_pool_weights(s, "decode", &s->cluster.decode, &s->decode_device, err);
+    if (!rc && !s->cluster.colocated)
+        rc = check_pool_weights(s, "prefill", &s->cluster.prefill, &s->prefill_device, err);
+    return rc;
 }
 
 int kv_engine_config_build(const kv_scenario *s, kv_engine_config *cfg, kv_error *err)
@@ -65,7 +79,7 @@ int kv_engine_config_build(const kv_scenario *s, kv_engine_config *cfg, kv_error
     cfg->step_efficiency[0] = s->timing.roofline.prefill_efficiency;
     cfg->step_efficiency[1] = s->timing.roofline.decode_efficiency;
     cfg->timing_backend = s->timing.backend;
-    int rc = check_weights(s, cfg, weights, err);
+    int rc = kv_engine_check_weights(s, err);
     if (!rc && !cfg->colocated)
         rc = kv_engine_net_config(s, &cfg->net, cfg->platform_path, sizeof cfg->platform_path, err);
     return rc;

@@ -50,6 +50,10 @@ typedef struct kv_engine_config {
    not fit a pool or the network section is bad. The config holds no allocation: drop it freely,
    but do not copy it (net.platform_file points into it). */
 int kv_engine_config_build(const kv_scenario *s, kv_engine_config *cfg, kv_error *err);
+/* The one check that the model's weights fit each pool's devices at its TP degree with room for KV
+   (decode, then prefill unless colocated): KV_EINPUT at cluster.<pool>.tp (or .device, the pool, the
+   model, the first written) saying the smallest tp that fits. kv_engine_config_build calls it. */
+int kv_engine_check_weights(const kv_scenario *s, kv_error *err);
 
 /* The scenario's network section (core/sim/engine_net.c). Fills a kv_net_config (hosts: prefill nodes,
    then decode nodes), resolving network.platform_file into platform_path. */

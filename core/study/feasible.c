@@ -5,19 +5,7 @@
 #include <string.h>
 
 #include "core/kv/kvbytes.h"
-
-/* "file:line:col" of the first of keys present in the scenario (else the file). */
-static const char *where_first(const kv_scenario *s, const char *const *keys, size_t n, const char **key,
-                               char *buf, size_t size)
-{
-    for (size_t i = 0; i < n; i++)
-        if (kv_ytree_path(s->tree, keys[i])) {
-            *key = keys[i];
-            return kv_scenario_where(s, keys[i], buf, size);
-        }
-    *key = keys[n - 1];
-    return kv_scenario_where(s, keys[n - 1], buf, size);
-}
+#include "core/sim/engine_config.h"
 
 /* A warning: printed, or the error when strict. */
 static int warn(bool strict, FILE *log, kv_error *err, const char *msg)
@@ -34,7 +22,8 @@ static double usable_bytes(const kv_device_profile *d, const kv_pool_config *p)
     return d->memory_gb * 1e9 * p->memory_fraction;
 }
 
-/* One pool's weights (and activations) against one device. */
+/* One pool's weights and activations against one device: a warning (the weights alone are
+   kv_engine_check_weights's, core/sim/engine_config.h). */
 static int check_pool(const kv_scenario *s, const char *pool, const kv_pool_config *p, const kv_device_profile *d,
                       bool strict, FILE *log, kv_error *err)
 {
@@ -44,16 +33,8 @@ static int check_pool(const kv_scenario *s, const char *pool, const kv_pool_conf
     snprintf(k_dev, sizeof k_dev, "cluster.%s.device", pool);
     snprintf(k_pool, sizeof k_pool, "cluster.%s", pool);
     const char *keys[] = {k_tp, k_dev, k_pool, "model"}, *key = NULL;
-    where_first(s, keys, 4, &key, w, sizeof w);
-    double weights = kv_model_weight_bytes(m), usable = usable_bytes(d, p), share = weights / p->tp;
-    if (share > usable) {
-        int need = (int)ceil(weights / usable);
-        return kv_error_set(err, KV_EINPUT,
-                            "%s: %s: %s's weights (%.1f GB, %.1f GB per device at tp %d) do not fit one %s "
-                            "(%.1f GB usable: %.0f GB x memory_fraction %.2g); raise cluster.%s.tp to at least %d",
-                            w, key, m->name, weights / 1e9, share / 1e9, p->tp, d->name, usable / 1e9,
-                            d->memory_gb, p->memory_fraction, pool, need);
-    }
+    kv_scenario_where_first(s, keys, 4, &key, w, sizeof w);
+    double share = kv_model_weight_bytes(m) / p->tp, usable = usable_bytes(d, p);
     double tokens = p->max_batch_tokens;
     double act = tokens * 2.0 * (4.0 * m->hidden + 3.0 * m->ffn / p->tp);
     if (share + act > usable) {
@@ -88,9 +69,9 @@ static int check_context(const kv_scenario *s, const kv_workload *wl, bool stric
     const char *key = NULL;
     char w[512], msg[1024];
     if (s->workload.trace.format != KV_WORKLOAD_TRACE_NONE)
-        where_first(s, trace_keys, 2, &key, w, sizeof w);
+        kv_scenario_where_first(s, trace_keys, 2, &key, w, sizeof w);
     else
-        where_first(s, synth_keys, 3, &key, w, sizeof w);
+        kv_scenario_where_first(s, synth_keys, 3, &key, w, sizeof w);
     snprintf(msg, sizeof msg,
              "%s: %s: %zu of %zu requests need more than %s's context of %d tokens (prompt + output, up to %ld; "
              "prompts longer than the context are cut to it)",
@@ -143,7 +124,7 @@ static int check_kv(const kv_scenario *s, const kv_workload *wl, kv_policy *cons
                       (1.0 - s->memory.watermark);
     const char *keys[] = {"cluster.decode.tp", "cluster.decode.device", "cluster.decode", "model"}, *key = NULL;
     char w[512], msg[1024];
-    where_first(s, keys, 4, &key, w, sizeof w);
+    kv_scenario_where_first(s, keys, 4, &key, w, sizeof w);
     for (size_t i = 0; i < n_pol; i++) {
         const char *name = s->policies.items[i];
         double b_small = 0, b_large = 0;
@@ -174,8 +155,8 @@ static int check_kv(const kv_scenario *s, const kv_workload *wl, kv_policy *cons
 int kv_study_feasible(const kv_scenario *s, const kv_workload *wl, kv_policy *const *policies, size_t n,
                       bool strict, FILE *log, kv_error *err)
 {
-    int rc = KV_OK;
-    if (!s->cluster.colocated)
+    int rc = kv_engine_check_weights(s, err);
+    if (!rc && !s->cluster.colocated)
         rc = check_pool(s, "prefill", &s->cluster.prefill, &s->prefill_device, strict, log, err);
     if (!rc)
         rc = check_pool(s, "decode", &s->cluster.decode, &s->decode_device, strict, log, err);
