@@ -7,7 +7,6 @@
 
 #include "core/base/alloc.h"
 #include "core/base/json.h"
-#include "core/report/replicates.h"
 
 static void cell(FILE *out, double v, int width, int prec)
 {
@@ -241,9 +240,9 @@ void kv_report_json(FILE *out, const kv_scenario *s, const kv_policy_outcome *o,
             fputc('}', out);
         }
         fputc(']', out);
-        if (o[i].replicates) { /* kvsim run --seeds N: absent for one run, so its bytes stay as they were */
+        if (o[i].replicates_json) { /* kvsim run --seeds N: absent for one run, so its bytes stay as they were */
             fputs(",\n", out);
-            kv_replicates_json(out, o[i].replicates, o[i].replicate_index);
+            fputs(o[i].replicates_json, out);
         }
         fputc('}', out);
         fputs(i + 1 < n ? ",\n" : "\n", out);

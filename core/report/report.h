@@ -17,9 +17,8 @@ typedef struct kv_policy_outcome {
     long acceptance_samples; /* speculations behind a measured Lynx acceptance (0: the scenario's) */
     kv_run_result run;
     kv_summary summary;
-    const struct kv_replicates *replicates; /* several seeds' metrics (core/report/replicates.h; borrowed;
-                                               this is entry `index` of it); NULL: one run */
-    size_t replicate_index;
+    const char *replicates_json; /* several seeds: the "replicates" member of its results.json entry, as
+                                    kv_replicates_json renders it (borrowed); NULL: one run */
 } kv_policy_outcome;
 
 void kv_report_table(FILE *out, const kv_scenario *s, const kv_policy_outcome *o, size_t n);

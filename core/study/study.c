@@ -2,6 +2,8 @@
 #include "core/study/study.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/base/alloc.h"
@@ -39,6 +41,7 @@ struct kv_study {
     int probing;              /* kv_study_rescale was called: no timeline (capacity probes write none) */
     double factor;            /* the load factor of the workload in use (1: the scenario's) */
     kv_replicates *reps;      /* kvsim run --seeds N (N > 1); else NULL */
+    char **reps_json;         /* [n] each policy's "replicates" member, rendered (open_memstream's: free) */
 };
 
 static kv_length_kind length_kind(kv_workload_length dist)
@@ -247,6 +250,9 @@ void kv_study_destroy(kv_study *st)
     kv_workload_destroy(st->workload);
     kv_timeline_destroy(st->timeline);
     kv_replicates_destroy(st->reps);
+    for (size_t i = 0; st->reps_json && i < st->n; i++)
+        free(st->reps_json[i]); /* open_memstream's buffers come from malloc */
+    kv_free(st->reps_json);
     kv_free(st);
 }
 
@@ -377,6 +383,10 @@ int kv_study_replicate(kv_study *st, int runs, kv_error *err)
         return kv_error_set(err, KV_EINPUT, "replicates: seeds %d..%lld pass the largest seed, 2147483647", s->seed,
                             (long long)s->seed + runs - 1);
     kv_replicates_destroy(st->reps);
+    for (size_t i = 0; st->reps_json && i < st->n; i++)
+        free(st->reps_json[i]);
+    kv_free(st->reps_json);
+    st->reps_json = NULL;
     st->reps = kv_replicates_create(st->n, runs);
     int rc = kv_replicates_add(st->reps, s->seed, s, st->outcomes, st->n, err);
     /* Each further seed is the scenario loaded again with the same --set values and seed=K: what
@@ -412,9 +422,19 @@ int kv_study_replicate(kv_study *st, int runs, kv_error *err)
         return rc;
     }
     kv_replicates_finish(st->reps);
+    st->reps_json = kv_calloc(st->n, sizeof *st->reps_json);
     for (size_t i = 0; i < st->n; i++) {
-        st->outcomes[i].replicates = st->reps;
-        st->outcomes[i].replicate_index = i;
+        size_t len = 0;
+        FILE *mem = open_memstream(&st->reps_json[i], &len);
+        if (!mem)
+            return kv_error_set(err, KV_EFAIL, "replicates: cannot render policy %s's intervals",
+                                st->outcomes[i].name);
+        kv_replicates_json(mem, st->reps, i);
+        int bad = ferror(mem);
+        if (fclose(mem) != 0 || bad)
+            return kv_error_set(err, KV_EFAIL, "replicates: cannot render policy %s's intervals",
+                                st->outcomes[i].name);
+        st->outcomes[i].replicates_json = st->reps_json[i];
     }
     return KV_OK;
 }
