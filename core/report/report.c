@@ -7,6 +7,7 @@
 
 #include "core/base/alloc.h"
 #include "core/base/json.h"
+#include "core/report/reading.h"
 
 static void cell(FILE *out, double v, int width, int prec)
 {
@@ -47,6 +48,7 @@ void kv_report_table(FILE *out, const kv_scenario *s, const kv_policy_outcome *o
     fprintf(out, "(ms are means over requests unless p99; ttft_spec = first speculative token, ttft = first "
                  "committed token,\n ttkt@K = K-th committed token; accept = accepted / speculated (fixed: drawn from "
                  "lynx.acceptance, not measured); timing: %s)\n", n ? o[0].run.timing_source : "model");
+    kv_report_reading(out, o, n);
     kv_report_memory_table(out, s, o, n);
 }
 

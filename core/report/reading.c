@@ -1,0 +1,69 @@
+/* reading.c — one line under the comparison table that says what its rows show, computed from them. */
+#include "core/report/reading.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <string.h>
+
+/* The row the others are read against: the policy named bf16, else the least compressed one. */
+static size_t baseline_row(const kv_policy_outcome *o, size_t n)
+{
+    size_t best = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(o[i].name, "bf16") == 0)
+            return i;
+        if (o[i].summary.compression_ratio < o[best].summary.compression_ratio)
+            best = i;
+    }
+    return best;
+}
+
+/* A row's mean time to its first token: the speculative one when it speculates. */
+static bool speculates(const kv_summary *m) { return m->spec_tokens > 0 && !isnan(m->ttft_spec_ms.mean); }
+
+static double first_token_ms(const kv_summary *m) { return speculates(m) ? m->ttft_spec_ms.mean : m->ttft_ms.mean; }
+
+/* The row minimising (sign +1) or maximising (sign -1) f, skipping NaN; n when none. */
+static size_t pick(const kv_policy_outcome *o, size_t n, double (*f)(const kv_summary *), double sign)
+{
+    size_t best = n;
+    for (size_t i = 0; i < n; i++) {
+        double v = f(&o[i].summary);
+        if (!isnan(v) && (best == n || sign * v < sign * f(&o[best].summary)))
+            best = i;
+    }
+    return best;
+}
+
+static double p99_ttft(const kv_summary *m) { return m->ttft_ms.p99; }
+static double ratio(const kv_summary *m) { return m->compression_ratio; }
+static double e2el(const kv_summary *m) { return m->e2el_ms.mean; }
+
+void kv_report_reading(FILE *out, const kv_policy_outcome *o, size_t n)
+{
+    if (n < 2)
+        return;
+    size_t b = baseline_row(o, n);
+    const kv_summary *base = &o[b].summary;
+    size_t fast = pick(o, n, first_token_ms, 1), tail = pick(o, n, p99_ttft, 1);
+    size_t small = pick(o, n, ratio, -1), done = pick(o, n, e2el, 1);
+    if (fast == n || tail == n || small == n || done == n || !(first_token_ms(base) > 0) ||
+        !(base->ttft_ms.p99 > 0) || !(base->e2el_ms.mean > 0))
+        return;
+    double r_fast = first_token_ms(&o[fast].summary) / first_token_ms(base);
+    double r_tail = o[tail].summary.ttft_ms.p99 / base->ttft_ms.p99;
+    double r_small = o[small].summary.compression_ratio / base->compression_ratio;
+    double r_done = o[done].summary.e2el_ms.mean / base->e2el_ms.mean;
+    const char *spec = speculates(&o[fast].summary) ? ", speculative" : "";
+    if (fast == tail && tail == small && small == done) {
+        fprintf(out, "reading: against %s, %s leads on every count: first token %.2fx%s, p99 TTFT %.2fx, KV on the "
+                     "wire %.2fx smaller, mean end-to-end latency %.2fx\n",
+                o[b].name, o[fast].name, r_fast, spec, r_tail, r_small, r_done);
+        return;
+    }
+    fprintf(out, "reading: against %s, the first token comes soonest with %s (%.2fx %s's mean%s), the p99 TTFT is "
+                 "lowest with %s (%.2fx), the KV on the wire is smallest with %s (%.2fx smaller) and requests "
+                 "finish soonest with %s (%.2fx the mean end-to-end latency)\n",
+            o[b].name, o[fast].name, r_fast, o[b].name, spec, o[tail].name, r_tail, o[small].name, r_small,
+            o[done].name, r_done);
+}
