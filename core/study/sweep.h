@@ -9,6 +9,8 @@
  *   matrix:
  *     network.nic_bandwidth_gbps: [10, 25, 50, 100, 200]
  *   out: out/sweeps/lynx-bandwidth    # relative to the current folder (--out overrides)
+ *   output: capacity                  # optional: each point a kvsim capacity search (default: run)
+ *   slo: {ttft_p99_ms: 300}           # output: capacity: --slo; also attainment:, precision:
  *
  * Each point is exactly the command
  *   kvsim run BASE --set K=V... --set outputs.json=true --out OUT/POINT --quiet
