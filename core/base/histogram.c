@@ -48,6 +48,23 @@ double kv_histogram_mean(const kv_histogram *h)
     return sum / (double)h->n;
 }
 
+double kv_histogram_std(const kv_histogram *h)
+{
+    if (h->n == 0)
+        return NAN;
+    double mean = kv_histogram_mean(h), ss = 0;
+    for (size_t r = 0; r < KV_HIST_EXPONENTS; r++) {
+        const kv_hist_row *row = h->rows[r];
+        for (size_t s = 0; row && s < KV_HIST_SUBS; s++) {
+            if (row->count[s] == 0)
+                continue;
+            double d = row->sum[s] / (double)row->count[s] - mean;
+            ss += (double)row->count[s] * d * d;
+        }
+    }
+    return sqrt(ss / (double)h->n);
+}
+
 /* The k-th smallest value (0-based, k < n), as its bin's mean. */
 static double order_stat(const kv_histogram *h, uint64_t k)
 {

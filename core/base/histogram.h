@@ -35,6 +35,9 @@ typedef struct kv_histogram {
 void kv_histogram_add(kv_histogram *h, double v);
 /* The mean of the values (sums taken per bin, in bin order); NaN when empty. */
 double kv_histogram_mean(const kv_histogram *h);
+/* The standard deviation of the values (population, numpy's np.std), each value taken as its bin's
+   mean (so within 0.39% of it); NaN when empty. */
+double kv_histogram_std(const kv_histogram *h);
 /* Percentile p in [0, 100], linear interpolation between order statistics as numpy's default, each
    order statistic its bin's mean; NaN when empty. */
 double kv_histogram_percentile(const kv_histogram *h, double p);

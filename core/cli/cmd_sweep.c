@@ -59,7 +59,8 @@ static void sweep_usage(FILE *out)
             "  -j N              points run at once in worker processes (default: the CPUs online)\n"
             "  --set key=value   an override for every point, after the file's set:\n"
             "  --out DIR         the sweep's folder (default: the file's out:, else out/sweeps/NAME)\n"
-            "  --force           rerun finished points too (default: skip those with results.json)\n"
+            "  --force           rerun finished points too (default: skip those with results.json, or\n"
+            "                    capacity.json for output: capacity)\n"
             "  --plot            run scripts/plot on the sweep folder at the end\n"
             "  --emit slurm      write DIR/sweep.slurm, a job array with one task per point\n"
             "  --emit parallel   write DIR/jobs.txt, one command per line for GNU parallel\n"
@@ -295,7 +296,7 @@ static void finished(run_state *st, const worker *w, int status)
 {
     const kv_sweep_point *p = kv_sweep_point_get(st->sw, w->point);
     char results[PATH_MAX + 32], errpath[PATH_MAX + 32];
-    snprintf(results, sizeof results, "%s/results.json", p->dir);
+    snprintf(results, sizeof results, "%s/%s", p->dir, kv_sweep_result_file(st->sw));
     snprintf(errpath, sizeof errpath, "%s/stderr.txt", p->dir);
     struct stat sb;
     int have_results = stat(results, &sb) == 0;
@@ -320,7 +321,7 @@ static void finished(run_state *st, const worker *w, int status)
         else if (WEXITSTATUS(status) != 0)
             snprintf(why, sizeof why, "exit status %d", WEXITSTATUS(status));
         else
-            snprintf(why, sizeof why, "exit status 0 but no results.json");
+            snprintf(why, sizeof why, "exit status 0 but no %s", kv_sweep_result_file(st->sw));
         /* Record the outcome in the point's stderr.txt: --collect reads a non-empty one as failed. */
         FILE *f = fopen(errpath, "ab");
         if (f) {
@@ -553,7 +554,7 @@ int kv_cmd_sweep(int argc, char **argv)
             if (state == KV_POINT_FINISHED) {
                 /* --force: remove the old results first, so a crash cannot leave them looking finished. */
                 char results[PATH_MAX + 32];
-                snprintf(results, sizeof results, "%s/results.json", kv_sweep_point_get(sw, i)->dir);
+                snprintf(results, sizeof results, "%s/%s", kv_sweep_point_get(sw, i)->dir, kv_sweep_result_file(sw));
                 unlink(results);
             }
         }

@@ -81,7 +81,7 @@ void kv_stat_compute(const double *values, size_t n, kv_stat *out)
     memset(out, 0, sizeof *out);
     out->n = n;
     if (n == 0) {
-        out->mean = out->median = out->p90 = out->p99 = NAN;
+        out->mean = out->std = out->median = out->p90 = out->p99 = NAN;
         return;
     }
     double *v = kv_malloc(n * sizeof *v);
@@ -91,6 +91,10 @@ void kv_stat_compute(const double *values, size_t n, kv_stat *out)
     for (size_t i = 0; i < n; i++)
         sum += v[i];
     out->mean = sum / (double)n;
+    double ss = 0;
+    for (size_t i = 0; i < n; i++)
+        ss += (v[i] - out->mean) * (v[i] - out->mean);
+    out->std = sqrt(ss / (double)n);
     out->median = percentile(v, n, 50);
     out->p90 = percentile(v, n, 90);
     out->p99 = percentile(v, n, 99);
@@ -102,10 +106,11 @@ void kv_stat_from_histogram(const kv_histogram *h, double scale, kv_stat *out)
     memset(out, 0, sizeof *out);
     out->n = (size_t)h->n;
     if (h->n == 0) {
-        out->mean = out->median = out->p90 = out->p99 = NAN;
+        out->mean = out->std = out->median = out->p90 = out->p99 = NAN;
         return;
     }
     out->mean = kv_histogram_mean(h) * scale;
+    out->std = kv_histogram_std(h) * scale;
     out->median = kv_histogram_percentile(h, 50) * scale;
     out->p90 = kv_histogram_percentile(h, 90) * scale;
     out->p99 = kv_histogram_percentile(h, 99) * scale;
@@ -140,6 +145,7 @@ void kv_summary_compute(const kv_run_result *r, double bf16_bytes_per_token, kv_
         first_arrival = fmin(first_arrival, q->arrival_s);
         last_done = fmax(last_done, q->done_s);
         out_tokens += q->output_tokens;
+        out->total_input_tokens += q->prompt_tokens;
         collect(&ttft, 1, q->first_token_s - q->arrival_s);
         collect(&spec, q->first_spec_s >= 0, q->first_spec_s - q->arrival_s);
         collect(&kth, q->kth_token_s >= 0, q->kth_token_s - q->arrival_s);
@@ -172,6 +178,8 @@ void kv_summary_compute(const kv_run_result *r, double bf16_bytes_per_token, kv_
     out->duration_s = c ? last_done - first_arrival : 0;
     out->request_throughput = out->duration_s > 0 ? (double)c / out->duration_s : NAN;
     out->output_throughput = out->duration_s > 0 ? out_tokens / out->duration_s : NAN;
+    out->total_output_tokens = out_tokens;
+    out->total_token_throughput = out->duration_s > 0 ? (out->total_input_tokens + out_tokens) / out->duration_s : NAN;
     out->mean_kv_wire_bytes = c ? out->kv_wire_bytes / (double)c : 0;
     out->mean_anchor_bytes = c ? out->mean_anchor_bytes / (double)c : 0;
     out->mean_residual_bytes = c ? out->mean_residual_bytes / (double)c : 0;

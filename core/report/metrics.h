@@ -7,7 +7,7 @@
 #include "core/sim/engine.h"
 
 typedef struct kv_stat {
-    double mean, median, p90, p99;
+    double mean, std, median, p90, p99; /* std: population (numpy's np.std, as vLLM's std_*_ms) */
     size_t n; /* samples; 0 means the metric did not occur (printed as null) */
 } kv_stat;
 
@@ -16,6 +16,8 @@ typedef struct kv_summary {
     double duration_s;           /* first arrival to last completion */
     double request_throughput;   /* requests / s */
     double output_throughput;    /* output tokens / s */
+    double total_input_tokens, total_output_tokens; /* over completed requests (vLLM's names) */
+    double total_token_throughput; /* (input + output tokens) / s, vLLM's */
     kv_stat ttft_ms, ttft_spec_ms, ttkt_ms, tpot_ms, e2el_ms;
     kv_stat itl_ms;              /* from the run's histogram: percentiles within 0.39% */
     kv_stat transfer_ms;         /* encode end to all KV at the decode node */

@@ -115,6 +115,8 @@ static void jstat(FILE *out, const char *name, const kv_stat *st)
     char key[64];
     snprintf(key, sizeof key, "mean_%s", name);
     jnum(out, key, st->mean, 1);
+    snprintf(key, sizeof key, "std_%s", name);
+    jnum(out, key, st->std, 1);
     snprintf(key, sizeof key, "median_%s", name);
     jnum(out, key, st->median, 1);
     snprintf(key, sizeof key, "p90_%s", name);
@@ -178,6 +180,9 @@ void kv_report_json(FILE *out, const kv_scenario *s, const kv_policy_outcome *o,
         jnum(out, "duration", m->duration_s, 1);
         jnum(out, "request_throughput", m->request_throughput, 1);
         jnum(out, "output_throughput", m->output_throughput, 1);
+        jnum(out, "total_input_tokens", m->total_input_tokens, 1);
+        jnum(out, "total_output_tokens", m->total_output_tokens, 1);
+        jnum(out, "total_token_throughput", m->total_token_throughput, 1);
         fputc('\n', out);
         jstat(out, "ttft_ms", &m->ttft_ms);
         jstat(out, "ttft_spec_ms", &m->ttft_spec_ms);

@@ -333,7 +333,14 @@ void kv_capacity_json(FILE *out, const kv_scenario *s, const kv_capacity_result 
         fputc(',', out);
         bool has_best = p->status != KV_CAPACITY_NONE, has_above = p->status != KV_CAPACITY_UNBOUNDED;
         jnum(out, "goodput_rate", has_best ? p->best.rate : NAN, ",");
-        jnum(out, "attainment", has_best ? p->best.attainment : NAN, ",\n");
+        jnum(out, "attainment", has_best ? p->best.attainment : NAN, ",");
+        /* The same answer under the names a sweep's columns carry (docs/sweeps.md): capacity_req_s is
+           goodput_rate; goodput_req_s the requests meeting the SLOs per second there (rate x attainment,
+           vLLM's "request goodput"); above_* the next rate, which misses them. */
+        jnum(out, "capacity_req_s", has_best ? p->best.rate : NAN, ",");
+        jnum(out, "goodput_req_s", has_best ? p->best.rate * p->best.attainment : NAN, ",");
+        jnum(out, "above_rate", has_above ? p->above.rate : NAN, ",");
+        jnum(out, "above_attainment", has_above ? p->above.attainment : NAN, ",\n");
         fputs("\"best\":", out);
         if (has_best)
             jprobe(out, r, &p->best);

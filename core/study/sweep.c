@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <libgen.h>
 #include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,12 +19,14 @@
 #include "core/base/infile.h"
 #include "core/base/json.h"
 #include "core/config/scenario.h"
+#include "core/study/capacity.h"
 #include "core/study/study.h"
 #include "core/study/sweep_internal.h"
 #include "core/config/ytree.h"
 
 
-static const char *const sweep_keys[] = {"name", "description", "base", "set", "mode", "matrix", "out"};
+static const char *const sweep_keys[] = {"name", "description", "base", "set", "mode", "matrix", "out",
+                                         "output", "slo", "attainment", "precision"};
 
 /* ---- Small string helpers -------------------------------------------------------------------- */
 
@@ -261,14 +264,14 @@ static char *non_folder_on_way(const char *dir)
 
 static int resolve_out(kv_sweep *sw, const char *out)
 {
-    if (out[0] == '/') {
+    char cwd[PATH_MAX];
+    if (!getcwd(cwd, sizeof cwd))
+        snprintf(cwd, sizeof cwd, ".");
+    sw->cwd = kv_strdup(cwd);
+    if (out[0] == '/')
         sw->out_dir = kv_strdup(out);
-    } else {
-        char cwd[PATH_MAX];
-        if (!getcwd(cwd, sizeof cwd))
-            snprintf(cwd, sizeof cwd, ".");
+    else
         sw->out_dir = kv_sweep_join3(cwd, "/", out);
-    }
     size_t n = strlen(sw->out_dir);
     while (n > 1 && sw->out_dir[n - 1] == '/')
         sw->out_dir[--n] = '\0';
@@ -366,13 +369,26 @@ static int build_commands(kv_sweep *sw, kv_error *err)
     sw->commands = kv_calloc(sw->n_points ? sw->n_points : 1, sizeof *sw->commands);
     for (size_t i = 0; i < sw->n_points; i++) {
         kv_sweep_point *p = &sw->points[i];
-        /* kvsim run BASE, --set pairs, --set outputs.json=true, --out DIR, --quiet, NULL */
-        size_t max = 3 + 2 * (sw->n_fixed + sw->n_keys) + 2 + 2 + 1 + 1;
+        /* kvsim run BASE, --set pairs, --set outputs.json=true, --out DIR, --quiet, NULL; or
+           kvsim capacity BASE --slo S [--attainment A] [--precision P], --set pairs, --out DIR, --quiet */
+        size_t max = 3 + 6 + 2 * (sw->n_fixed + sw->n_keys) + 2 + 2 + 1 + 1;
         char **argv = kv_calloc(max, sizeof *argv);
         size_t a = 0;
         argv[a++] = kv_strdup(sw->kvsim);
-        argv[a++] = kv_strdup("run");
+        argv[a++] = kv_strdup(sw->capacity ? "capacity" : "run");
         argv[a++] = kv_strdup(sw->base);
+        if (sw->capacity) {
+            argv[a++] = kv_strdup("--slo");
+            argv[a++] = kv_strdup(sw->slo);
+            if (sw->attainment) {
+                argv[a++] = kv_strdup("--attainment");
+                argv[a++] = kv_strdup(sw->attainment);
+            }
+            if (sw->precision) {
+                argv[a++] = kv_strdup("--precision");
+                argv[a++] = kv_strdup(sw->precision);
+            }
+        }
         for (size_t k = 0; k < sw->n_fixed; k++) {
             argv[a++] = kv_strdup("--set");
             argv[a++] = kv_strdup(sw->fixed[k]);
@@ -381,9 +397,12 @@ static int build_commands(kv_sweep *sw, kv_error *err)
             argv[a++] = kv_strdup("--set");
             argv[a++] = kv_sweep_join3(sw->keys[k], "=", p->values[k]);
         }
-        /* The point is finished when results.json exists, so it must be written. */
-        argv[a++] = kv_strdup("--set");
-        argv[a++] = kv_strdup("outputs.json=true");
+        /* The point is finished when results.json exists, so it must be written (kvsim capacity
+           always writes its capacity.json). */
+        if (!sw->capacity) {
+            argv[a++] = kv_strdup("--set");
+            argv[a++] = kv_strdup("outputs.json=true");
+        }
         argv[a++] = kv_strdup("--out");
         argv[a++] = kv_strdup(p->dir);
         argv[a++] = kv_strdup("--quiet");
@@ -413,6 +432,81 @@ static int build_commands(kv_sweep *sw, kv_error *err)
     return KV_OK;
 }
 
+/* A number in (lo, hi] (hi excluded when open_hi) for attainment: or precision:, kept as written. */
+static int read_fraction(const kv_ynode *n, const char *key, double lo, double hi, int open_hi, char **text,
+                         kv_error *err)
+{
+    char *end = NULL;
+    double d = n->kind == KV_YSCALAR && n->value[0] ? strtod(n->value, &end) : NAN;
+    if (!end || *end != '\0' || !(d > lo) || (open_hi ? !(d < hi) : !(d <= hi)))
+        return bad(err, n, "%s: expected a number in (%g, %g%c (as kvsim capacity --%s takes)", key, lo, hi,
+                   open_hi ? ')' : ']', key);
+    *text = kv_strdup(n->value);
+    return KV_OK;
+}
+
+/* output: run (default) | capacity, and capacity's slo:, attainment:, precision: (kvsim capacity's
+   flags). The SLO is a mapping {ttft_p99_ms: 300, tpot_p99_ms: 30} or the --slo text itself; it is
+   parsed here (kv_capacity_parse_slo) so a mistake stops the sweep before anything runs. */
+static int read_output(kv_sweep *sw, const kv_ynode *tree, kv_error *err)
+{
+    const kv_ynode *output = kv_ytree_get(tree, "output", NULL);
+    const kv_ynode *slo = kv_ytree_get(tree, "slo", NULL);
+    const kv_ynode *att = kv_ytree_get(tree, "attainment", NULL);
+    const kv_ynode *prec = kv_ytree_get(tree, "precision", NULL);
+    if (output && (output->kind != KV_YSCALAR ||
+                   (strcmp(output->value, "run") != 0 && strcmp(output->value, "capacity") != 0)))
+        return bad(err, output, "output: expected run (each point a kvsim run, the default) or capacity (each "
+                   "point a kvsim capacity search under slo:)");
+    sw->capacity = output && strcmp(output->value, "capacity") == 0;
+    const kv_ynode *extra = slo ? slo : att ? att : prec;
+    if (!sw->capacity) {
+        if (extra)
+            return bad(err, extra, "%s: only for output: capacity (add output: capacity, or remove it)",
+                       extra == slo ? "slo" : extra == att ? "attainment" : "precision");
+        return KV_OK;
+    }
+    if (!slo)
+        return bad(err, output, "output: capacity needs slo:, e.g. slo: {ttft_p99_ms: 300, tpot_p99_ms: 30}");
+    char *text = NULL;
+    if (slo->kind == KV_YSCALAR) {
+        text = kv_strdup(slo->value);
+    } else if (slo->kind == KV_YMAP && slo->count > 0) {
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+        if (!f)
+            return kv_error_set(err, KV_EFAIL, "sweep: out of memory reading slo:");
+        for (size_t i = 0; i < slo->count; i++) {
+            const kv_ynode *v = slo->items[i];
+            if (v->kind != KV_YSCALAR || strpbrk(slo->keys[i], ",=") || strpbrk(v->value, ",=")) {
+                fclose(f);
+                free(buf);
+                return bad(err, v, "slo.%s: expected a number of ms", slo->keys[i]);
+            }
+            fprintf(f, "%s%s=%s", i ? "," : "", slo->keys[i], v->value);
+        }
+        fclose(f);
+        text = kv_strdup(buf);
+        free(buf); /* open_memstream's buffer comes from malloc */
+    } else {
+        return bad(err, slo, "slo: expected a mapping of bounds in ms, e.g. {ttft_p99_ms: 300, tpot_p99_ms: 30}");
+    }
+    kv_slo parsed;
+    kv_error e = {0};
+    if (has_control(text) || kv_capacity_parse_slo(text, &parsed, &e) != KV_OK) {
+        int rc = bad(err, slo, "slo: %s", e.msg[0] ? e.msg : "a control character in the bounds");
+        kv_free(text);
+        return rc;
+    }
+    sw->slo = text;
+    if (att && read_fraction(att, "attainment", 0, 1, 0, &sw->attainment, err))
+        return err->code;
+    if (prec && read_fraction(prec, "precision", 0, 1, 1, &sw->precision, err))
+        return err->code;
+    return KV_OK;
+}
+
 int kv_sweep_load(const char *path, const char *const *extra_sets, int n_extra, const char *out_dir,
                   const char *kvsim, kv_sweep **out, kv_error *err)
 {
@@ -437,7 +531,7 @@ int kv_sweep_load(const char *path, const char *const *extra_sets, int n_extra, 
             if (best)
                 snprintf(hint, sizeof hint, " (did you mean '%s'?)", best);
             rc = kv_error_set(err, KV_EINPUT, "%s:%d:%d: unknown key '%s'%s; a sweep file has name, description, "
-                              "base, set, mode, matrix, out", path, tree->key_lines[i], tree->key_cols[i],
+                              "base, set, mode, matrix, out, output, slo, attainment, precision", path, tree->key_lines[i], tree->key_cols[i],
                               tree->keys[i], hint);
         }
     }
@@ -487,6 +581,8 @@ int kv_sweep_load(const char *path, const char *const *extra_sets, int n_extra, 
         else
             sw->zip = strcmp(mode->value, "zip") == 0;
     }
+    if (!rc)
+        rc = read_output(sw, tree, err);
     if (!rc && set) {
         if (set->kind != KV_YMAP)
             rc = bad(err, set, "set: expected a mapping of scenario keys to values, e.g. {workload.requests: 16}");
@@ -645,12 +741,17 @@ void kv_sweep_destroy(kv_sweep *sw)
     kv_free(sw->base);
     kv_free(sw->out_dir);
     kv_free(sw->kvsim);
+    kv_free(sw->slo);
+    kv_free(sw->attainment);
+    kv_free(sw->precision);
+    kv_free(sw->cwd);
     kv_free(sw);
 }
 
 const char *kv_sweep_name(const kv_sweep *sw) { return sw->name; }
 const char *kv_sweep_out_dir(const kv_sweep *sw) { return sw->out_dir; }
 const char *kv_sweep_base(const kv_sweep *sw) { return sw->base; }
+const char *kv_sweep_result_file(const kv_sweep *sw) { return sw->capacity ? "capacity.json" : "results.json"; }
 size_t kv_sweep_key_count(const kv_sweep *sw) { return sw->n_keys; }
 const char *kv_sweep_key(const kv_sweep *sw, size_t i) { return sw->keys[i]; }
 size_t kv_sweep_point_count(const kv_sweep *sw) { return sw->n_points; }
@@ -780,7 +881,10 @@ int kv_sweep_prepare(const kv_sweep *sw, kv_error *err)
     kv_json_string(f, sw->name);
     fputs(",\"base\":", f);
     kv_json_string(f, sw->base);
-    fprintf(f, ",\"mode\":\"%s\",\n\"set\":[", sw->zip ? "zip" : "cartesian");
+    fprintf(f, ",\"mode\":\"%s\",\"output\":\"%s\",\"cwd\":", sw->zip ? "zip" : "cartesian",
+            sw->capacity ? "capacity" : "run");
+    kv_json_string(f, sw->cwd);
+    fputs(",\n\"set\":[", f);
     for (size_t k = 0; k < sw->n_fixed; k++) {
         if (k)
             fputc(',', f);
@@ -838,7 +942,7 @@ int kv_sweep_point_state(const kv_sweep *sw, size_t i, int *stale, int *interrup
     kv_stale_counts tc;
     if (kv_stale_reap(sw->out_dir, p->name, &tc, NULL) != 0 || tc.removed + tc.restored + tc.live > 0)
         *interrupted = 1;
-    char *results = kv_sweep_join3(p->dir, "/", "results.json");
+    char *results = kv_sweep_join3(p->dir, "/", kv_sweep_result_file(sw));
     int state = KV_POINT_PENDING;
     if (kv_sweep_file_exists(results) && !*interrupted) {
         char *cmd_path = kv_sweep_join3(p->dir, "/", "command.txt");

@@ -9,6 +9,8 @@
  *   matrix:
  *     network.nic_bandwidth_gbps: [10, 25, 50, 100, 200]
  *   out: out/sweeps/lynx-bandwidth    # relative to the current folder (--out overrides)
+ *   output: capacity                  # optional: each point a kvsim capacity search (default: run)
+ *   slo: {ttft_p99_ms: 300}           # output: capacity: --slo; also attainment:, precision:
  *
  * Each point is exactly the command
  *   kvsim run BASE --set K=V... --set outputs.json=true --out OUT/POINT --quiet
@@ -52,6 +54,9 @@ void kv_sweep_destroy(kv_sweep *sw); /* NULL is fine */
 const char *kv_sweep_name(const kv_sweep *sw);
 const char *kv_sweep_out_dir(const kv_sweep *sw);  /* absolute */
 const char *kv_sweep_base(const kv_sweep *sw);     /* absolute path of the base scenario */
+/* The file whose presence makes a point finished: "results.json" (output: run, the default) or
+   "capacity.json" (output: capacity, each point a `kvsim capacity`). */
+const char *kv_sweep_result_file(const kv_sweep *sw);
 size_t kv_sweep_key_count(const kv_sweep *sw);
 const char *kv_sweep_key(const kv_sweep *sw, size_t i);
 size_t kv_sweep_point_count(const kv_sweep *sw);

@@ -55,6 +55,8 @@ static void csv_json_scalar(FILE *f, const kv_jvalue *v)
    "replicates.ci95.KEY" inside its replicates object (kvsim run --seeds N). */
 static const kv_jvalue *column_value(const kv_jvalue *o, const char *col)
 {
+    if (strncmp(col, "policy.", 7) == 0) /* a field named like a fixed column (fixed_column) */
+        return kv_jvalue_get(o, col + 7);
     if (strncmp(col, "replicates.", 11) != 0)
         return kv_jvalue_get(o, col);
     const kv_jvalue *r = kv_jvalue_get(o, "replicates");
@@ -68,6 +70,14 @@ static const kv_jvalue *column_value(const kv_jvalue *o, const char *col)
     memcpy(section, rest, len);
     section[len] = '\0';
     return kv_jvalue_get(kv_jvalue_get(r, section), dot + 1);
+}
+
+/* Whether a field's name is one of sweep.csv's own columns (capacity.json's per-policy "status":
+   found, unbounded, none): such a field's column is "policy.NAME". */
+static int fixed_column(const char *name)
+{
+    return strcmp(name, "point") == 0 || strcmp(name, "dir") == 0 || strcmp(name, "status") == 0 ||
+           strcmp(name, "policy") == 0;
 }
 
 static int by_name(const void *a, const void *b)
@@ -90,7 +100,10 @@ static int scan_points(const char *dir, point_row **rows, size_t *n, kv_error *e
         char *sub = kv_sweep_join3(dir, "/", e->d_name);
         char *r = kv_sweep_join3(sub, "/", "results.json");
         char *c = kv_sweep_join3(sub, "/", "command.txt");
-        if (kv_sweep_file_exists(r) || kv_sweep_file_exists(c)) {
+        char *capf = kv_sweep_join3(sub, "/", "capacity.json");
+        int point = kv_sweep_file_exists(r) || kv_sweep_file_exists(c) || kv_sweep_file_exists(capf);
+        kv_free(capf);
+        if (point) {
             kv_grow((void **)&names, sizeof *names, &cap, count + 1);
             names[count++] = kv_strdup(e->d_name);
         }
@@ -170,12 +183,22 @@ int kv_sweep_collect(const char *dir, kv_sweep_totals *totals, kv_error *err)
     size_t n_keys = 0, n = 0;
     point_row *rows = NULL;
     int rc = read_manifest(dir, &keys, &n_keys, &rows, &n, err);
-    char **cols = NULL;
-    size_t n_cols = 0, cap_cols = 0;
+    char **cols = NULL, **nested = NULL; /* nested: fields that are an object or a list somewhere */
+    size_t n_cols = 0, cap_cols = 0, n_nested = 0, cap_nested = 0;
     for (size_t i = 0; !rc && i < n; i++) {
         point_row *r = &rows[i];
         char *sub = kv_sweep_join3(dir, "/", r->name);
+        /* kvsim run's results.json, else kvsim capacity's capacity.json (output: capacity): both list
+           "policies", whose scalar fields become the columns. */
         char *res = kv_sweep_join3(sub, "/", "results.json");
+        if (!kv_sweep_file_exists(res)) {
+            kv_free(res);
+            res = kv_sweep_join3(sub, "/", "capacity.json");
+            if (!kv_sweep_file_exists(res)) {
+                kv_free(res);
+                res = kv_sweep_join3(sub, "/", "results.json");
+            }
+        }
         char *errp = kv_sweep_join3(sub, "/", "stderr.txt");
         struct stat st;
         if (kv_sweep_file_exists(res)) {
@@ -200,8 +223,17 @@ int kv_sweep_collect(const char *dir, kv_sweep_totals *totals, kv_error *err)
             const kv_jvalue *o = pol->items[p];
             for (size_t k = 0; o->kind == KV_JOBJECT && k < o->count; k++) {
                 kv_jkind kind = o->items[k]->kind;
-                if (strcmp(o->keys[k], "name") != 0 && kind != KV_JARRAY && kind != KV_JOBJECT)
-                    add_column(&cols, &n_cols, &cap_cols, o->keys[k]);
+                if (kind == KV_JARRAY || kind == KV_JOBJECT)
+                    add_column(&nested, &n_nested, &cap_nested, o->keys[k]);
+                if (strcmp(o->keys[k], "name") != 0 && kind != KV_JARRAY && kind != KV_JOBJECT) {
+                    if (fixed_column(o->keys[k])) {
+                        char *c = kv_sweep_join3("policy", ".", o->keys[k]);
+                        add_column(&cols, &n_cols, &cap_cols, c);
+                        kv_free(c);
+                    } else {
+                        add_column(&cols, &n_cols, &cap_cols, o->keys[k]);
+                    }
+                }
                 if (strcmp(o->keys[k], "replicates") == 0 && kind == KV_JOBJECT) {
                     /* the mean and 95% half-width of every metric, as replicates.mean.KEY, replicates.ci95.KEY */
                     const kv_jvalue *mean = kv_jvalue_get(o->items[k], "mean");
@@ -221,6 +253,22 @@ int kv_sweep_collect(const char *dir, kv_sweep_totals *totals, kv_error *err)
         kv_free(res);
         kv_free(errp);
     }
+    /* A field that is an object in one entry and null in another (capacity.json's "best" when no rate
+       met the SLOs) is not a column. */
+    size_t kept = 0;
+    for (size_t c = 0; c < n_cols; c++) {
+        int drop = 0;
+        for (size_t j = 0; j < n_nested && !drop; j++)
+            drop = strcmp(cols[c], nested[j]) == 0;
+        if (drop)
+            kv_free(cols[c]);
+        else
+            cols[kept++] = cols[c];
+    }
+    n_cols = kept;
+    for (size_t j = 0; j < n_nested; j++)
+        kv_free(nested[j]);
+    kv_free(nested);
     totals->points = n;
     kv_afile a = {0};
     char *path = kv_sweep_join3(dir, "/", "sweep.csv");

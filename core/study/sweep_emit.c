@@ -13,15 +13,19 @@
 
 /* ---- Job scripts ----------------------------------------------------------------------------- */
 
-/* One point as a self-contained shell command on one line: skip if finished, else run, stderr to
-   the point folder. Every word is quoted (the command too: build_commands). -1 if a path cannot be. */
+/* One point as a self-contained shell command on one line: go to the folder kvsim sweep ran in (a
+   relative path among the values is relative to it, as --set paths are), skip if finished, else run,
+   stderr to the point folder. Every word is quoted (the command too: build_commands). -1 if a path
+   cannot be. */
 static int job_line(FILE *f, const kv_sweep *sw, size_t i)
 {
     const kv_sweep_point *p = &sw->points[i];
-    char *results = kv_sweep_join3(p->dir, "/", "results.json");
+    char *results = kv_sweep_join3(p->dir, "/", kv_sweep_result_file(sw));
     char *stderr_path = kv_sweep_join3(p->dir, "/", "stderr.txt");
     int rc = 0;
-    fputs("mkdir -p ", f);
+    fputs("cd ", f);
+    rc |= kv_sweep_shell_quote(f, sw->cwd);
+    fputs(" && mkdir -p ", f);
     rc |= kv_sweep_shell_quote(f, p->dir);
     fputs(" && { test -f ", f);
     rc |= kv_sweep_shell_quote(f, results);
@@ -84,7 +88,8 @@ int kv_sweep_emit(const kv_sweep *sw, const char *kind, char **written, kv_error
         bad_word |= kv_sweep_shell_quote(f, path);
         fputs(")\n# Collect:  kvsim sweep --collect ", f);
         bad_word |= kv_sweep_shell_quote(f, sw->out_dir);
-        fputs("\n# A task whose point already has results.json does nothing, so resubmitting resumes.\n", f);
+        fprintf(f, "\n# A task whose point already has %s does nothing, so resubmitting resumes.\n",
+                kv_sweep_result_file(sw));
         fputs("#SBATCH --job-name=kvsim-", f);
         sbatch_word(f, sw->name, 100);
         fprintf(f, "\n#SBATCH --array=0-%zu\n#SBATCH --cpus-per-task=1\n", last);

@@ -14,6 +14,11 @@ struct kv_sweep {
     char *out_dir;         /* absolute */
     char *kvsim;           /* the binary the commands run */
     int zip;               /* mode: zip (else cartesian) */
+    int capacity;          /* output: capacity (kvsim capacity per point; else kvsim run) */
+    char *slo;             /* output: capacity: the --slo text ("ttft_p99_ms=300,tpot_p99_ms=30") */
+    char *attainment;      /* output: capacity: the --attainment text as written, or NULL */
+    char *precision;       /* output: capacity: the --precision text as written, or NULL */
+    char *cwd;             /* the working folder kvsim sweep ran in (absolute): jobs cd there first */
     char **keys;           /* [n_keys] dotted scenario keys, in file order */
     size_t n_keys;
     char **fixed;          /* [n_fixed] "key=value" applied to every point */
