@@ -74,6 +74,7 @@ static int setup_significance(engine *e, const kv_run_inputs *in, kv_run_result 
     if (e->score_model.kind == KV_DIFFKV_SCORES_MEASURED && in->diffkv_curve) {
         e->score_model.table = in->diffkv_curve->table[in->diffkv_curve->n_lengths - 1];
         e->score_model.curve = in->diffkv_curve->n_lengths > 1 ? in->diffkv_curve : NULL;
+        e->diffkv_curve = in->diffkv_curve;
     }
     snprintf(out->tiers_source, sizeof out->tiers_source, "%s",
              e->score_model.kind == KV_DIFFKV_SCORES_FIXED
@@ -152,6 +153,63 @@ static void setup_tracks(engine *e)
     e->tl_requests = kv_timeline_process(e->tl, name);
 }
 
+/* The requests beyond the longest measured lengths of the policy's curves, and Lynx's band
+   (DiffKV's needs the request's encodings: kv_engine_diffkv_band, when its cache is made). */
+static void count_beyond(engine *e, kv_run_result *out)
+{
+    out->accept_held_mean = out->accept_trend_mean = NAN;
+    out->diffkv_held_high = out->diffkv_held_low = out->diffkv_trend_high = out->diffkv_trend_low = NAN;
+    const kv_accept_curve *a = e->accept_curve;
+    const kv_diffkv_curve *d = e->diffkv_curve;
+    if (a)
+        out->accept_longest_tokens = a->lengths[a->n_lengths - 1];
+    if (d)
+        out->diffkv_longest_tokens = d->lengths[d->n_lengths - 1];
+    for (size_t i = 0; i < e->n_reqs; i++) {
+        const kv_request_spec *sp = &e->reqs[i].spec;
+        if (a && sp->prompt_tokens > out->accept_longest_tokens) {
+            out->accept_beyond_requests++;
+            if (sp->prompt_tokens > out->accept_beyond_max_tokens)
+                out->accept_beyond_max_tokens = sp->prompt_tokens;
+        }
+        int64_t context = (int64_t)sp->prompt_tokens + sp->output_tokens;
+        if (d && context > out->diffkv_longest_tokens) {
+            out->diffkv_beyond_requests++;
+            int ctx = context > INT32_MAX ? INT32_MAX : (int)context;
+            if (ctx > out->diffkv_beyond_max_tokens)
+                out->diffkv_beyond_max_tokens = ctx;
+        }
+    }
+    if (e->n_reqs > 0) {
+        out->accept_beyond_share = (double)out->accept_beyond_requests / (double)e->n_reqs;
+        out->diffkv_beyond_share = (double)out->diffkv_beyond_requests / (double)e->n_reqs;
+    }
+    if (a) {
+        double held = 0, trend = 0;
+        for (int j = 0; j < a->positions; j++) {
+            held += a->accept[a->n_lengths - 1][j] / a->positions;
+            trend += kv_accept_curve_trend(a, j, out->accept_beyond_max_tokens) / a->positions;
+        }
+        if (out->accept_beyond_requests > 0) {
+            out->accept_held_mean = held;
+            out->accept_trend_mean = trend;
+        }
+    }
+}
+
+void kv_engine_diffkv_band(engine *e, const request *r)
+{
+    kv_run_result *out = e->out;
+    int64_t context = (int64_t)r->spec.prompt_tokens + r->spec.output_tokens;
+    if (!e->diffkv_curve || r->cache.kind != KV_CACHE_DIFFKV || !r->cache.dkv || !isnan(out->diffkv_held_high) ||
+        context != out->diffkv_beyond_max_tokens)
+        return; /* one request of the longest context gives the band */
+    kv_diffkv_seq_prefill_shares(r->cache.dkv, out->diffkv_longest_tokens, false, &out->diffkv_held_high,
+                                 &out->diffkv_held_low);
+    kv_diffkv_seq_prefill_shares(r->cache.dkv, out->diffkv_beyond_max_tokens, true, &out->diffkv_trend_high,
+                                 &out->diffkv_trend_low);
+}
+
 /* Every request of the workload, its arrival queued; the policy plans each as it runs (engine_plan.c). */
 static int setup_requests(engine *e, const kv_workload *workload, kv_run_result *out)
 {
@@ -185,6 +243,7 @@ static int setup_requests(engine *e, const kv_workload *workload, kv_run_result 
         r->prefilled = !e->colocated; /* disaggregated: the KV arrives computed */
         kv_eventq_push(&e->q, r->spec.arrival_s, EV_ARRIVAL, (int)i, 0);
     }
+    count_beyond(e, out);
     return KV_OK;
 }
 
