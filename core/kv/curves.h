@@ -19,6 +19,7 @@
 
 #include "core/kv/diffkv.h"
 
+#define KV_CURVE_BEYOND_METHOD "held at the longest measured length" /* results.json's beyond_measured.method */
 #define KV_CURVE_MAX_LENGTHS 16    /* measured prompt lengths per curve */
 #define KV_CURVE_MAX_POSITIONS 64  /* speculative positions per acceptance curve */
 

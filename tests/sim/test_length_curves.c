@@ -1,4 +1,5 @@
 /* test_length_curves.c — the engine reads Lynx acceptance and DiffKV significance at each request's own length (#20). */
+#define _GNU_SOURCE /* open_memstream */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -7,6 +8,8 @@
 #include "core/config/scenario.h"
 #include "core/kv/curves.h"
 #include "core/policy/policy.h"
+#include "core/report/metrics.h"
+#include "core/report/report.h"
 #include "core/sim/engine.h"
 #include "core/sim/engine_config.h"
 #include "core/workload/workload.h"
@@ -245,6 +248,35 @@ Test(length_curves, diffkv_spread_growing_with_length_gives_other_tiers_at_8k_th
     kv_scenario_destroy(f.s);
 }
 
+/* The table marks the row and says why under it; results.json carries the figures. */
+static void expect_reported(const fixture *f, const kv_run_result *r)
+{
+    char *path = kvt_source("policies/lynx.lua");
+    kv_policy *p = kvt_policy_load(path, NULL, 0);
+    free(path);
+    kv_policy_outcome o = {.name = "lynx", .file = "lynx.lua", .policy = p, .run = *r};
+    kv_summary_compute(&o.run, 1.0, &o.summary);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&text, &len);
+    cr_assert_not_null(mem);
+    kv_report_table(mem, f->s, &o, 1);
+    kv_report_json(mem, f->s, &o, 1);
+    fclose(mem);
+    cr_expect(strstr(text, "\nlynx\xe2\x80\xa0 "), "the row is marked:\n%s", text);
+    cr_expect(strstr(text, "% of requests beyond the measured 8,192 prompt tokens: acceptance held there (mean 0.50); "
+                           "trend band 0.35\xe2\x80\x93" "0.50"),
+              "the footnote:\n%s", text);
+    cr_expect(strstr(text, "\"beyond_measured\":{\"method\":\"held at the longest measured length\",\"lynx\":{"
+                           "\"longest_measured_tokens\":8192,"),
+              "results.json:\n%s", text);
+    const char *trend = strstr(text, "\"trend_mean_accept\":");
+    cr_expect(trend && fabs(strtod(trend + strlen("\"trend_mean_accept\":"), NULL) - 0.35) < 1e-12,
+              "results.json:\n%s", text);
+    free(text);
+    kv_policy_destroy(p);
+}
+
 Test(length_curves, requests_beyond_the_longest_length_are_counted_with_the_band)
 {
     fixture f;
@@ -269,6 +301,7 @@ Test(length_curves, requests_beyond_the_longest_length_are_counted_with_the_band
     /* 16384 is 4/3 of the way from 1024 to 8192 again in log length: 0.95 - 4/3 x 0.45 = 0.35. */
     cr_expect(fabs(r.accept_trend_mean - 0.35) < 1e-12, "trend %g", r.accept_trend_mean);
     cr_expect(isnan(r.diffkv_held_high), "no DiffKV curve");
+    expect_reported(&f, &r);
     kv_run_result_free(&r);
 
     kv_diffkv_curve d = diffkv_curve2(1024, narrow_z, 8192, wide_z);
