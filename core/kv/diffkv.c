@@ -1,5 +1,6 @@
 /* diffkv.c — DiffKV tier decisions: the exact per-head process and the per-sequence count process. */
 #include "core/kv/diffkv.h"
+#include "core/kv/curves.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -304,7 +305,16 @@ struct kv_diffkv_seq {
     uint32_t *thp_prefill, *thl_prefill; /* [heads] the same for prompt tokens at the end of a prefill */
     uint32_t *window;     /* [heads] W */
     uint64_t total_high, total_low;
+    /* Measured at several lengths (m->curve): the thresholds follow the context length. */
+    const kv_diffkv_curve *curve;  /* borrowed; NULL: the thresholds above at every length */
+    kv_diffkv_score_model model;   /* the score model, for the probabilities at each measured length */
+    kv_diffkv_head_params *params; /* [heads] copy */
+    double *cum_lo, *cum_hi;       /* [2][heads] exit P(pruned) then P(not high) at lengths br_lo, br_hi */
+    int br_lo, br_hi, br_q;        /* the exit thresholds in use: bracket, w in steps of 1/KV_DIFFKV_W_STEPS */
+    int64_t recheck_lo, recheck_hi;/* context lengths within which the exit thresholds stay as they are */
 };
+
+#define KV_DIFFKV_W_STEPS 256 /* decode reads a bracket's weight in these steps (thresholds change rarely) */
 
 /* A 32-bit integer hash with good avalanche (lowbias32, by C. Wellons). */
 static inline uint32_t mix32(uint32_t x)
@@ -363,7 +373,142 @@ kv_diffkv_seq *kv_diffkv_seq_create(const kv_diffkv_score_model *m, const kv_dif
         s->key[h] = (uint32_t)kv_rng_u64(&rng);
         s->window[h] = params[h].window > 0 ? (uint32_t)params[h].window : 0;
     }
+    if (m->kind == KV_DIFFKV_SCORES_MEASURED && m->curve && m->curve->n_lengths > 1) {
+        s->curve = m->curve;
+        s->model = *m;
+        s->params = kv_calloc(n, sizeof *s->params);
+        memcpy(s->params, params, (size_t)heads * sizeof *params);
+        s->cum_lo = kv_calloc(2 * n, sizeof *s->cum_lo);
+        s->cum_hi = kv_calloc(2 * n, sizeof *s->cum_hi);
+        s->br_lo = s->br_hi = -1;
+    }
     return s;
+}
+
+/* Head h's P(pruned) and P(not high) at measured length i (prefill or window exit). */
+static void length_cum(const kv_diffkv_seq *s, int i, bool prefill, int h, double *pruned, double *not_high)
+{
+    kv_diffkv_score_model mi = s->model;
+    mi.table = s->curve->table[i];
+    double ph, pl, pp;
+    probabilities(&mi, &s->params[h], prefill, &ph, &pl, &pp);
+    *pruned = pp;
+    *not_high = pp + pl;
+}
+
+static double mix_w(double a, double b, double w)
+{
+    return w == 0.0 ? a : (1.0 - w) * a + w * b;
+}
+
+static void set_thresholds(uint32_t *th_pruned, uint32_t *th_low, double pp, double not_high)
+{
+    *th_pruned = threshold(pp);
+    *th_low = threshold(not_high);
+    if (*th_low < *th_pruned)
+        *th_low = *th_pruned;
+}
+
+/* The exit thresholds at context length L: the probabilities of the measured lengths bracketing L,
+   interpolated in log(L) (kv_curve_locate) with the weight in steps of 1 / KV_DIFFKV_W_STEPS; each
+   bracket's per-head probabilities are computed once when L enters it. */
+static void exit_thresholds_at(kv_diffkv_seq *s, int64_t L)
+{
+    if (L >= s->recheck_lo && L < s->recheck_hi)
+        return;
+    const kv_diffkv_curve *c = s->curve;
+    int tokens = L > INT32_MAX ? INT32_MAX : (int)L;
+    kv_curve_point p = kv_curve_locate(c->lengths, c->n_lengths, tokens);
+    int q = p.lo == p.hi ? 0 : (int)(p.w * KV_DIFFKV_W_STEPS);
+    if (q >= KV_DIFFKV_W_STEPS)
+        q = KV_DIFFKV_W_STEPS - 1;
+    /* The lengths where q changes: lengths[lo] x (hi / lo)^(q / steps). */
+    if (p.lo == p.hi) {
+        int last = c->n_lengths - 1;
+        if (tokens <= c->lengths[0]) { /* below (or at) the shortest: its figures up to it */
+            s->recheck_lo = 0;
+            s->recheck_hi = (int64_t)c->lengths[0] + 1;
+        } else { /* at a measured length, or held beyond the longest */
+            s->recheck_lo = c->lengths[p.lo];
+            s->recheck_hi = p.lo == last ? INT64_MAX : (int64_t)c->lengths[p.lo] + 1;
+        }
+    } else {
+        double a = log((double)c->lengths[p.lo]), span = log((double)c->lengths[p.hi]) - a;
+        s->recheck_lo = (int64_t)ceil(exp(a + span * q / KV_DIFFKV_W_STEPS));
+        s->recheck_hi = (int64_t)ceil(exp(a + span * (q + 1) / KV_DIFFKV_W_STEPS));
+        if (s->recheck_lo > L)
+            s->recheck_lo = L; /* rounding: L itself is inside */
+        if (s->recheck_hi <= L)
+            s->recheck_hi = L + 1;
+    }
+    if (p.lo == s->br_lo && p.hi == s->br_hi && q == s->br_q)
+        return;
+    int n = s->heads;
+    if (p.lo != s->br_lo || p.hi != s->br_hi) {
+        for (int h = 0; h < n; h++) {
+            length_cum(s, p.lo, false, h, &s->cum_lo[h], &s->cum_lo[n + h]);
+            if (p.hi != p.lo)
+                length_cum(s, p.hi, false, h, &s->cum_hi[h], &s->cum_hi[n + h]);
+            else
+                s->cum_hi[h] = s->cum_lo[h], s->cum_hi[n + h] = s->cum_lo[n + h];
+        }
+        s->br_lo = p.lo;
+        s->br_hi = p.hi;
+    }
+    s->br_q = q;
+    double w = (double)q / KV_DIFFKV_W_STEPS;
+    for (int h = 0; h < n; h++)
+        set_thresholds(&s->th_pruned[h], &s->th_low[h], mix_w(s->cum_lo[h], s->cum_hi[h], w),
+                       mix_w(s->cum_lo[n + h], s->cum_hi[n + h], w));
+}
+
+/* The prefill thresholds at a prompt of `tokens` tokens, interpolated exactly in log(tokens). */
+static void prefill_thresholds_at(kv_diffkv_seq *s, int tokens)
+{
+    kv_curve_point p = kv_curve_locate(s->curve->lengths, s->curve->n_lengths, tokens);
+    for (int h = 0; h < s->heads; h++) {
+        double pp_lo, nh_lo, pp_hi, nh_hi;
+        length_cum(s, p.lo, true, h, &pp_lo, &nh_lo);
+        if (p.hi != p.lo)
+            length_cum(s, p.hi, true, h, &pp_hi, &nh_hi);
+        else
+            pp_hi = pp_lo, nh_hi = nh_lo;
+        set_thresholds(&s->thp_prefill[h], &s->thl_prefill[h], mix_w(pp_lo, pp_hi, p.w), mix_w(nh_lo, nh_hi, p.w));
+    }
+}
+
+void kv_diffkv_seq_prefill_shares(const kv_diffkv_seq *s, int tokens, bool trend, double *high, double *low)
+{
+    double sum_high = 0, sum_low = 0;
+    int n = s->heads;
+    for (int h = 0; h < n; h++) {
+        double pp, nh;
+        if (!s->curve) {
+            pp = (double)s->thp_prefill[h] / 4294967296.0;
+            nh = (double)s->thl_prefill[h] / 4294967296.0;
+        } else {
+            const kv_diffkv_curve *c = s->curve;
+            kv_curve_point p = kv_curve_locate(c->lengths, c->n_lengths, tokens);
+            int lo = p.lo, hi = p.hi;
+            double w = p.w;
+            if (trend && p.beyond) {
+                lo = c->n_lengths - 2;
+                hi = c->n_lengths - 1;
+                w = kv_curve_trend_weight(c->lengths, c->n_lengths, tokens);
+            }
+            double pp_lo, nh_lo, pp_hi, nh_hi;
+            length_cum(s, lo, true, h, &pp_lo, &nh_lo);
+            length_cum(s, hi, true, h, &pp_hi, &nh_hi);
+            pp = mix_w(pp_lo, pp_hi, w);
+            nh = mix_w(nh_lo, nh_hi, w);
+            pp = pp < 0 ? 0 : pp > 1 ? 1 : pp;
+            nh = nh < pp ? pp : nh > 1 ? 1 : nh;
+        }
+        sum_high += 1.0 - nh;
+        sum_low += nh - pp;
+    }
+    *high = n > 0 ? sum_high / n : NAN;
+    *low = n > 0 ? sum_low / n : NAN;
 }
 
 void kv_diffkv_seq_destroy(kv_diffkv_seq *s)
@@ -378,6 +523,9 @@ void kv_diffkv_seq_destroy(kv_diffkv_seq *s)
     kv_free(s->thp_prefill);
     kv_free(s->thl_prefill);
     kv_free(s->window);
+    kv_free(s->params);
+    kv_free(s->cum_lo);
+    kv_free(s->cum_hi);
     kv_free(s);
 }
 
@@ -387,6 +535,10 @@ void kv_diffkv_seq_prefill(kv_diffkv_seq *s, int tokens)
         tokens = 0;
     s->tokens = tokens;
     s->total_high = s->total_low = 0;
+    if (s->curve) {
+        prefill_thresholds_at(s, tokens);
+        s->recheck_lo = s->recheck_hi = 0; /* the next step finds its exit thresholds */
+    }
     for (int h = 0; h < s->heads; h++) {
         uint32_t w = s->window[h] < (uint32_t)tokens ? s->window[h] : (uint32_t)tokens;
         uint32_t high = w, low = 0, key = s->key[h], thl = s->thl_prefill[h], thp = s->thp_prefill[h];
@@ -434,6 +586,8 @@ static inline v4u32 load4(const uint32_t *p)
 void kv_diffkv_seq_step(kv_diffkv_seq *s)
 {
     uint32_t L = (uint32_t)++s->tokens;
+    if (s->curve)
+        exit_thresholds_at(s, L);
     const uint32_t *key = s->key, *thp = s->th_pruned, *thl = s->th_low, *win = s->window;
     uint32_t *high = s->high, *low = s->low;
     uint32_t add_high = 0, add_low = 0;

@@ -37,7 +37,11 @@
  *       - measured (the default): per (layer, KV head) quantile tables of z
  *         measured on the reference model's prefill attention over real text
  *         (core/accuracy/diffkv_scores.h), a head of the simulated model reading
- *         the table of the reference head at the same relative depth;
+ *         the table of the reference head at the same relative depth; measured
+ *         at several lengths (kv_diffkv_score_model.curve), a prefill reads the
+ *         tier probabilities of the tables bracketing its prompt length and a
+ *         decode step those bracketing its context length, interpolated in
+ *         log(length) (core/kv/curves.h; decode in steps of 1/256 of a bracket);
  *       - lognormal: ln z ~ N(-s_h^2/2, s_h), E[z] = 1, s_h varying per head;
  *       - fixed: each token high / low / pruned with fixed probabilities
  *         (the policy's alphas are then ignored).
@@ -140,10 +144,14 @@ double kv_diffkv_table_cdf(const double *q, double x);
    `kv_heads` KV heads reads: the same relative depth and head position. */
 int kv_diffkv_table_row(const kv_diffkv_table *t, int layer, int layers, int kv_head, int kv_heads);
 
+struct kv_diffkv_curve; /* core/kv/curves.h */
+
 /* Where significance comes from when no real attention is run. */
 typedef struct kv_diffkv_score_model {
     kv_diffkv_scores kind;
-    kv_diffkv_table table; /* measured */
+    kv_diffkv_table table; /* measured (at the longest measured length when `curve` is set) */
+    const struct kv_diffkv_curve *curve; /* measured at two or more lengths: the tables by length, read at
+                                      each sequence's own length (borrowed; NULL: `table` at every length) */
     double sigma;         /* lognormal: s of a typical head (sd of ln z) */
     double head_spread;   /* lognormal: sd of ln(s_h / sigma) across (layer, KV head) */
     double high_fraction; /* fixed: share of tokens leaving the window that stay high */
@@ -190,6 +198,12 @@ int kv_diffkv_seq_heads(const kv_diffkv_seq *s);
 int64_t kv_diffkv_seq_tokens(const kv_diffkv_seq *s);       /* context length L */
 const uint32_t *kv_diffkv_seq_high(const kv_diffkv_seq *s); /* [heads] tokens stored high */
 const uint32_t *kv_diffkv_seq_low(const kv_diffkv_seq *s);  /* [heads] tokens stored low */
+/* The mean over heads of the probabilities that a prompt token outside the
+   window stays high (*high) or goes low (*low) at the end of a prefill of
+   `tokens` tokens: as the sequence reads its score model there, or (trend, when
+   tokens is beyond the longest measured length of a curve) on the log-linear
+   trend of the two longest lengths, clamped to [0, 1]. */
+void kv_diffkv_seq_prefill_shares(const kv_diffkv_seq *s, int tokens, bool trend, double *high, double *low);
 /* Sums over heads. */
 void kv_diffkv_seq_totals(const kv_diffkv_seq *s, uint64_t *high, uint64_t *low, uint64_t *pruned);
 

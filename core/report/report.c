@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "core/base/alloc.h"
@@ -17,6 +18,44 @@ static void cell(FILE *out, double v, int width, int prec)
         fprintf(out, " %*.*f", width, prec, v);
 }
 
+/* Whether some request of the run went beyond the longest length its statistics were measured at. */
+static bool beyond(const kv_run_result *r)
+{
+    return r->accept_beyond_requests > 0 || r->diffkv_beyond_requests > 0;
+}
+
+/* A count of tokens with thousands separated: 8,192. */
+static void tokens_text(int v, char *buf, size_t len)
+{
+    if (v >= 1000000)
+        snprintf(buf, len, "%d,%03d,%03d", v / 1000000, v / 1000 % 1000, v % 1000);
+    else if (v >= 1000)
+        snprintf(buf, len, "%d,%03d", v / 1000, v % 1000);
+    else
+        snprintf(buf, len, "%d", v);
+}
+
+/* The footnote under the table for a policy marked with a dagger. */
+static void beyond_footnote(FILE *out, const char *name, const kv_run_result *r)
+{
+    char t[32];
+    if (r->accept_beyond_requests > 0) {
+        tokens_text(r->accept_longest_tokens, t, sizeof t);
+        double lo = fmin(r->accept_held_mean, r->accept_trend_mean), hi = fmax(r->accept_held_mean, r->accept_trend_mean);
+        fprintf(out, "\xe2\x80\xa0 %s: %.0f%% of requests beyond the measured %s prompt tokens: acceptance held there "
+                     "(mean %.2f); trend band %.2f\xe2\x80\x93%.2f\n",
+                name, 100 * r->accept_beyond_share, t, r->accept_held_mean, lo, hi);
+    }
+    if (r->diffkv_beyond_requests > 0) {
+        tokens_text(r->diffkv_longest_tokens, t, sizeof t);
+        double held = r->diffkv_held_high + r->diffkv_held_low, trend = r->diffkv_trend_high + r->diffkv_trend_low;
+        fprintf(out, "\xe2\x80\xa0 %s: %.0f%% of requests beyond the measured %s context tokens: DiffKV tiers held there "
+                     "(kept %.2f, high %.2f); trend band kept %.2f\xe2\x80\x93%.2f, high %.2f\xe2\x80\x93%.2f\n",
+                name, 100 * r->diffkv_beyond_share, t, held, r->diffkv_held_high, fmin(held, trend), fmax(held, trend),
+                fmin(r->diffkv_held_high, r->diffkv_trend_high), fmax(r->diffkv_held_high, r->diffkv_trend_high));
+    }
+}
+
 void kv_report_table(FILE *out, const kv_scenario *s, const kv_policy_outcome *o, size_t n)
 {
     fprintf(out, "\n%s — %s, %d prefill + %d decode x %s (tp %d), network %s %.0f Gbit/s, %zu requests, seed %d\n",
@@ -29,7 +68,10 @@ void kv_report_table(FILE *out, const kv_scenario *s, const kv_policy_outcome *o
             "ttft_spec", "ttft ms", "p99 ttft", ttkt, "tpot ms", "e2el ms", "req/s", "accept");
     for (size_t i = 0; i < n; i++) {
         const kv_summary *m = &o[i].summary;
-        fprintf(out, "%-10.10s", o[i].name);
+        if (beyond(&o[i].run))
+            fprintf(out, "%-.9s\xe2\x80\xa0%*s", o[i].name, 9 - (int)(strlen(o[i].name) < 9 ? strlen(o[i].name) : 9), "");
+        else
+            fprintf(out, "%-10.10s", o[i].name);
         cell(out, m->mean_kv_wire_bytes / 1e6, 9, 1);
         cell(out, m->compression_ratio, 6, 2);
         cell(out, m->transfer_ms.mean, 9, 2);
@@ -48,6 +90,8 @@ void kv_report_table(FILE *out, const kv_scenario *s, const kv_policy_outcome *o
     fprintf(out, "(ms are means over requests unless p99; ttft_spec = first speculative token, ttft = first "
                  "committed token,\n ttkt@K = K-th committed token; accept = accepted / speculated (fixed: drawn from "
                  "lynx.acceptance, not measured); timing: %s)\n", n ? o[0].run.timing_source : "model");
+    for (size_t i = 0; i < n; i++)
+        beyond_footnote(out, o[i].name, &o[i].run);
     kv_report_reading(out, o, n);
     kv_report_memory_table(out, s, o, n);
 }
@@ -124,6 +168,47 @@ static void jstat(FILE *out, const char *name, const kv_stat *st)
     snprintf(key, sizeof key, "p99_%s", name);
     jnum(out, key, st->p99, 1);
     fputc('\n', out);
+}
+
+/* "beyond_measured": the requests longer than the measured lengths of the policy's statistics
+   (core/kv/curves.h), the method, and the band a log-linear trend would give; null parts where the
+   policy read no statistics by length. */
+static void json_beyond(FILE *out, const kv_run_result *r)
+{
+    jkey(out, "beyond_measured");
+    fputc('{', out);
+    jstr(out, "method", KV_CURVE_BEYOND_METHOD, ",");
+    jkey(out, "lynx");
+    if (r->accept_longest_tokens > 0) {
+        fputc('{', out);
+        jnum(out, "longest_measured_tokens", r->accept_longest_tokens, 1);
+        jnum(out, "requests", (double)r->accept_beyond_requests, 1);
+        jnum(out, "share", r->accept_beyond_share, 1);
+        jnum(out, "max_prompt_tokens", r->accept_beyond_max_tokens, 1);
+        jnum(out, "held_mean_accept", r->accept_held_mean, 1);
+        jnum(out, "trend_mean_accept", r->accept_trend_mean, 0);
+        fputs("},", out);
+    } else {
+        fputs("null,", out);
+    }
+    jkey(out, "diffkv");
+    if (r->diffkv_longest_tokens > 0) {
+        fputc('{', out);
+        jnum(out, "longest_measured_tokens", r->diffkv_longest_tokens, 1);
+        jnum(out, "requests", (double)r->diffkv_beyond_requests, 1);
+        jnum(out, "share", r->diffkv_beyond_share, 1);
+        jnum(out, "max_context_tokens", r->diffkv_beyond_max_tokens, 1);
+        jnum(out, "held_high", r->diffkv_held_high, 1);
+        jnum(out, "held_low", r->diffkv_held_low, 1);
+        jnum(out, "held_kept", r->diffkv_held_high + r->diffkv_held_low, 1);
+        jnum(out, "trend_high", r->diffkv_trend_high, 1);
+        jnum(out, "trend_low", r->diffkv_trend_low, 1);
+        jnum(out, "trend_kept", r->diffkv_trend_high + r->diffkv_trend_low, 0);
+        fputc('}', out);
+    } else {
+        fputs("null", out);
+    }
+    fputs("},\n", out);
 }
 
 void kv_report_json(FILE *out, const kv_scenario *s, const kv_policy_outcome *o, size_t n)
@@ -231,6 +316,7 @@ void kv_report_json(FILE *out, const kv_scenario *s, const kv_policy_outcome *o,
         jnum(out, "tier_low_fraction", r->tier_low_fraction, 1);
         jnum(out, "tier_pruned_fraction", r->tier_pruned_fraction, 1);
         fputc('\n', out);
+        json_beyond(out, r);
         jkey(out, "links");
         fputc('[', out);
         size_t shown = 0;

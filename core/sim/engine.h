@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/kv/curves.h"
 #include "core/kv/diffkv.h"
 #include "core/sim/engine_config.h"
 #include "core/base/error.h"
@@ -25,12 +26,12 @@ typedef struct kv_run_inputs {
     const kv_kernel_costs *costs;  /* may be NULL */
     kv_timeline *timeline;         /* may be NULL */
     kv_progress *progress;         /* terminal progress line; may be NULL */
-    const double *accept_conditional; /* measured per-position acceptance (NULL: the scenario's) */
-    int accept_positions;
-    const kv_diffkv_table *diffkv_table; /* diffkv.scores: measured: z per reference head (borrowed;
+    const kv_accept_curve *accept_curve; /* measured per-position acceptance by prompt length (borrowed;
+                                      NULL: the scenario's fixed acceptance) */
+    const kv_diffkv_curve *diffkv_curve; /* diffkv.scores: measured: z per reference head by length (borrowed;
                                       NULL: none, a DiffKV policy then fails) */
-    const char *diffkv_source;     /* what measured the table, for results.json */
-    const char *accept_source;     /* what measured accept_conditional, for results.json (NULL: feed_source) */
+    const char *diffkv_source;     /* what measured the curve, for results.json */
+    const char *accept_source;     /* what measured accept_curve, for results.json (NULL: feed_source) */
     const char *feed_source;       /* what measured the acceptance, for results.json */
     kv_backend *backend;           /* runs the decode nodes' memory managers; NULL: the engine opens
                                       timing.backend (device 0) for the run */
@@ -95,6 +96,22 @@ typedef struct kv_run_result {
     double tier_high_fraction, tier_low_fraction, tier_pruned_fraction;
     uint64_t decode_steps;
     uint64_t events;             /* events processed (for bench sim) */
+    /* Beyond what was measured (core/kv/curves.h): the figures are held at the longest measured
+       length; the band is what the log-linear trend over the two longest lengths would give at the
+       longest request beyond it (equal to the held figure when one length was measured). */
+    int accept_longest_tokens;   /* Lynx: longest prompt length of the acceptance curve (0: no curve) */
+    size_t accept_beyond_requests;/* requests whose prompt is longer */
+    double accept_beyond_share;  /* of all requests (0 when none) */
+    int accept_beyond_max_tokens;/* the longest such prompt (0: none) */
+    double accept_held_mean;     /* mean over positions of the conditional acceptance held there (NaN: none beyond) */
+    double accept_trend_mean;    /* the same on the trend at accept_beyond_max_tokens (NaN: none beyond) */
+    int diffkv_longest_tokens;   /* DiffKV: longest length of the significance curve (0: no curve) */
+    size_t diffkv_beyond_requests;/* requests whose context (prompt + output) is longer */
+    double diffkv_beyond_share;
+    int diffkv_beyond_max_tokens;/* the longest such context (0: none) */
+    /* Mean over heads of the prompt tokens' tier probabilities at the end of prefill: held at
+       diffkv_longest_tokens, and on the trend at diffkv_beyond_max_tokens (NaN: none beyond). */
+    double diffkv_held_high, diffkv_held_low, diffkv_trend_high, diffkv_trend_low;
 } kv_run_result;
 
 /* Runs the simulation. KV_EINPUT for scenario problems found while running

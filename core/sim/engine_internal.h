@@ -128,12 +128,14 @@ typedef struct engine {
     double accept_p;        /* lynx.acceptance */
     const double *accept_pos; /* per-position conditional acceptance, or NULL */
     size_t n_accept_pos;
-    bool accept_from_run;   /* accept_pos is this policy's measured acceptance (kv_run_inputs) */
+    const kv_accept_curve *accept_curve; /* this policy's measured acceptance by prompt length, or NULL */
+    bool accept_from_run;   /* accept_curve is set (kv_run_inputs) */
     int ttkt_k;
     kv_kernel_costs costs;  /* zeroes: roofline */
     kv_backend *be;         /* where the memory managers' free lists and compaction kernels run */
     bool own_be;            /* opened here (timing.backend), closed at the end */
     kv_diffkv_score_model score_model;
+    const kv_diffkv_curve *diffkv_curve; /* this policy's measured significance by length, or NULL */
     kv_diffkv_head_params *head_model; /* [layers * kv_heads] DiffKV per-head factor and table row */
     bool charge_manager;    /* DiffKV: its on-device compaction calls are part of the step */
     uint64_t admit_counter;
@@ -169,6 +171,9 @@ static inline kv_policy_request policy_request(const request *r)
                                r->res->prefill_start_s, r->res->prefill_end_s};
 }
 
+/* engine_setup.c: DiffKV's band beyond the measured lengths (kv_run_result), from the first request of
+   the longest context beyond them once its cache is made. */
+void kv_engine_diffkv_band(engine *e, const request *r);
 /* engine_plan.c: the policy's plan for one request, each part when it takes effect (docs/policies.md). */
 int kv_engine_plan_transfer(engine *e, request *r);   /* transfer hook: r->plan, layers_total */
 int kv_engine_plan_encoding(engine *e, request *r);   /* encode hook: its cache, bytes, kernel costs */

@@ -91,6 +91,7 @@ int kv_engine_plan_encoding(engine *e, request *r)
     if (rc)
         return rc;
     r->cache_made = true;
+    kv_engine_diffkv_band(e, r);
     kv_cache_set_tokens(&r->cache, tokens, e->colocated);
     r->split = residual > 0;
     r->full_per_token = (anchor + residual) / tokens;
