@@ -664,6 +664,9 @@ static int read_accuracy(const reader *r, const kv_jvalue *root, kv_model_stats 
             read_figure(r, e, m, "needle_recall", false, 0, 1, &x->needle_recall, x->needle_recall_ci95))
             return r->err->code;
         x->scored_tokens = scored;
+        for (size_t j = 0; j < i; j++)
+            if (same_set(&s->accuracy[j].encodings, x->encodings.enc, x->encodings.n))
+                return bad(r, e, m, "has the encodings of accuracy[%zu]", j);
         const kv_jvalue *ae = kv_jvalue_get(e, "attention_error");
         if (!ae)
             continue;
