@@ -70,6 +70,7 @@ int kv_engine_config_build(const kv_scenario *s, kv_engine_config *cfg, kv_error
     cfg->n_accept_pos = s->lynx.acceptance_per_position.count;
     cfg->ttkt_k = s->lynx.ttkt_k;
     cfg->acceptance_measured = s->lynx.from != KV_LYNX_FROM_SCENARIO;
+    cfg->acceptance_from = kv_lynx_from_names[s->lynx.from];
     cfg->score_model = (kv_diffkv_score_model){
         .kind = score_kind(s->diffkv.scores), .sigma = s->diffkv.score_sigma,
         .head_spread = s->diffkv.head_spread, .high_fraction = s->diffkv.high_fraction,

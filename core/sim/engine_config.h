@@ -35,8 +35,9 @@ typedef struct kv_engine_config {
     double accept_p;             /* lynx.acceptance */
     const double *accept_pos;    /* lynx.acceptance_per_position (borrowed), or NULL */
     size_t n_accept_pos;
-    bool acceptance_measured;    /* lynx.from: reference-model: a speculating request needs its policy's
+    bool acceptance_measured;    /* lynx.from: reference-model or file: a speculating request needs its policy's
                                     measured acceptance (kv_run_inputs); the fixed values are not used */
+    const char *acceptance_from; /* lynx.from's value, for messages */
     int ttkt_k;                  /* lynx.ttkt_k */
     kv_diffkv_score_model score_model; /* diffkv.*; a run adds its measured table */
     kv_scenario_memory memory;   /* memory.* */

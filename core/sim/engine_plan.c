@@ -33,13 +33,17 @@ int kv_engine_plan_speculation(engine *e, request *r)
     if (r->speculative && e->cfg->acceptance_measured && !e->accept_from_run)
         /* No silent fallback to the fixed lynx.acceptance: say why and what to do. */
         return kv_error_set_key(e->err, KV_EINPUT, "lynx.from",
-                                "lynx.from: reference-model: policy %s speculates %d tokens on request %llu (%d "
-                                "prompt tokens) but has no measured acceptance: its speculate hook answered 0, or "
-                                "its encoding had no anchor/residual split, on the probe requests it was measured "
-                                "with. Make the hook speculate there too, or use the fixed lynx.acceptance with "
-                                "--set lynx.from=scenario (results.json then says so)",
-                                kv_policy_name(e->policy), r->spec_k, (unsigned long long)r->spec.id,
-                                r->spec.prompt_tokens);
+                                "lynx.from: %s: policy %s speculates %d tokens on request %llu (%d prompt tokens) "
+                                "but has no measured acceptance: its speculate hook answered 0, or its encoding had "
+                                "no anchor/residual split, on the probe requests its acceptance was %s. Make the "
+                                "hook speculate there too, or use the fixed lynx.acceptance with --set "
+                                "lynx.from=scenario (results.json then says so)",
+                                e->cfg->acceptance_from, kv_policy_name(e->policy), r->spec_k,
+                                (unsigned long long)r->spec.id,
+                                r->spec.prompt_tokens,
+                                strcmp(e->cfg->acceptance_from, "file") == 0
+                                    ? "looked up with (the workload's median prompt, in the stats file)"
+                                    : "measured with (the workload's prompt lengths)");
     return KV_OK;
 }
 
