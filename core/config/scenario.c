@@ -118,6 +118,9 @@ static const kv_key_spec scenario_keys[] = {
      "mean arrivals per second (fixed with 0: all at time 0)"},
     {"workload.burstiness", KV_KEY_POSITIVE, S(workload.burstiness), "1", 0, 1e6, NULL,
      "gamma shape: < 1 is burstier than Poisson"},
+    {"workload.fit_context", KV_KEY_BOOL, S(workload.fit_context), "false", 0, 0, NULL,
+     "cut each request to the model's context: the prompt to at most context - 1, the output to what remains "
+     "(false: only prompts are cut, and validate warns)"},
     {"workload.prompt", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "prompt length distribution"},
     {"workload.prompt.dist", KV_KEY_ENUM, S(workload.prompt.dist), "fixed", 0, 0, kv_workload_length_names,
      "distribution"},

@@ -113,6 +113,7 @@ typedef struct kv_scenario_workload {
     int requests;
     kv_workload_arrival arrival;
     double rate_per_s, burstiness;
+    bool fit_context; /* cut prompt + output to the model's context */
     kv_length_config prompt, output;
     struct {
         kv_workload_trace_format format;

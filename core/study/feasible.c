@@ -62,7 +62,7 @@ static int check_context(const kv_scenario *s, const kv_workload *wl, bool stric
         if (need > longest)
             longest = need;
     }
-    if (!over)
+    if (!over || s->workload.fit_context) /* fit_context: the requests are cut to the context, as asked */
         return KV_OK;
     const char *trace_keys[] = {"workload.trace.path", "workload"};
     const char *synth_keys[] = {"workload.prompt", "workload.output", "workload"};
@@ -74,7 +74,7 @@ static int check_context(const kv_scenario *s, const kv_workload *wl, bool stric
         kv_scenario_where_first(s, synth_keys, 3, &key, w, sizeof w);
     snprintf(msg, sizeof msg,
              "%s: %s: %zu of %zu requests need more than %s's context of %d tokens (prompt + output, up to %ld; "
-             "prompts longer than the context are cut to it)",
+             "prompts longer than the context are cut to it; workload.fit_context: true cuts prompt + output)",
              w, key, over, n, s->model_card.name, s->model_card.max_context, longest);
     if (over == n)
         return kv_error_set(err, KV_EINPUT, "%s", msg);

@@ -104,6 +104,7 @@ static int make_workload(kv_study *st, double factor, kv_error *err)
     cfg.time_scale = factor == 1.0 ? s->workload.trace.time_scale : kv_study_time_scale(s, factor);
     cfg.repeat = s->workload.trace.repeat;
     cfg.max_prompt_tokens = s->model_card.max_context;
+    cfg.fit_context = s->workload.fit_context;
     char path[4096];
     if (s->workload.trace.format != KV_WORKLOAD_TRACE_NONE) {
         int rc = kv_scenario_find_file(s, s->workload.trace.path, "workload.trace.path", path, sizeof path, err);

@@ -279,6 +279,12 @@ int kv_workload_create(const kv_workload_config *cfg, kv_rng *rng, kv_workload *
     for (size_t i = 0; i < count; i++) {
         if (cfg->max_prompt_tokens > 0 && reqs[i].prompt_tokens > cfg->max_prompt_tokens)
             reqs[i].prompt_tokens = cfg->max_prompt_tokens;
+        if (cfg->fit_context && cfg->max_prompt_tokens > 1 &&
+            (long)reqs[i].prompt_tokens + reqs[i].output_tokens > cfg->max_prompt_tokens) {
+            if (reqs[i].prompt_tokens >= cfg->max_prompt_tokens)
+                reqs[i].prompt_tokens = cfg->max_prompt_tokens - 1;
+            reqs[i].output_tokens = cfg->max_prompt_tokens - reqs[i].prompt_tokens;
+        }
         bool ok = reqs[i].id == i && isfinite(reqs[i].arrival_s) && reqs[i].arrival_s >= 0.0 &&
                   (i == 0 ? reqs[i].arrival_s == 0.0 : reqs[i].arrival_s >= reqs[i - 1].arrival_s) &&
                   reqs[i].prompt_tokens >= 1 && reqs[i].output_tokens >= 1;

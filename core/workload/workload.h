@@ -20,6 +20,7 @@
 #ifndef KV_WORKLOAD_H
 #define KV_WORKLOAD_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -69,6 +70,8 @@ typedef struct kv_workload_config {
                                   k * span * n/(n-1) for n rows spanning `span` seconds, so the mean
                                   rate is kept; `requests` caps the rows of all copies */
     int max_prompt_tokens;     /* clamp (0 = none), e.g. to the model's context */
+    bool fit_context;          /* with max_prompt_tokens: also cut each request's prompt + output to it
+                                  (prompt to at most max - 1, output to what remains) */
 } kv_workload_config;
 
 typedef struct kv_workload kv_workload;

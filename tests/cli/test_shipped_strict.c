@@ -1,6 +1,7 @@
 /* test_shipped_strict.c — every shipped scenario (scenarios/ and scenarios/tutorial/, each .yaml) passes
  * `kvsim validate --strict`: no warning (a request past the model's context, weights plus activations
- * past a device, a request whose KV cannot fit) in what users run first. */
+ * past a device, a request whose KV cannot fit) in what users run first. splitwise-llama2-70b, whose
+ * Azure conversations outgrow Llama-2-70B's context, says workload.fit_context: true. */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
 #include <glob.h>
@@ -9,14 +10,6 @@
 #include <string.h>
 
 #include "tests/support.h"
-
-/* splitwise-llama2-70b replays the whole Azure conversation trace on Llama-2-70B, as splitwise-sim
-   does: 1612 of its 19366 requests need more than the card's 4096-token context (their prompts are cut).
-   That is the trace, not a mistake in the scenario; it is left out here and validates without --strict. */
-static int known_over_context(const char *path)
-{
-    return strstr(path, "/splitwise-llama2-70b.yaml") != NULL;
-}
 
 Test(shipped, every_scenario_validates_strict, .timeout = 240)
 {
@@ -33,13 +26,6 @@ Test(shipped, every_scenario_validates_strict, .timeout = 240)
             char *args = NULL, *out = NULL;
             cr_assert(asprintf(&args, "validate '%s' --strict", path) > 0);
             int rc = kvt_kvsim(args, &out);
-            if (known_over_context(path)) {
-                cr_expect_neq(rc, 0, "%s now passes --strict: drop it from known_over_context", path);
-                free(args);
-                cr_assert(asprintf(&args, "validate '%s'", path) > 0);
-                free(out);
-                rc = kvt_kvsim(args, &out);
-            }
             cr_expect_eq(rc, 0, "kvsim %s: exit %d:\n%s", args, rc, out);
             checked++;
             free(out);

@@ -226,6 +226,32 @@ Test(workload, streams_are_independent)
     kv_workload_destroy(b);
 }
 
+Test(workload, fit_context_cuts_prompt_plus_output_to_the_context)
+{
+    kv_workload_config c = poisson(2000, 10.0);
+    c.prompt = (kv_length_dist){.kind = KV_LEN_UNIFORM, .min = 1, .max = 6000};
+    c.output = (kv_length_dist){.kind = KV_LEN_UNIFORM, .min = 1, .max = 2000};
+    c.max_prompt_tokens = 4096;
+    kv_workload *plain = make(&c, 8);
+    c.fit_context = true;
+    kv_workload *fit = make(&c, 8);
+    long cut = 0;
+    for (size_t i = 0; i < kv_workload_count(fit); i++) {
+        const kv_request_spec *a = kv_workload_get(plain, i), *b = kv_workload_get(fit, i);
+        cr_assert(b->prompt_tokens + b->output_tokens <= 4096, "request %zu: %d + %d", i, b->prompt_tokens,
+                  b->output_tokens);
+        cr_assert(b->prompt_tokens >= 1 && b->output_tokens >= 1);
+        if (a->prompt_tokens + a->output_tokens <= 4096)
+            cr_assert(a->prompt_tokens == b->prompt_tokens && a->output_tokens == b->output_tokens,
+                      "request %zu fits and must be left as it is", i);
+        else
+            cut++;
+    }
+    cr_expect(cut > 500, "about a third should be cut, got %ld", cut);
+    kv_workload_destroy(plain);
+    kv_workload_destroy(fit);
+}
+
 Test(workload, max_prompt_tokens_clamps)
 {
     kv_workload_config c = poisson(2000, 10.0);
