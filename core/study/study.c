@@ -207,12 +207,12 @@ int kv_study_prepare(const kv_scenario *s, kv_study **out, kv_error *err)
         kv_free(prompts);
     }
     /* DiffKV's significance distribution, measured on the reference model (diffkv.scores: measured). */
-    double mean_prompt = 0;
+    int *dkv_prompts = kv_calloc(n_req ? n_req : 1, sizeof *dkv_prompts);
     for (size_t r = 0; r < n_req; r++)
-        mean_prompt += (double)kv_workload_get(st->workload, r)->prompt_tokens / (double)n_req;
+        dkv_prompts[r] = kv_workload_get(st->workload, r)->prompt_tokens;
     for (size_t i = 0; !rc && i < st->n; i++) {
         bool needed = false;
-        rc = kv_diffkv_scores_for_policy(s, st->policies[i], mean_prompt, &st->dkv[i], &needed, err);
+        rc = kv_diffkv_scores_for_policy(s, st->policies[i], dkv_prompts, n_req, &st->dkv[i], &needed, err);
         /* Whether it was measured now or read back is said here, not in results.json: a rerun must
            write the same bytes. */
         if (!rc && needed && st->dkv[i].z)
@@ -220,6 +220,7 @@ int kv_study_prepare(const kv_scenario *s, kv_study **out, kv_error *err)
                     st->dkv[i].cached ? "from the feed cache (measured before on the reference model)"
                                       : "measured on the reference model (now in the feed cache)");
     }
+    kv_free(dkv_prompts);
     if (rc) {
         kv_study_destroy(st);
         return rc;
