@@ -405,6 +405,7 @@ int kv_feed_lynx_curves(const char *model_path, const kv_eval_policy *pols, int 
 
 static void describe(const plan *pl, int k, kv_feed_acceptance *o)
 {
+    o->prompt_tokens = pl->lengths[pl->n_lengths - 1];
     char lengths[96] = "";
     for (int i = 0, at = 0; i < pl->n_lengths && at < (int)sizeof lengths; i++)
         at += snprintf(lengths + at, sizeof lengths - (size_t)at, "%s%d", i ? ", " : "", pl->lengths[i]);

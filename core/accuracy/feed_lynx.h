@@ -53,6 +53,7 @@ typedef struct kv_feed_acceptance {
     double accept_conditional[KV_FEED_MAX_POSITIONS]; /* P(position j accepted | j-1 accepted), [positions] */
     long speculations;    /* speculation samples behind the rates */
     kv_accept_curve curve; /* the same speculations per measured prompt length (accept_conditional pools them) */
+    int prompt_tokens;    /* the longest prompt length measured (curve.lengths' last) */
     bool cached;          /* read from the feed cache instead of measured in this run */
     char source[512];     /* results.json's acceptance_source: model, samples, lengths, clamping */
 } kv_feed_acceptance;
