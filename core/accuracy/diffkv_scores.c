@@ -158,8 +158,8 @@ static int read_tokens(const kv_model *m, const char *const *texts, int n_texts,
 /* The measurement proper: one exact pass of the longest length, one query at a time, significance per lane;
    z[i] receives length i's tables ([2][lanes][POINTS]). */
 static int measure(const char *model_path, const char *const *texts, int n_texts, const int *lengths,
-                   int n_lengths, int window, FILE *progress, double *const *z, int *layers, int *kv_heads,
-                   kv_error *err)
+                   int n_lengths, int window, FILE *progress, double *const *z, const char *const *keys, int *layers,
+                   int *kv_heads, kv_error *err)
 {
     kv_model *m = NULL;
     int rc = kv_model_load(model_path, &m, err);
@@ -220,6 +220,10 @@ static int measure(const char *model_path, const char *const *texts, int n_texts
                 memcpy(zv, exit_z + ln * (size_t)outside_max + first, (size_t)(outside - first) * sizeof *zv);
                 quantiles(zv, outside - first, z[li] + rows + ln * KV_DIFFKV_TABLE_POINTS);
             }
+            /* Cached now: a long pass that is interrupted keeps the lengths it has passed. */
+            kv_diffkv_measured done = {.table = {c->n_layers, c->n_kv_heads, z[li], z[li] + rows}, .z = z[li],
+                                       .tokens = n, .window = window};
+            rc = kv_diffkv_scores_store(keys[li], &done, err);
         }
     }
     *layers = c->n_layers;
@@ -289,18 +293,17 @@ int kv_diffkv_scores_curve(const char *model_path, const char *const *texts, int
             rows = (size_t)cfg.n_layers * (size_t)cfg.n_kv_heads * KV_DIFFKV_TABLE_POINTS;
             out->z = kv_malloc((size_t)n_lengths * 2 * rows * sizeof *out->z);
             double *zs[KV_CURVE_MAX_LENGTHS];
-            for (int i = 0; i < n_lengths; i++)
+            char *keys[KV_CURVE_MAX_LENGTHS] = {NULL};
+            for (int i = 0; i < n_lengths && !rc; i++) {
                 zs[i] = out->z + (size_t)i * 2 * rows;
-            rc = measure(model_path, texts, n_texts, lengths, n_lengths, window, progress, zs, &layers, &kv_heads,
-                         err);
-        }
-        for (int i = 0; i < n_lengths && !rc; i++) {
-            kv_diffkv_measured m = {.table = {layers, kv_heads, out->z + (size_t)i * 2 * rows,
-                                              out->z + (size_t)i * 2 * rows + rows},
-                                    .z = out->z + (size_t)i * 2 * rows, .tokens = lengths[i], .window = window};
-            rc = curve_key(model_path, texts, n_texts, lengths[i], window, key, sizeof key, err);
+                keys[i] = kv_malloc(sizeof key);
+                rc = curve_key(model_path, texts, n_texts, lengths[i], window, keys[i], sizeof key, err);
+            }
             if (!rc)
-                rc = kv_diffkv_scores_store(key, &m, err);
+                rc = measure(model_path, texts, n_texts, lengths, n_lengths, window, progress, zs,
+                             (const char *const *)keys, &layers, &kv_heads, err);
+            for (int i = 0; i < n_lengths; i++)
+                kv_free(keys[i]);
         }
     } else if (!rc) {
         rows = (size_t)layers * (size_t)kv_heads * KV_DIFFKV_TABLE_POINTS;
