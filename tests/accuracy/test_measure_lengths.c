@@ -225,10 +225,6 @@ static const kv_stats_diffkv *shipped_diffkv(kv_model_stats *st)
    (the forward pass is deterministic and a shorter pass gives the prefix's tables). */
 Test(measure_lengths, the_shipped_diffkv_tables_at_1024_measure_again_the_same, .timeout = 1200)
 {
-    char reason[512];
-    char *model = kvt_real_model(reason, sizeof reason);
-    if (!model)
-        KVT_MODEL_MISSING(reason);
     kv_model_stats st;
     const kv_stats_diffkv *d = shipped_diffkv(&st);
     int at = -1;
@@ -236,6 +232,12 @@ Test(measure_lengths, the_shipped_diffkv_tables_at_1024_measure_again_the_same, 
         if (d->curve.lengths[i] == 1024)
             at = i;
     cr_assert_geq(at, 0, "the shipped file has DiffKV at 1024 tokens");
+    char reason[512];
+    char *model = kvt_real_model(reason, sizeof reason);
+    if (!model) {
+        kv_model_stats_free(&st);
+        KVT_MODEL_MISSING(reason);
+    }
     char *dir = kvt_tempdir();
     char cache[4200];
     snprintf(cache, sizeof cache, "%s/cache", dir);
