@@ -389,7 +389,10 @@ int kv_cmd_measure(int argc, char **argv)
         snprintf(st.model.file, sizeof st.model.file, "%s", base_name(model_path));
         snprintf(st.model.sha256, sizeof st.model.sha256, "%s", sha);
         snprintf(st.tool, sizeof st.tool, "kvsim %s", KV_VERSION);
-        int at = snprintf(st.command, sizeof st.command, "kvsim measure");
+        /* Extending a file: its command stays in front, as the earlier step of what made it. */
+        char before[sizeof st.command];
+        snprintf(before, sizeof before, "%s", existing ? st.command : "");
+        int at = snprintf(st.command, sizeof st.command, "%s%skvsim measure", before, before[0] ? "; then " : "");
         for (int i = 1; i < argc && at < (int)sizeof st.command; i++)
             at += snprintf(st.command + at, sizeof st.command - (size_t)at, " %s", argv[i]);
         st.measurement = MEASURE_METHOD;

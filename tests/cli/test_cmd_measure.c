@@ -110,6 +110,9 @@ Test(cmd_measure, writes_a_file_that_reads_back_one_entry_per_split_and_window, 
     }
     cr_expect(one == 1 && two == 1, "a4 measured again at 96 only, a2 kept at 64 and 128");
     cr_expect_eq(st.diffkv[0].curve.n_lengths, 2, "the DiffKV entry kept");
+    cr_expect(strstr(st.command, "--lengths 64,128") && strstr(st.command, "; then kvsim measure") &&
+                  strstr(st.command, "--lengths 96"),
+              "both commands that made the file: %s", st.command);
     kv_model_stats_free(&st);
     free(before);
     free(out);
