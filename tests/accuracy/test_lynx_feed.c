@@ -206,7 +206,7 @@ Test(lynx_feed, missing_model_is_exit_2_with_the_fix)
     snprintf(args, sizeof args, "run %s --quiet --set lynx.from=scenario --out %s/out", path, dir);
     cr_expect_eq(kvt_kvsim(args, &out), 0, "%s", out);
     free(out);
-    /* Policies that do not speculate need no model either. */
+    /* Nor does a scenario whose Lynx and DiffKV statistics come from a file (quickstart: stats/smollm2-135m.json). */
     snprintf(args, sizeof args, "run scenarios/quickstart.yaml --quiet --set workload.requests=4 --out %s/q", dir);
     cr_expect_eq(kvt_kvsim(args, &out), 0, "%s", out);
     free(out);
