@@ -171,7 +171,12 @@ double kv_evalcache_estimate_s(const kv_evalcache *c)
     double prefill = (double)e->n_texts * e->context_tokens + (double)e->needle_count * e->needle_context_tokens;
     double steps = (double)e->n_texts * (e->score_tokens + e->generate_tokens) +
                    (double)e->needle_count * e->generate_tokens;
-    return 0.002 * prefill + 0.04 * steps * rows;
+    /* Scaled by the weights a token passes through, against SmolLM2-135M's 106 million. */
+    const kv_model_config *m = &c->model;
+    double w = (double)m->n_layers * ((double)m->dim * (2.0 * m->dim + 2.0 * m->n_kv_heads * m->head_dim) +
+                                      3.0 * m->dim * m->hidden);
+    double s = (0.002 * prefill + 0.04 * steps * rows) * (w > 0 ? w / 106e6 : 1.0);
+    return s < 1 ? 1 : s;
 }
 
 /* The key of policy i: the base, the speculation k, and every lane's encoding text. */
