@@ -117,6 +117,15 @@ int kv_cmd_eval(int argc, char **argv)
     /* The statistics file is read (and checked) before the model runs: exit 2 now, not at the end. */
     if (!rc && stats_path)
         rc = kv_model_stats_read(stats_path, &stats, &err);
+    if (!rc && stats_path) {
+        const kv_model_config *mc = kv_evalcache_model(cache);
+        if (stats.model.layers != mc->n_layers || stats.model.kv_heads != mc->n_kv_heads)
+            rc = kv_error_set(&err, KV_EINPUT,
+                              "--stats %s: the file's model has %d layers and %d KV heads; the evaluated model %s has "
+                              "%d and %d",
+                              stats_path, stats.model.layers, stats.model.kv_heads, mc->name, mc->n_layers,
+                              mc->n_kv_heads);
+    }
     /* The folder is checked (created, test-written) before the model loads: exit 2 now, not at the end. */
     if (!rc && out_dir)
         rc = kv_outdir_begin(&od, out_dir, owned, 1, kv_cmd_cleanup_slot(), &err);
