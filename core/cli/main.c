@@ -14,8 +14,8 @@ static const kv_command commands[] = {
      "run a parameter sweep in parallel, or write it as cluster jobs (docs/sweeps.md)", kv_cmd_sweep},
     {"validate", "SCENARIO [--set key.path=value]... [--strict]",
      "check a scenario without running or measuring anything: keys, files, and that it fits", kv_cmd_validate},
-    {"eval", "SCENARIO [--set key.path=value]... [--seed N] [--out DIR] [--model PATH] [--quiet]",
-     "accuracy of each policy's KV on the reference model (SmolLM2-135M)", kv_cmd_eval},
+    {"eval", "SCENARIO [--set key.path=value]... [--seed N] [--out DIR] [--stats FILE] [--model PATH] [--quiet]",
+     "accuracy (with 95% intervals) of each policy's KV on the reference model (SmolLM2-135M)", kv_cmd_eval},
     {"bench", "WHAT [options]", "benchmarks that print ratios (kvsim bench --help)", kv_cmd_bench},
     {"help", "scenario | cards", "print the scenario reference or the card/profile reference", kv_cmd_help},
 };
