@@ -696,20 +696,27 @@ int kv_model_stats_read(const char *path, kv_model_stats *out, kv_error *err)
     if (kv_jread_file(path, &root, err))
         return kv_error_prefix(err, "model statistics file: ");
     reader r = {path, err};
-    int rc = check_object(&r, root, "the file", names, 7);
+    /* format and version first: another kind of file, or a later version, is said as such */
+    static const char *const any[] = {NULL};
+    int rc = root->kind == KV_JOBJECT ? KV_OK : check_object(&r, root, "the file", any, 0);
+    const kv_jvalue *f = kv_jvalue_get(root, "format"), *ver = kv_jvalue_get(root, "version");
+    if (!rc && !f)
+        rc = bad(&r, root, "the file", "has no \"format\" (not a kvsim model statistics file)");
     if (!rc) {
-        const kv_jvalue *f = kv_jvalue_get(root, "format");
         if (f->kind != KV_JSTRING || strcmp(f->text, KV_MODEL_STATS_FORMAT) != 0)
             rc = bad(&r, f, "format", "is %s%s%s; expected \"%s\" (not a kvsim model statistics file)",
                      f->kind == KV_JSTRING ? "\"" : kind_name(f->kind), f->kind == KV_JSTRING ? f->text : "",
                      f->kind == KV_JSTRING ? "\"" : "", KV_MODEL_STATS_FORMAT);
     }
+    if (!rc && !ver)
+        rc = bad(&r, root, "the file", "has no \"version\"");
     if (!rc) {
-        const kv_jvalue *ver = kv_jvalue_get(root, "version");
         if (ver->kind != KV_JNUMBER || ver->number != KV_MODEL_STATS_VERSION)
             rc = bad(&r, ver, "version", "is %s; this kvsim reads version %d only", ver->text ? ver->text : "not a number",
                      KV_MODEL_STATS_VERSION);
     }
+    if (!rc)
+        rc = check_object(&r, root, "the file", names, 7);
     if (!rc)
         rc = read_model(&r, root, &out->model);
     if (!rc)

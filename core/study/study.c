@@ -9,6 +9,7 @@
 #include "core/base/alloc.h"
 #include "core/sim/engine.h"
 #include "core/study/feasible.h"
+#include "core/study/study_stats.h"
 #include "core/timing/measure.h"
 #include "core/report/metrics.h"
 #include "core/report/replicates.h"
@@ -37,6 +38,8 @@ struct kv_study {
     kv_diffkv_measured *dkv;  /* [n] DiffKV significance tables (z NULL: none needed) */
     kv_accept_curve *accept_curves; /* [n] accepts[i] by prompt length (n_lengths 0: none) */
     kv_diffkv_curve *dkv_curves;    /* [n] dkv[i] by length, borrowing its z (n_lengths 0: none) */
+    kv_model_stats stats;           /* the scenario's `stats` file, read when lynx.from or diffkv.scores is file;
+                                       the curves from it borrow its tables */
     kv_engine_config engine;  /* what every run's engine reads of the scenario (built by the first run) */
     int engine_built;
     int ran;
@@ -244,6 +247,28 @@ int kv_study_prepare(const kv_scenario *s, kv_study **out, kv_error *err)
             c->table[0] = st->dkv[i].table;
         }
     }
+    /* lynx.from: file, diffkv.scores: file: the curves by length from the model statistics file. */
+    if (!rc && (s->lynx.from == KV_LYNX_FROM_FILE || s->diffkv.scores == KV_DIFFKV_FROM_FILE)) {
+        int *prompts = kv_calloc(n_req ? n_req : 1, sizeof *prompts);
+        for (size_t r = 0; r < n_req; r++)
+            prompts[r] = kv_workload_get(st->workload, r)->prompt_tokens;
+        kv_stats_policy *sp = kv_calloc(st->n, sizeof *sp);
+        rc = kv_study_stats_curves(s, st->policies, st->n, prompts, n_req, &st->stats, sp, err);
+        for (size_t i = 0; !rc && i < st->n; i++) {
+            if (sp[i].accept.n_lengths > 0) {
+                st->accept_curves[i] = sp[i].accept;
+                st->accepts[i].positions = sp[i].accept.positions;
+                st->accepts[i].speculations = sp[i].speculations;
+                snprintf(st->accepts[i].source, sizeof st->accepts[i].source, "%s", sp[i].accept_source);
+            }
+            if (sp[i].diffkv.n_lengths > 0) {
+                st->dkv_curves[i] = sp[i].diffkv;
+                snprintf(st->dkv[i].source, sizeof st->dkv[i].source, "%s", sp[i].diffkv_source);
+            }
+        }
+        kv_free(sp);
+        kv_free(prompts);
+    }
     if (rc) {
         kv_study_destroy(st);
         return rc;
@@ -273,6 +298,7 @@ void kv_study_destroy(kv_study *st)
     kv_free(st->accepts);
     kv_free(st->accept_curves);
     kv_free(st->dkv_curves);
+    kv_model_stats_free(&st->stats);
     kv_workload_destroy(st->workload);
     kv_timeline_destroy(st->timeline);
     kv_replicates_destroy(st->reps);

@@ -43,8 +43,9 @@ Test(scenario_typed, enum_keys_bind_to_their_table_positions)
     expect_each_name_binds("workload.arrival", kv_workload_arrival_names, NULL, get_arrival);
     expect_each_name_binds("workload.prompt.dist", kv_workload_length_names, "workload.prompt.samples=[64]",
                            get_prompt_dist);
-    expect_each_name_binds("lynx.from", kv_lynx_from_names, NULL, get_lynx_from);
-    expect_each_name_binds("diffkv.scores", kv_diffkv_scores_from_names, NULL, get_diffkv_scores);
+    /* `file` needs the statistics file's name (it is read by the study, not at load) */
+    expect_each_name_binds("lynx.from", kv_lynx_from_names, "stats=stats.json", get_lynx_from);
+    expect_each_name_binds("diffkv.scores", kv_diffkv_scores_from_names, "stats=stats.json", get_diffkv_scores);
     expect_each_name_binds("timing.source", kv_timing_source_names, NULL, get_timing_source);
 }
 
