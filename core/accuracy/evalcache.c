@@ -318,8 +318,8 @@ int kv_evalcache_merge_stats(const kv_evalcache *c, const kv_eval_result *r, kv_
     int lanes = c->model.n_layers * c->model.n_kv_heads;
     for (int row = 0; row < r->n_rows; row++) {
         const kv_eval_row *x = &r->rows[row];
-        if (x->policy < 0 || x->policy >= c->n || x->anchor_view || x->reference)
-            continue; /* bf16 against itself is no figure */
+        if (x->policy < 0 || x->policy >= c->n || x->anchor_view)
+            continue; /* the internal reference and the anchor views are no policy's figures */
         kv_acc_figures f;
         kv_evalcache_figures(r, row, c->sc->context_tokens, &f);
         if (!isfinite(f.delta_ppl) || !isfinite(f.top1))

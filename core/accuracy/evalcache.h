@@ -65,7 +65,7 @@ int kv_evalcache_store(const kv_evalcache *c, const kv_eval_result *r, kv_error 
    one, else the eval cache's; out->measured false when neither has them. */
 int kv_evalcache_lookup(const kv_evalcache *c, int i, const kv_model_stats *stats, kv_acc_figures *out,
                         kv_error *err);
-/* kvsim eval --stats: merges every policy row's figures into s->accuracy (an entry with the same encodings is
+/* kvsim eval --stats: merges every policy row's figures (a bf16 policy's too: 0 against itself) into s->accuracy (an entry with the same encodings is
    replaced, others are appended). KV_EINPUT when s's model shape differs from the evaluated model's. */
 int kv_evalcache_merge_stats(const kv_evalcache *c, const kv_eval_result *r, kv_model_stats *s, const char *path,
                              kv_error *err);

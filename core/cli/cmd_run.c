@@ -193,9 +193,16 @@ static int run_accuracy(const run_args *a, const kv_scenario *s, kv_study *study
         return KV_OK;
     }
     const kv_eval_scenario *es = kv_evalcache_scenario(ec);
+    /* The scenario's statistics file first: its accuracy[] entries win over the eval cache. */
+    kv_model_stats stats;
+    memset(&stats, 0, sizeof stats);
+    bool have_stats = s->stats && s->stats[0];
+    if (have_stats)
+        rc = kv_model_stats_read(s->stats, &stats, err);
     kv_acc_figures *acc = kv_calloc((size_t)es->n_policies + 1, sizeof *acc);
     for (int i = 0; i < es->n_policies && !rc; i++)
-        rc = kv_evalcache_lookup(ec, i, NULL, &acc[i], err);
+        rc = kv_evalcache_lookup(ec, i, have_stats ? &stats : NULL, &acc[i], err);
+    kv_model_stats_free(&stats);
     if (rc) {
         kv_free(acc);
         kv_evalcache_destroy(ec);
@@ -211,7 +218,8 @@ static int run_accuracy(const run_args *a, const kv_scenario *s, kv_study *study
     for (size_t k = 0; k < 2; k++)
         for (int i = 0; i < es->n_policies; i++)
             if (acc[i].measured && strcmp(acc[i].source, sources[k]) == 0) {
-                note(notes, sizeof notes, &len, "; from the %s", sources[k]);
+                note(notes, sizeof notes, &len, "; from the %s%s%s", sources[k], k == 0 ? " " : "",
+                     k == 0 ? s->stats : "");
                 break;
             }
     note(notes, sizeof notes, &len, "\n");

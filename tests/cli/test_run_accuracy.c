@@ -168,11 +168,28 @@ Test(run_accuracy, eval_stats_merges_accuracy_entries)
         int n = 0;
         for (const char *p = json; (p = strstr(p, "\"delta_ppl_ci95\"")); p++)
             n++;
-        cr_assert_eq(n, 2, "int4 and lynx (bf16 is the reference), pass %d:\n%s", pass, json);
+        cr_assert_eq(n, 3, "bf16, int4 and lynx, pass %d:\n%s", pass, json);
         cr_assert(strstr(json, "\"encodings\": [\"k=int4"), "%s", json);
         cr_assert(strstr(json, "\"scored_tokens\": 64"), "%s", json);
         free(json);
     }
+    /* kvsim run of a scenario whose `stats:` is that file shows its figures, with an empty eval cache. */
+    char body2[4096], cache2[600];
+    char *plain = kvt_read(f.scenario, NULL);
+    snprintf(body2, sizeof body2, "stats: %s\n%s", stats, plain);
+    free(plain);
+    char *with_stats = kvt_write(f.dir, "with-stats.yaml", body2);
+    snprintf(cache2, sizeof cache2, "%s/cache2", f.dir);
+    setenv("KVSIM_CACHE_DIR", cache2, 1);
+    snprintf(args, sizeof args, "run %s", with_stats);
+    char *run = kvsim_ok(args);
+    char line[512];
+    row_after(run, "accuracy     ttft ms", "int4", line, sizeof line);
+    cr_assert(strstr(line, "\u00b1"), "int4 from the file: '%s'\n%s", line, run);
+    cr_assert(strstr(run, "; from the stats file ") && !strstr(run, "accuracy: not measured"), "%s", run);
+    free(run);
+    free(with_stats);
+    snprintf(args, sizeof args, "eval %s --quiet --stats %s", f.scenario, stats);
     /* Another model's shape: exit 2 naming the file, before any measurement. */
     stats_body(body, sizeof body, 1);
     free(stats);
