@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core/base/alloc.h"
+#include "core/base/ci.h"
 #include "core/base/infile.h"
 #include "core/base/rng.h"
 
@@ -289,6 +290,26 @@ static double log_prob(const float *logits, int n, int32_t target)
     return (double)logits[target] - mx - log(sum);
 }
 
+/* Folds one text's paired NLL differences (d[r * stride + i], i < n) into each row's blocks of
+   KV_EVAL_BLOCK_TOKENS consecutive tokens; a last block shorter than that joins the one before it. */
+static void add_blocks(evaluator *ev, const double *d, int stride, int n)
+{
+    if (n <= 0)
+        return;
+    int B = KV_EVAL_BLOCK_TOKENS, nb = n / B > 0 ? n / B : 1;
+    for (int r = 0; r < ev->res->n_rows; r++) {
+        kv_eval_row *row = &ev->res->rows[r];
+        row->block_delta = kv_realloc(row->block_delta, (size_t)(row->n_blocks + nb) * sizeof *row->block_delta);
+        for (int b = 0; b < nb; b++) {
+            int from = b * B, to = b + 1 == nb ? n : from + B;
+            double sum = 0;
+            for (int i = from; i < to; i++)
+                sum += d[(size_t)r * stride + i];
+            row->block_delta[row->n_blocks++] = sum / (to - from);
+        }
+    }
+}
+
 /* Perplexity and top-1 agreement, teacher-forced on the text after the prompt. */
 static int score_text(evaluator *ev, const prompt *p, const kv_kvstore *prefilled, kv_error *err)
 {
@@ -300,6 +321,10 @@ static int score_text(evaluator *ev, const prompt *p, const kv_kvstore *prefille
         return rc;
     }
     int32_t *tok = kv_malloc((size_t)R * sizeof *tok);
+    int n_scored = p->n_cont > 1 ? p->n_cont - 1 : 0;
+    /* d[r * n_scored + i]: row r's NLL minus the reference's at scored token i (paired). */
+    double *d = kv_calloc((size_t)R * (size_t)(n_scored ? n_scored : 1), sizeof *d), *nll = kv_malloc((size_t)R * sizeof *nll);
+    int done = 0;
     for (int i = 0; i + 1 < p->n_cont && rc == KV_OK; i++) {
         for (int r = 0; r < R; r++)
             tok[r] = p->cont[i];
@@ -310,12 +335,20 @@ static int score_text(evaluator *ev, const prompt *p, const kv_kvstore *prefille
         for (int r = 0; r < R; r++) {
             kv_eval_row *row = &ev->res->rows[r];
             const float *l = ev->logits + (size_t)r * V;
-            row->nll_sum -= log_prob(l, V, p->cont[i + 1]);
+            nll[r] = -log_prob(l, V, p->cont[i + 1]);
+            row->nll_sum += nll[r];
             row->nll_count++;
             row->top1_agree += kv_argmax(l, V) == best_ref;
             row->top1_total++;
         }
+        for (int r = 0; r < R; r++)
+            d[(size_t)r * n_scored + i] = nll[r] - nll[ref];
+        done++;
     }
+    if (rc == KV_OK)
+        add_blocks(ev, d, n_scored, done);
+    kv_free(d);
+    kv_free(nll);
     kv_free(tok);
     add_stats(ev, stores);
     kv_free(stores);
@@ -788,6 +821,7 @@ void kv_eval_result_destroy(kv_eval_result *r)
         kv_free(r->rows[i].accepted_at);
         kv_free(r->rows[i].samples_at);
         kv_free(r->rows[i].layers);
+        kv_free(r->rows[i].block_delta);
     }
     kv_free(r->rows);
     kv_free(r);
@@ -815,6 +849,94 @@ double kv_eval_row_accept(const kv_eval_row *row, int j)
     if (j < 1 || j > row->spec_k || row->spec_samples == 0)
         return NAN;
     return (double)row->accepted[j - 1] / (double)row->spec_samples;
+}
+
+void kv_eval_row_delta_ppl(const kv_eval_row *row, const kv_eval_row *ref, double *delta, double ci95[2])
+{
+    double ppl = kv_eval_row_ppl(row), ref_ppl = kv_eval_row_ppl(ref);
+    *delta = ppl - ref_ppl;
+    ci95[0] = ci95[1] = NAN;
+    if (isnan(*delta))
+        return;
+    if (row == ref) {
+        ci95[0] = ci95[1] = 0.0;
+        return;
+    }
+    double m, h;
+    kv_ci_mean(row->block_delta, (size_t)row->n_blocks, &m, &h);
+    if (row->n_blocks < 2 || isnan(h))
+        return;
+    /* Centred on the exact mean difference (every token weighs the same), so the interval holds the
+       estimate; the block means give only its spread. */
+    double D = (row->nll_sum - ref->nll_sum) / (double)row->nll_count;
+    ci95[0] = ref_ppl * expm1(D - h);
+    ci95[1] = ref_ppl * expm1(D + h);
+    if (ci95[0] > *delta)
+        ci95[0] = *delta; /* rounding: the estimate stays inside */
+    if (ci95[1] < *delta)
+        ci95[1] = *delta;
+}
+
+static void share_ci(long k, long n, double *share, double ci95[2])
+{
+    *share = n > 0 ? (double)k / (double)n : NAN;
+    kv_ci_wilson(k, n, &ci95[0], &ci95[1]);
+}
+
+/* Agreement with the reference: the reference agrees with itself by construction (no interval). */
+static void agree_ci(const kv_eval_row *row, long k, long n, double *share, double ci95[2])
+{
+    share_ci(k, n, share, ci95);
+    if (row->reference)
+        ci95[0] = ci95[1] = *share;
+}
+
+void kv_eval_row_top1(const kv_eval_row *row, double *share, double ci95[2])
+{
+    agree_ci(row, row->top1_agree, row->top1_total, share, ci95);
+}
+
+void kv_eval_row_greedy(const kv_eval_row *row, double *share, double ci95[2])
+{
+    agree_ci(row, row->greedy_agree, row->greedy_total, share, ci95);
+}
+
+void kv_eval_row_needle(const kv_eval_row *row, double *recall, double ci95[2])
+{
+    share_ci(row->needle_hits, row->needle_total, recall, ci95);
+}
+
+void kv_eval_row_accept_ci(const kv_eval_row *row, int j, double ci95[2])
+{
+    ci95[0] = ci95[1] = NAN;
+    if (j >= 1 && j <= row->spec_k && row->spec_samples > 0)
+        kv_ci_wilson(row->accepted[j - 1], row->spec_samples, &ci95[0], &ci95[1]);
+}
+
+void kv_eval_row_accepted_share(const kv_eval_row *row, double *share, double ci95[2])
+{
+    *share = ci95[0] = ci95[1] = NAN;
+    long S = row->spec_samples;
+    int k = row->spec_k;
+    if (k <= 0 || S <= 0)
+        return;
+    /* accepted[j - 1] speculations kept at least j tokens, so with a the tokens one keeps:
+       sum a = sum_j accepted[j - 1], sum a^2 = sum_j (2j - 1) accepted[j - 1]. */
+    double s1 = 0, s2 = 0;
+    for (int j = 1; j <= k; j++) {
+        s1 += (double)row->accepted[j - 1];
+        s2 += (2.0 * j - 1) * (double)row->accepted[j - 1];
+    }
+    double mean = s1 / (double)S;
+    *share = mean / k;
+    if (S < 2) {
+        ci95[0] = ci95[1] = *share;
+        return;
+    }
+    double var = (s2 - (double)S * mean * mean) / (double)(S - 1);
+    double h = kv_ci_t975((int)(S - 1)) * sqrt(var > 0 ? var : 0) / sqrt((double)S) / k;
+    ci95[0] = *share - h < 0 ? 0 : *share - h;
+    ci95[1] = *share + h > 1 ? 1 : *share + h;
 }
 
 double kv_eval_layer_att_err(const kv_kvstore_layer_stats *l)
@@ -863,26 +985,47 @@ static void print_num(FILE *f, double v, int width, int prec, bool sign, bool ra
     fprintf(f, " %*s", width, buf);
 }
 
+/* " " then "v ±h" right-aligned in width (v with prec decimals, signed if sign; h the larger side of
+   [lo, hi] around v, scaled like v), "v" alone when the interval is unknown, "-" for NaN. */
+static void print_ci(FILE *f, double v, const double ci95[2], double scale, int width, int prec, bool sign)
+{
+    char buf[64];
+    if (isnan(v)) {
+        snprintf(buf, sizeof buf, "-");
+    } else {
+        int n = snprintf(buf, sizeof buf, sign ? "%+.*f" : "%.*f", prec, v * scale);
+        if (!isnan(ci95[0]) && !isnan(ci95[1]) && ci95[1] > ci95[0]) {
+            double h = fmax(ci95[1] - v, v - ci95[0]) * scale;
+            snprintf(buf + n, sizeof buf - (size_t)n, " \u00b1%.*f", prec, h);
+        }
+    }
+    /* "±" is two bytes and one column. */
+    int pad = width - (int)strlen(buf) + (strstr(buf, "\u00b1") ? 1 : 0);
+    fprintf(f, " %*s%s", pad > 0 ? pad : 0, "", buf);
+}
+
 void kv_eval_print(FILE *f, const kv_eval_result *r)
 {
     const kv_model_config *c = &r->model;
     const kv_eval_row *ref = &r->rows[r->reference_row];
-    double ref_ppl = kv_eval_row_ppl(ref);
     fprintf(f, "\nAccuracy on the reference model %s (%d layers, %d heads, %d KV heads, head_dim %d)\n", c->name,
             c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim);
     fprintf(f, "against %s: %d text prompt(s) (%ld scored tokens each row), %d needle prompt(s)\n\n", ref->name,
             r->prompts_text, r->text_tokens_scored, r->prompts_needle);
-    fprintf(f, "%-16s %8s %9s %9s %7s %7s %7s %7s %9s\n", "policy", "KV ratio", "ppl", "delta", "top1%", "agree%",
-            "prefix", "needle", "att err");
+    fprintf(f, "%-16s %8s %9s %15s %11s %12s %7s %7s %9s\n", "policy", "KV ratio", "ppl", "delta ±95%", "top1%",
+            "agree%", "prefix", "needle", "att err");
     for (int i = 0; i < r->n_rows; i++) {
         const kv_eval_row *row = &r->rows[i];
-        double ppl = kv_eval_row_ppl(row);
+        double v, ci[2];
         fprintf(f, "%-16s", row->name);
         print_num(f, kv_eval_row_ratio(row, c->n_layers), 8, 2, false, true);
-        print_num(f, ppl, 9, 3, false, false);
-        print_num(f, ppl - ref_ppl, 9, 3, true, false);
-        print_num(f, row->top1_total ? 100.0 * row->top1_agree / row->top1_total : NAN, 7, 1, false, false);
-        print_num(f, row->greedy_total ? 100.0 * row->greedy_agree / row->greedy_total : NAN, 7, 1, false, false);
+        print_num(f, kv_eval_row_ppl(row), 9, 3, false, false);
+        kv_eval_row_delta_ppl(row, ref, &v, ci);
+        print_ci(f, v, ci, 1.0, 15, 3, true);
+        kv_eval_row_top1(row, &v, ci);
+        print_ci(f, v, ci, 100.0, 11, 1, false);
+        kv_eval_row_greedy(row, &v, ci);
+        print_ci(f, v, ci, 100.0, 12, 1, false);
         print_num(f, row->prefix_count ? row->prefix_sum / row->prefix_count : NAN, 7, 1, false, false);
         if (row->needle_total)
             fprintf(f, " %4ld/%-2ld", row->needle_hits, row->needle_total);
@@ -894,7 +1037,10 @@ void kv_eval_print(FILE *f, const kv_eval_result *r)
     fprintf(f, "\nKV ratio: bf16 bytes / stored bytes (planes + fp16 metadata). ppl: teacher-forced perplexity on the\n"
                "texts after each prompt; top1%%: its argmax equals the reference's; agree%%: free-running greedy\n"
                "tokens equal to the reference's; prefix: identical greedy prefix; att err: relative L2 error of the\n"
-               "attention output against the same queries over bf16 KV. ':anchor' rows decode on anchor-only KV.\n");
+               "attention output against the same queries over bf16 KV. ':anchor' rows decode on anchor-only KV.\n"
+               "±: 95%% confidence interval (the larger side); delta: Student t over blocks of %d consecutive scored\n"
+               "tokens of the paired NLL differences; shares: Wilson (docs/accuracy.md \"How steady these numbers are\").\n",
+            KV_EVAL_BLOCK_TOKENS);
 
     for (int i = 0; i < r->n_rows; i++) {
         const kv_eval_row *row = &r->rows[i];
@@ -908,10 +1054,16 @@ void kv_eval_print(FILE *f, const kv_eval_result *r)
         fprintf(f, "\n  rate");
         for (int j = 1; j <= row->spec_k; j++)
             print_num(f, kv_eval_row_accept(row, j), 5, 2, false, false);
-        double mean = 0;
-        for (int j = 1; j <= row->spec_k; j++)
-            mean += row->spec_samples ? (double)row->accepted[j - 1] / row->spec_samples : 0;
-        fprintf(f, "\n  mean accepted tokens per speculation: %.2f of %d\n", mean, row->spec_k);
+        fprintf(f, "\n  ±95%%");
+        for (int j = 1; j <= row->spec_k; j++) {
+            double ci[2], v = kv_eval_row_accept(row, j);
+            kv_eval_row_accept_ci(row, j, ci);
+            print_num(f, isnan(v) || isnan(ci[0]) ? NAN : fmax(ci[1] - v, v - ci[0]), 5, 2, false, false);
+        }
+        double share, ci[2];
+        kv_eval_row_accepted_share(row, &share, ci);
+        fprintf(f, "\n  mean accepted tokens per speculation: %.2f of %d (95%% CI %.2f..%.2f)\n", share * row->spec_k,
+                row->spec_k, ci[0] * row->spec_k, ci[1] * row->spec_k);
     }
 
     for (int i = 0; i < r->n_rows; i++) {
@@ -975,6 +1127,16 @@ static void json_num(FILE *f, double v)
         fprintf(f, "%.9g", v);
 }
 
+/* `, "name": [lo, hi]` (null ends when unknown). */
+static void json_pair(FILE *f, const char *name, const double ci95[2])
+{
+    fprintf(f, ", \"%s\": [", name);
+    json_num(f, ci95[0]);
+    fputs(", ", f);
+    json_num(f, ci95[1]);
+    fputc(']', f);
+}
+
 int kv_eval_write_json(const kv_eval_result *r, const char *path, kv_error *err)
 {
     char tmp[4096];
@@ -989,8 +1151,11 @@ int kv_eval_write_json(const kv_eval_result *r, const char *path, kv_error *err)
             c->n_heads, c->n_kv_heads, c->head_dim, c->vocab);
     fprintf(f, "  \"reference\": ");
     json_str(f, r->rows[r->reference_row].name);
-    fprintf(f, ",\n  \"prompts_text\": %d,\n  \"prompts_needle\": %d,\n  \"rows\": [\n", r->prompts_text,
-            r->prompts_needle);
+    fprintf(f, ",\n  \"prompts_text\": %d,\n  \"prompts_needle\": %d,\n", r->prompts_text, r->prompts_needle);
+    fprintf(f, "  \"ci95\": {\"delta_ppl\": \"Student t over blocks of %d consecutive scored tokens of the paired NLL "
+               "differences\", \"block_tokens\": %d, \"shares\": \"Wilson\", \"spec_accepted_share\": \"Student t over "
+               "speculations\"},\n  \"rows\": [\n",
+            KV_EVAL_BLOCK_TOKENS, KV_EVAL_BLOCK_TOKENS);
     double ref_ppl = kv_eval_row_ppl(&r->rows[r->reference_row]);
     for (int i = 0; i < r->n_rows; i++) {
         const kv_eval_row *row = &r->rows[i];
@@ -1001,12 +1166,24 @@ int kv_eval_write_json(const kv_eval_result *r, const char *path, kv_error *err)
         json_num(f, kv_eval_row_ratio(row, c->n_layers));
         fprintf(f, ", \"ppl\": ");
         json_num(f, kv_eval_row_ppl(row));
+        double v, ci[2];
         fprintf(f, ", \"delta_ppl\": ");
         json_num(f, kv_eval_row_ppl(row) - ref_ppl);
-        fprintf(f, ", \"top1_agreement\": ");
-        json_num(f, row->top1_total ? (double)row->top1_agree / row->top1_total : NAN);
+        kv_eval_row_delta_ppl(row, &r->rows[r->reference_row], &v, ci);
+        json_pair(f, "delta_ppl_ci95", ci);
+        fprintf(f, ", \"ppl_blocks\": %d", row->n_blocks);
+        kv_eval_row_top1(row, &v, ci);
+        fprintf(f, ",\n     \"top1_agreement\": ");
+        json_num(f, v);
+        json_pair(f, "top1_agreement_ci95", ci);
+        kv_eval_row_greedy(row, &v, ci);
         fprintf(f, ", \"greedy_agreement\": ");
-        json_num(f, row->greedy_total ? (double)row->greedy_agree / row->greedy_total : NAN);
+        json_num(f, v);
+        json_pair(f, "greedy_agreement_ci95", ci);
+        kv_eval_row_needle(row, &v, ci);
+        fprintf(f, ",\n     \"needle_recall\": ");
+        json_num(f, v);
+        json_pair(f, "needle_recall_ci95", ci);
         fprintf(f, ", \"greedy_prefix\": ");
         json_num(f, row->prefix_count ? row->prefix_sum / row->prefix_count : NAN);
         fprintf(f, ", \"needle_hits\": %ld, \"needle_total\": %ld, \"attention_error\": ", row->needle_hits,
@@ -1017,7 +1194,20 @@ int kv_eval_write_json(const kv_eval_result *r, const char *path, kv_error *err)
             json_num(f, kv_eval_row_accept(row, j));
             fputs(j < row->spec_k ? ", " : "", f);
         }
-        fprintf(f, "], \"spec_samples\": %ld,\n     \"layers\": [\n", row->spec_samples);
+        fprintf(f, "], \"spec_accept_rate_ci95\": [");
+        for (int j = 1; j <= row->spec_k; j++) {
+            kv_eval_row_accept_ci(row, j, ci);
+            fputc('[', f);
+            json_num(f, ci[0]);
+            fputs(", ", f);
+            json_num(f, ci[1]);
+            fputs(j < row->spec_k ? "], " : "]", f);
+        }
+        kv_eval_row_accepted_share(row, &v, ci);
+        fprintf(f, "], \"spec_accepted_share\": ");
+        json_num(f, v);
+        json_pair(f, "spec_accepted_share_ci95", ci);
+        fprintf(f, ", \"spec_samples\": %ld,\n     \"layers\": [\n", row->spec_samples);
         for (int l = 0; l < c->n_layers; l++) {
             const kv_kvstore_layer_stats *s = &row->layers[l];
             double t = s->tokens > 0 ? s->tokens : 1;

@@ -19,6 +19,15 @@
  * A policy whose K/V has an anchor split gets a second row, "<name>:anchor",
  * measured on anchor-only KV (what speculation runs on). Results are
  * deterministic: same model, inputs, config and seed → the same numbers.
+ *
+ * Every figure has a 95% confidence interval (docs/accuracy.md "How steady these numbers are"):
+ *  - delta perplexity: from the paired per-token NLL differences against the reference. Neighbouring
+ *    tokens are correlated, so the unit is a block of KV_EVAL_BLOCK_TOKENS consecutive scored tokens of
+ *    one text (a text's last, shorter block joins the one before it): the mean difference D ±
+ *    t(0.975, blocks − 1) · s / sqrt(blocks), s the standard deviation of the block means, mapped to
+ *    perplexity as ppl_ref · (exp(D) − 1) (the reference's own perplexity held as measured);
+ *  - proportions (top-1 and greedy agreement, needle recall, acceptance per position): Wilson intervals;
+ *  - mean accepted fraction of a speculation (accepted tokens / k): Student t over the speculations.
  */
 #ifndef KV_EVAL_H
 #define KV_EVAL_H
@@ -68,6 +77,8 @@ typedef struct kv_eval_config {
     kv_eval_where where;       /* positions of the keys, for messages */
 } kv_eval_config;
 
+#define KV_EVAL_BLOCK_TOKENS 32 /* scored tokens per block of the delta-perplexity interval */
+
 typedef struct kv_eval_row {
     char name[96];
     int policy;                /* index into the policies; -1: the internal bf16 reference */
@@ -87,6 +98,9 @@ typedef struct kv_eval_row {
                                   cfg->speculation_lengths (the first equal entry); NULL without them */
     long *samples_at;          /* [n_speculation_lengths]: speculations per entry; NULL without them */
     kv_kvstore_layer_stats *layers; /* [n_layers], summed over prompts */
+    double *block_delta;       /* [n_blocks]: mean NLL difference against the reference (nats) over each
+                                  block of KV_EVAL_BLOCK_TOKENS consecutive scored tokens, owned */
+    int n_blocks;
 } kv_eval_row;
 
 typedef struct kv_eval_result {
@@ -120,6 +134,15 @@ double kv_eval_layer_att_err(const kv_kvstore_layer_stats *l); /* relative L2 er
    reports them (the simulator's DiffKV tiers come from core/accuracy/diffkv_scores.h
    and its Lynx acceptance from core/accuracy/feed_lynx.h). */
 void kv_eval_row_tiers(const kv_eval_row *row, int n_layers, double *high, double *low, double *pruned);
+
+/* Figures with their 95% intervals [ci95[0], ci95[1]] (NaN when nothing was measured; see the top). */
+void kv_eval_row_delta_ppl(const kv_eval_row *row, const kv_eval_row *ref, double *delta, double ci95[2]);
+void kv_eval_row_top1(const kv_eval_row *row, double *share, double ci95[2]);
+void kv_eval_row_greedy(const kv_eval_row *row, double *share, double ci95[2]);
+void kv_eval_row_needle(const kv_eval_row *row, double *recall, double ci95[2]);
+void kv_eval_row_accept_ci(const kv_eval_row *row, int j, double ci95[2]); /* Wilson of position j (1-based) */
+/* The mean share of its k speculated tokens a speculation keeps (accepted / k), t over the speculations. */
+void kv_eval_row_accepted_share(const kv_eval_row *row, double *share, double ci95[2]);
 
 /* The tables (main, Lynx acceptance, DiffKV tiers per layer, attention error per layer). */
 void kv_eval_print(FILE *f, const kv_eval_result *r);

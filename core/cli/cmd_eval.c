@@ -8,54 +8,35 @@
 #include "core/cli/commands.h"
 #include "core/accuracy/eval.h"
 #include "core/accuracy/eval_config.h"
+#include "core/accuracy/evalcache.h"
+#include "core/accuracy/model_stats.h"
 #include "core/config/scenario.h"
 #include "core/policy/policy.h"
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kvsim eval SCENARIO [--set key.path=value]... [--seed N] [--out DIR] [--model PATH] [--quiet]\n\n"
+    fprintf(f, "usage: kvsim eval SCENARIO [--set key.path=value]... [--seed N] [--out DIR] [--stats FILE] [--model PATH]\n"
+               "                  [--quiet]\n\n"
                "Runs the reference model (SmolLM2-135M) with each policy of the scenario's `policies` list\n"
                "compressing its KV cache, and prints accuracy against the bf16-KV run: perplexity,\n"
                "token agreement, needle retrieval, Lynx acceptance per speculative position, DiffKV\n"
                "tiers and compression per layer, attention output error per layer.\n"
-               "The scenario needs an `accuracy:` section (docs/accuracy.md); it is read as `kvsim run` reads it.\n\n"
+               "The scenario needs an `accuracy:` section (docs/accuracy.md); it is read as `kvsim run` reads it.\n"
+               "Every figure has a 95%% confidence interval. Each policy's figures are kept in the feed cache, where\n"
+               "`kvsim run` of the same scenario finds them and shows them beside its latency.\n\n"
                "  --set key.path=value  override any scenario key, as for kvsim run\n"
                "  --seed N      same as --set seed=N\n"
                "  --out DIR     also write DIR/accuracy.json\n"
+               "  --stats FILE  also write each policy's figures into the accuracy[] entries of FILE, a model\n"
+               "                statistics file (docs/stats-format.md; an entry with the same encodings is replaced)\n"
                "  --model PATH  use this GGUF instead of accuracy.model\n"
                "  --quiet       no progress lines on stderr\n\n"
                "The default model is fetched once by scripts/fetch-model.sh. Exit codes: 0 ok, 1 failed, 2 bad input.\n");
 }
 
-/* The policies' encodings for every (layer, KV head) of the model. */
-static int load_policies(const kv_eval_scenario *sc, const kv_model_config *c, kv_policy **pols,
-                         kv_encoding **encs, kv_eval_policy *out, kv_error *err)
-{
-    kv_policy_model card = {"smollm2-135m", c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim};
-    kv_policy_request req = {0, sc->context_tokens, sc->generate_tokens, 0.0};
-    size_t n_lanes = (size_t)c->n_layers * (size_t)c->n_kv_heads;
-    for (int i = 0; i < sc->n_policies; i++) {
-        const kv_policy_spec *ps = &sc->policies[i];
-        int rc = kv_policy_load(ps->name, ps->file, ps->params, ps->n_params, &sc->policy_limits, &pols[i], err);
-        if (rc)
-            return rc;
-        encs[i] = kv_calloc(n_lanes, sizeof *encs[i]);
-        for (int l = 0; l < c->n_layers && !rc; l++)
-            for (int h = 0; h < c->n_kv_heads && !rc; h++)
-                rc = kv_policy_encoding(pols[i], &card, &req, l, h, &encs[i][(size_t)l * c->n_kv_heads + h], err);
-        int k = 0;
-        if (!rc)
-            rc = kv_policy_speculation(pols[i], &req, &k, err);
-        if (rc)
-            return rc;
-        out[i] = (kv_eval_policy){ps->name, encs[i], k};
-    }
-    return KV_OK;
-}
-
 int kv_cmd_eval(int argc, char **argv)
 {
-    const char *scenario = NULL, *out_dir = NULL, *model_arg = NULL;
+    const char *scenario = NULL, *out_dir = NULL, *model_arg = NULL, *stats_path = NULL;
     int quiet = 0, n_sets = 0;
     const char **sets = kv_calloc((size_t)argc + 1, sizeof *sets);
     char *seed_set = NULL;
@@ -84,6 +65,8 @@ int kv_cmd_eval(int argc, char **argv)
                 kv_free(seed_set);
                 return 2;
             }
+        } else if (strcmp(argv[i], "--stats") == 0 && i + 1 < argc) {
+            stats_path = argv[++i];
         } else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc) {
             model_arg = argv[++i];
         } else if (strcmp(argv[i], "--quiet") == 0) {
@@ -107,26 +90,46 @@ int kv_cmd_eval(int argc, char **argv)
     kv_error err;
     kv_error_clear(&err);
     kv_scenario *scen = NULL;
-    kv_eval_scenario *sc = NULL;
+    const kv_eval_scenario *sc = NULL;
+    kv_evalcache *cache = NULL;
     kv_model *m = NULL;
-    kv_policy **pols = NULL;
-    kv_encoding **encs = NULL;
     kv_eval_policy *pp = NULL;
     kv_eval_result *res = NULL;
     kv_backend *be = NULL;
-    char model_path[4096];
+    kv_model_stats stats;
+    memset(&stats, 0, sizeof stats);
+    char why[4200] = "";
     static const char *const owned[] = {"accuracy.json"}; /* the one name eval replaces in DIR (afile.h) */
     kv_outdir od;
     memset(&od, 0, sizeof od);
     int rc = kv_scenario_load(scenario, sets, n_sets, &scen, &err);
+    if (!rc && !scen->accuracy) { /* the eval settings' own message */
+        kv_eval_scenario *none = NULL;
+        rc = kv_eval_scenario_from(scen, &none, &err);
+        kv_eval_scenario_destroy(none);
+    }
     if (!rc)
-        rc = kv_eval_scenario_from(scen, &sc, &err);
+        rc = kv_evalcache_prepare(scen, model_arg, &cache, why, sizeof why, &err);
+    if (!rc && !cache) /* no model file: for eval, bad input (the message names where it looked) */
+        rc = kv_error_set(&err, KV_EINPUT, "%s", why);
+    if (!rc)
+        sc = kv_evalcache_scenario(cache);
+    /* The statistics file is read (and checked) before the model runs: exit 2 now, not at the end. */
+    if (!rc && stats_path)
+        rc = kv_model_stats_read(stats_path, &stats, &err);
+    if (!rc && stats_path) {
+        const kv_model_config *mc = kv_evalcache_model(cache);
+        if (stats.model.layers != mc->n_layers || stats.model.kv_heads != mc->n_kv_heads)
+            rc = kv_error_set(&err, KV_EINPUT,
+                              "--stats %s: the file's model has %d layers and %d KV heads; the evaluated model %s has "
+                              "%d and %d",
+                              stats_path, stats.model.layers, stats.model.kv_heads, mc->name, mc->n_layers,
+                              mc->n_kv_heads);
+    }
     /* The folder is checked (created, test-written) before the model loads: exit 2 now, not at the end. */
     if (!rc && out_dir)
         rc = kv_outdir_begin(&od, out_dir, owned, 1, kv_cmd_cleanup_slot(), &err);
-    if (!rc)
-        rc = model_arg ? kv_eval_model_path(model_arg, model_path, sizeof model_path, &err)
-                       : kv_eval_model_path(sc->model, model_path, sizeof model_path, &err);
+    const char *model_path = cache ? kv_evalcache_model_path(cache) : "";
     if (!rc && !quiet)
         fprintf(stderr, "kvsim eval: loading %s\n", model_path);
     if (!rc)
@@ -137,10 +140,12 @@ int kv_cmd_eval(int argc, char **argv)
             kv_error_prefix(&err, "accuracy.backend: ");
     }
     if (!rc) {
-        pols = kv_calloc((size_t)sc->n_policies, sizeof *pols);
-        encs = kv_calloc((size_t)sc->n_policies, sizeof *encs);
         pp = kv_calloc((size_t)sc->n_policies, sizeof *pp);
-        rc = load_policies(sc, kv_model_get_config(m), pols, encs, pp, &err);
+        for (int i = 0; i < sc->n_policies; i++) {
+            int k = 0;
+            const kv_encoding *e = kv_evalcache_encodings(cache, i, &k);
+            pp[i] = (kv_eval_policy){sc->policies[i].name, e, k};
+        }
     }
     if (!rc) {
         kv_eval_config cfg = {
@@ -165,7 +170,15 @@ int kv_cmd_eval(int argc, char **argv)
                model_path, be ? kv_backend_name(be) : "the reference loop");
         kv_eval_print(stdout, res);
         fflush(stdout);
-        if (out_dir) {
+        rc = kv_evalcache_store(cache, res, &err); /* for kvsim run; a cache that cannot be written is no error */
+        if (!rc && stats_path) {
+            rc = kv_evalcache_merge_stats(cache, res, &stats, stats_path, &err);
+            if (!rc)
+                rc = kv_model_stats_write(stats_path, &stats, &err);
+            if (!rc && !quiet)
+                fprintf(stderr, "kvsim eval: wrote the accuracy entries of %s\n", stats_path);
+        }
+        if (!rc && out_dir) {
             char path[4200];
             snprintf(path, sizeof path, "%s/accuracy.json", kv_outdir_staging(&od));
             rc = kv_eval_write_json(res, path, &err);
@@ -179,18 +192,11 @@ int kv_cmd_eval(int argc, char **argv)
     if (rc)
         fprintf(stderr, "kvsim eval: %s\n", err.msg);
     kv_eval_result_destroy(res);
-    for (int i = 0; sc && i < sc->n_policies; i++) {
-        if (pols)
-            kv_policy_destroy(pols[i]);
-        if (encs)
-            kv_free(encs[i]);
-    }
-    kv_free(pols);
-    kv_free(encs);
     kv_free(pp);
     kv_model_destroy(m);
     kv_backend_close(be);
-    kv_eval_scenario_destroy(sc);
+    kv_model_stats_free(&stats);
+    kv_evalcache_destroy(cache);
     kv_scenario_destroy(scen);
     kv_free(sets);
     kv_free(seed_set);

@@ -1,5 +1,6 @@
 /* cmd_run.c — `kvsim run`, `kvsim validate` and `kvsim help`: load a scenario, run every policy, report. */
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 #include "core/sim/engine.h"
 #include "core/report/metrics.h"
 #include "core/accuracy/eval_config.h"
+#include "core/accuracy/evalcache.h"
 #include "core/report/plot.h"
 #include "core/report/report.h"
 #include "core/config/scenario.h"
@@ -158,6 +160,86 @@ static int parse(int argc, char **argv, run_args *a, char **seed_set)
     return 0;
 }
 
+/* Appends printf-style text to buf[size] (at *len; cut at the end of buf). */
+static void note(char *buf, size_t size, size_t *len, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void note(char *buf, size_t size, size_t *len, const char *fmt, ...)
+{
+    if (*len + 1 >= size)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf + *len, size - *len, fmt, ap);
+    va_end(ap);
+    if (n > 0)
+        *len = *len + (size_t)n < size ? *len + (size_t)n : size - 1;
+}
+
+/* kvsim run: each policy's accuracy on the reference model, as kvsim eval of this scenario measured it (the
+   feed cache), attached to the study with the lines under its table: the model, and what is not measured with
+   the command that measures it. *out (the caller's, kv_free) stays NULL when nothing was looked up. */
+static int run_accuracy(const run_args *a, const kv_scenario *s, kv_study *study, kv_acc_figures **out,
+                        kv_error *err)
+{
+    *out = NULL;
+    char why[4200], notes[8192];
+    size_t len = 0;
+    kv_evalcache *ec = NULL;
+    int rc = kv_evalcache_prepare(s, NULL, &ec, why, sizeof why, err);
+    if (rc)
+        return rc;
+    if (!ec) {
+        note(notes, sizeof notes, &len, "accuracy: not measured: %s\n", why);
+        kv_study_set_accuracy(study, NULL, notes);
+        return KV_OK;
+    }
+    const kv_eval_scenario *es = kv_evalcache_scenario(ec);
+    /* The scenario's statistics file first: its accuracy[] entries win over the eval cache. */
+    kv_model_stats stats;
+    memset(&stats, 0, sizeof stats);
+    bool have_stats = s->stats && s->stats[0];
+    if (have_stats)
+        rc = kv_model_stats_read(s->stats, &stats, err);
+    kv_acc_figures *acc = kv_calloc((size_t)es->n_policies + 1, sizeof *acc);
+    for (int i = 0; i < es->n_policies && !rc; i++)
+        rc = kv_evalcache_lookup(ec, i, have_stats ? &stats : NULL, &acc[i], err);
+    kv_model_stats_free(&stats);
+    if (rc) {
+        kv_free(acc);
+        kv_evalcache_destroy(ec);
+        return rc;
+    }
+    const char *path = kv_evalcache_model_path(ec), *base = strrchr(path, '/');
+    note(notes, sizeof notes, &len,
+         "accuracy: kvsim eval on the reference model %s (%s): %d text(s) x %d scored tokens after %d-token prompts, "
+         "%d needle(s); ±: 95%% CI",
+         kv_evalcache_model(ec)->name, base ? base + 1 : path, es->n_texts, es->score_tokens, es->context_tokens,
+         es->needle_count);
+    static const char *const sources[] = {"stats file", "eval cache"};
+    for (size_t k = 0; k < 2; k++)
+        for (int i = 0; i < es->n_policies; i++)
+            if (acc[i].measured && strcmp(acc[i].source, sources[k]) == 0) {
+                note(notes, sizeof notes, &len, "; from the %s%s%s", sources[k], k == 0 ? " " : "",
+                     k == 0 ? s->stats : "");
+                break;
+            }
+    note(notes, sizeof notes, &len, "\n");
+    int missing = 0;
+    for (int i = 0; i < es->n_policies; i++)
+        if (!acc[i].measured)
+            note(notes, sizeof notes, &len, "%s%s", missing++ ? ", " : "accuracy: not measured for ",
+                 es->policies[i].name);
+    if (missing) {
+        note(notes, sizeof notes, &len, ": run `kvsim eval %s", a->scenario);
+        for (int k = 0; k < a->n_sets; k++)
+            note(notes, sizeof notes, &len, " --set '%s'", a->sets[k]);
+        note(notes, sizeof notes, &len, "` (about %.0f s)\n", kv_evalcache_estimate_s(ec));
+    }
+    kv_study_set_accuracy(study, acc, notes);
+    kv_evalcache_destroy(ec);
+    *out = acc;
+    return KV_OK;
+}
+
 static int run_or_validate(int argc, char **argv, int validate_only)
 {
     run_args a;
@@ -171,6 +253,7 @@ static int run_or_validate(int argc, char **argv, int validate_only)
     kv_error err = {0};
     kv_scenario *s = NULL;
     kv_study *study = NULL;
+    kv_acc_figures *accuracy = NULL; /* kvsim run: each policy's, borrowed by the study's outcomes */
     int plot_rc = 0;
     rc = kv_scenario_load(a.scenario, a.sets, a.n_sets, &s, &err);
     if (!rc && s->note)
@@ -210,6 +293,8 @@ static int run_or_validate(int argc, char **argv, int validate_only)
         } else if (!rc && runs > 1) {
             rc = kv_study_replicate(study, runs, &err);
         }
+        if (!rc)
+            rc = run_accuracy(&a, s, study, &accuracy, &err);
         if (!rc && !a.quiet)
             kv_study_print(study, stdout);
         if (!rc && to_folder)
@@ -242,6 +327,7 @@ static int run_or_validate(int argc, char **argv, int validate_only)
     if (rc)
         fprintf(stderr, "kvsim %s: %s\n", argv[0], err.msg);
     kv_study_destroy(study);
+    kv_free(accuracy);
     kv_scenario_destroy(s);
     kv_free(a.sets);
     kv_free(seed_set);

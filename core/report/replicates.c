@@ -8,42 +8,20 @@
 #include <string.h>
 
 #include "core/base/alloc.h"
+#include "core/base/ci.h"
 #include "core/base/json.h"
 #include "core/base/jsonread.h"
 #include "core/report/report.h"
 
-/* t(0.975, dof) for dof = 1..29 (n = 2..30 runs). */
-static const double t975_table[29] = {
-    12.706204736, 4.302652730, 3.182446305, 2.776445105, 2.570581836, 2.446911851, 2.364624252,
-    2.306004135,  2.262157163, 2.228138852, 2.200985160, 2.178812830, 2.160368656, 2.144786688,
-    2.131449546,  2.119905299, 2.109815578, 2.100922040, 2.093024054, 2.085963447, 2.079613845,
-    2.073873068,  2.068657610, 2.063898562, 2.059538553, 2.055529439, 2.051830516, 2.048407142,
-    2.045229642,
-};
-
+/* The intervals themselves are core/base/ci.h's (kvsim eval uses them too). */
 double kv_replicates_t975(int dof)
 {
-    if (dof < 1)
-        return NAN;
-    return dof <= 29 ? t975_table[dof - 1] : 1.959963985;
+    return kv_ci_t975(dof);
 }
 
 void kv_replicates_mean_ci(const double *x, size_t n, double *mean, double *ci95)
 {
-    double sum = 0;
-    for (size_t i = 0; i < n; i++)
-        sum += x[i];
-    double m = n ? sum / (double)n : NAN;
-    *mean = m;
-    if (n < 2 || !isfinite(m)) {
-        *ci95 = n == 1 && isfinite(m) ? 0.0 : NAN;
-        return;
-    }
-    double ss = 0;
-    for (size_t i = 0; i < n; i++)
-        ss += (x[i] - m) * (x[i] - m);
-    double sd = sqrt(ss / (double)(n - 1));
-    *ci95 = kv_replicates_t975((int)(n - 1)) * sd / sqrt((double)n);
+    kv_ci_mean(x, n, mean, ci95);
 }
 
 kv_replicates *kv_replicates_create(size_t n_policies, int runs)

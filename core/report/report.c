@@ -96,6 +96,50 @@ void kv_report_table(FILE *out, const kv_scenario *s, const kv_policy_outcome *o
     kv_report_memory_table(out, s, o, n);
 }
 
+/* " " then "v ±h" in width columns (v scaled, with prec decimals, signed if sign; h the larger side of the
+   interval), "v" alone without an interval, "-" when not measured. */
+static void acc_cell(FILE *out, bool measured, double v, const double ci[2], double scale, int width, int prec,
+                     bool sign)
+{
+    char buf[64];
+    if (!measured || isnan(v)) {
+        snprintf(buf, sizeof buf, "-");
+    } else {
+        int k = snprintf(buf, sizeof buf, sign ? "%+.*f" : "%.*f", prec, v * scale);
+        if (!isnan(ci[0]) && !isnan(ci[1]) && ci[1] > ci[0])
+            snprintf(buf + k, sizeof buf - (size_t)k, " \u00b1%.*f", prec, fmax(ci[1] - v, v - ci[0]) * scale);
+    }
+    int pad = width - (int)strlen(buf) + (strstr(buf, "\u00b1") ? 1 : 0); /* "±": two bytes, one column */
+    fprintf(out, " %*s%s", pad > 0 ? pad : 0, "", buf);
+}
+
+void kv_report_accuracy_table(FILE *out, const kv_policy_outcome *o, size_t n, const char *notes)
+{
+    bool any = false;
+    for (size_t i = 0; i < n; i++)
+        any |= o[i].accuracy != NULL;
+    if (any) {
+        fprintf(out, "%-10s %9s %8s %15s %12s %12s %12s\n", "accuracy", "ttft ms", "tpot ms", "delta ppl", "top1 agree%",
+                "needle%", "accept%");
+        for (size_t i = 0; i < n; i++) {
+            const kv_acc_figures *a = o[i].accuracy;
+            static const kv_acc_figures none = {0};
+            if (!a)
+                a = &none;
+            fprintf(out, "%-10.10s", o[i].name);
+            cell(out, o[i].summary.ttft_ms.mean, 9, 2);
+            cell(out, o[i].summary.tpot_ms.mean, 8, 3);
+            acc_cell(out, a->measured, a->delta_ppl, a->delta_ppl_ci95, 1.0, 15, 3, true);
+            acc_cell(out, a->measured, a->top1, a->top1_ci95, 100.0, 12, 1, false);
+            acc_cell(out, a->measured, a->needle, a->needle_ci95, 100.0, 12, 0, false);
+            acc_cell(out, a->measured && a->spec_k > 0, a->accept, a->accept_ci95, 100.0, 12, 1, false);
+            fputc('\n', out);
+        }
+    }
+    if (notes && notes[0])
+        fputs(notes, out);
+}
+
 /* Share of decode step time the memory manager took (modelled, or measured when asked for). */
 static double manager_fraction(const kv_run_result *r, bool measured)
 {
@@ -333,6 +377,37 @@ void kv_report_json(FILE *out, const kv_scenario *s, const kv_policy_outcome *o,
             fputc('}', out);
         }
         fputc(']', out);
+        if (o[i].accuracy) { /* kvsim run of a scenario with an `accuracy:` section */
+            const kv_acc_figures *a = o[i].accuracy;
+            fputs(",\n", out);
+            jkey(out, "accuracy");
+            fputc('{', out);
+            fprintf(out, "\"measured\":%s,", a->measured ? "true" : "false");
+            jstr(out, "source", a->measured ? a->source : "not measured", a->measured ? "," : "");
+            if (a->measured) {
+                jnum(out, "context_tokens", a->context_tokens, 1);
+                jnum(out, "scored_tokens", (double)a->scored_tokens, 1);
+                const struct { const char *name; double v; const double *ci; } f[] = {
+                    {"delta_ppl", a->delta_ppl, a->delta_ppl_ci95},
+                    {"top1_agreement", a->top1, a->top1_ci95},
+                    {"needle_recall", a->needle, a->needle_ci95},
+                    {"spec_accepted_share", a->spec_k > 0 ? a->accept : NAN, a->accept_ci95},
+                };
+                for (size_t k = 0; k < sizeof f / sizeof f[0]; k++) {
+                    jnum(out, f[k].name, f[k].v, 1);
+                    char ci[64];
+                    snprintf(ci, sizeof ci, "%s_ci95", f[k].name);
+                    jkey(out, ci);
+                    fputc('[', out);
+                    kv_json_number(out, isnan(f[k].v) ? NAN : f[k].ci[0]);
+                    fputc(',', out);
+                    kv_json_number(out, isnan(f[k].v) ? NAN : f[k].ci[1]);
+                    fputs("],", out);
+                }
+                jnum(out, "spec_k", a->spec_k, 0);
+            }
+            fputc('}', out);
+        }
         if (o[i].replicates_json) { /* kvsim run --seeds N: absent for one run, so its bytes stay as they were */
             fputs(",\n", out);
             fputs(o[i].replicates_json, out);

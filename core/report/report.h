@@ -4,6 +4,7 @@
 
 #include <stdio.h>
 
+#include "core/accuracy/evalcache.h"
 #include "core/sim/engine.h"
 #include "core/report/metrics.h"
 #include "core/config/scenario.h"
@@ -19,9 +20,15 @@ typedef struct kv_policy_outcome {
     kv_summary summary;
     const char *replicates_json; /* several seeds: the "replicates" member of its results.json entry, as
                                     kv_replicates_json renders it (borrowed); NULL: one run */
+    const kv_acc_figures *accuracy; /* kvsim run: its accuracy on the reference model, as kvsim eval measured it
+                                       (borrowed); NULL: not looked up (no `accuracy:` section; capacity, sweeps) */
 } kv_policy_outcome;
 
 void kv_report_table(FILE *out, const kv_scenario *s, const kv_policy_outcome *o, size_t n);
+/* kvsim run's accuracy beside latency: per policy its TTFT and TPOT, then delta perplexity, top-1 agreement,
+   needle recall and Lynx's accepted share, each "value ±95%" ("-": not measured), from o[i].accuracy; then
+   the lines of `notes` (the model measured on, what is not measured and how to measure it). */
+void kv_report_accuracy_table(FILE *out, const kv_policy_outcome *o, size_t n, const char *notes);
 /* The paged-KV memory table (printed under kv_report_table's). */
 void kv_report_memory_table(FILE *out, const kv_scenario *s, const kv_policy_outcome *o, size_t n);
 void kv_report_json(FILE *out, const kv_scenario *s, const kv_policy_outcome *o, size_t n);

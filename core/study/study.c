@@ -47,6 +47,7 @@ struct kv_study {
     double factor;            /* the load factor of the workload in use (1: the scenario's) */
     kv_replicates *reps;      /* kvsim run --seeds N (N > 1); else NULL */
     char **reps_json;         /* [n] each policy's "replicates" member, rendered (open_memstream's: free) */
+    char *accuracy_notes;     /* kvsim run: the accuracy lines under the table (owned); NULL: none */
 };
 
 static kv_length_kind length_kind(kv_workload_length dist)
@@ -302,6 +303,7 @@ void kv_study_destroy(kv_study *st)
     for (size_t i = 0; st->reps_json && i < st->n; i++)
         free(st->reps_json[i]); /* open_memstream's buffers come from malloc */
     kv_free(st->reps_json);
+    kv_free(st->accuracy_notes);
     kv_free(st);
 }
 
@@ -499,6 +501,16 @@ void kv_study_print(const kv_study *st, FILE *out)
         kv_replicates_table(out, st->s, st->outcomes, st->ran ? st->n : 0, st->reps);
     else
         kv_report_table(out, st->s, st->outcomes, st->ran ? st->n : 0);
+    if (st->accuracy_notes)
+        kv_report_accuracy_table(out, st->outcomes, st->ran ? st->n : 0, st->accuracy_notes);
+}
+
+void kv_study_set_accuracy(kv_study *st, const kv_acc_figures *fig, const char *notes)
+{
+    for (size_t i = 0; i < st->n; i++)
+        st->outcomes[i].accuracy = fig ? &fig[i] : NULL;
+    kv_free(st->accuracy_notes);
+    st->accuracy_notes = notes ? kv_strdup(notes) : NULL;
 }
 
 int kv_study_write(const kv_study *st, const char *dir, kv_error *err)

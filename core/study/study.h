@@ -53,6 +53,10 @@ int kv_study_replicate(kv_study *st, int runs, kv_error *err);
 /* Results of kv_study_run, one per policy in scenario order. */
 const kv_policy_outcome *kv_study_outcomes(const kv_study *st, size_t *n);
 void kv_study_print(const kv_study *st, FILE *out);
+/* kvsim run: attaches each policy's accuracy (fig[n], scenario order, borrowed until the study is destroyed;
+   NULL: none looked up) to the outcomes, which results.json then carries, and the lines kv_study_print
+   shows under the table (copied; NULL: none). Call after kv_study_run / kv_study_replicate. */
+void kv_study_set_accuracy(kv_study *st, const kv_acc_figures *fig, const char *notes);
 int kv_study_write(const kv_study *st, const char *dir, kv_error *err);
 
 #endif
