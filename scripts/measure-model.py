@@ -286,38 +286,50 @@ def quantiles(values):
 
 # ---- Measurements --------------------------------------------------------------------------------
 
-def spec_prefixes(L, run):
-    """The prompt prefixes of one length L: L and run - 1 more spread over the quarter below (feed_lynx.c)."""
-    return sorted({max(16, L - int(j * (L // 4) / run)) for j in range(run)})
+def spread(lengths, per_text):
+    """Speculation prefixes: per length L, per_text of them at L - j x (L / 8) / per_text, all distinct
+    (feed_lynx.c's spread); owner[i] is the index of the length prefix i belongs to."""
+    spec, owner = [], []
+    for i, L in enumerate(lengths):
+        for j in range(per_text):
+            l = L - int(j * (L // 8) / per_text)
+            while l > 1 and l in spec:
+                l -= 1
+            spec.append(max(l, 1))
+            owner.append(i)
+    return spec, owner
 
 
 def measure_lynx(M, texts, lengths, lynx, samples, log):
-    """lynx: [(enc, k)]; returns per entry {accept: [[...] per length], samples: [...]}."""
-    torch = M.torch
+    """lynx: [(enc, k)]; samples speculations per length (rounded up to a multiple of the texts), every
+    text giving its share at the same prefixes. Returns the lynx[] entries of the file."""
     per_text = max(1, -(-samples // len(texts)))
+    spec, owner = spread(lengths, per_text)
+    if len(spec) > 64:
+        raise InputError(f"--samples {samples} with {len(lengths)} lengths and {len(texts)} texts: {len(spec)} "
+                         "prefixes per text, at most 64")
     res = [{"accepted": [[0] * k for _ in lengths], "spec": [0] * len(lengths)} for _, k in lynx]
-    k_max = max(k for _, k in lynx)
+    longest = lengths[-1]
     for name, ids in texts:
-        plan = [(li, n) for li, L in enumerate(lengths) for n in spec_prefixes(L, per_text)
-                if n + k_max <= M.context]
-        longest = max(n for _, n in plan)
-        log(f"measure-model: lynx: {name}: prefill of {longest} tokens")
+        log(f"measure-model: lynx: {name}: prefill of {longest} tokens, {len(spec)} speculations per encoding")
         M.reset()
         M.mode, M.stats = "prefill", None
         h = M.hidden(ids[:longest], 0)
-        first = dict(zip([n for _, n in plan], M.argmax_at(h, [n - 1 for _, n in plan])))
+        first = dict(zip(spec, M.argmax_at(h, [n - 1 for n in spec])))
         exact_k, exact_v = list(M.k), list(M.v)
         for e, (enc, k) in enumerate(lynx):
             coded = [M.encode_kv(exact_k[l], exact_v[l], enc) for l in range(M.layers)]  # per-token groups
-            for li, n in plan:
+            for li, n in zip(owner, spec):
+                if n + k > M.context:
+                    continue
                 # speculation: k greedy tokens on anchor-only prompt KV
                 M.k = [coded[l][1][:, :n] for l in range(M.layers)]
                 M.v = [coded[l][3][:, :n] for l in range(M.layers)]
                 M.mode, M.enc = "decode", enc
-                fed, spec = [first[n]], []
+                fed, picks = [first[n]], []
                 for i in range(k):
                     t = M.argmax_at(M.hidden([fed[i]], n + i), [0])[0]
-                    spec.append(t)
+                    picks.append(t)
                     if i + 1 < k:
                         fed.append(t)
                 # verification: the residual has arrived; the k fed tokens at once on merged KV
@@ -325,7 +337,7 @@ def measure_lynx(M, texts, lengths, lynx, samples, log):
                 M.v = [coded[l][2][:, :n] for l in range(M.layers)]
                 verify = M.argmax_at(M.hidden(fed, n), list(range(k)))
                 a = 0
-                while a < k and verify[a] == spec[a]:
+                while a < k and verify[a] == picks[a]:
                     a += 1
                 for j in range(a):
                     res[e]["accepted"][li][j] += 1
@@ -345,37 +357,33 @@ def measure_lynx(M, texts, lengths, lynx, samples, log):
     return out
 
 
-def measure_diffkv(M, texts, lengths, windows, log):
+def measure_diffkv(M, ids, lengths, windows, log):
+    """One exact pass of the longest length over ids (the first text, joined with the next ones while
+    short); each length's tables are those a pass of that length gives (diffkv_scores.c)."""
     torch = M.torch
-    T = max(lengths)
-    pooled = {(W, N, kind, l, g): [] for W in windows for N in lengths for kind in ("prefill", "exit")
-              for l in range(M.layers) for g in range(M.kv_heads)}
-    for name, ids in texts:
-        log(f"measure-model: diffkv: {name}: prefill of {T} tokens")
-        M.reset()
-        M.mode = "prefill"
-        M.stats = DiffkvStats(torch, M.layers, M.kv_heads, T, lengths, windows, M.device)
-        M.hidden(ids[:T], 0)
-        st, M.stats = M.stats, None
-        M.reset()
-        for l in range(M.layers):
-            for g in range(M.kv_heads):
-                for N in lengths:
-                    pos = torch.arange(N, dtype=torch.float64, device=M.device)
-                    zpre = (N * st.acc[(l, g, N)][:N] / (N - pos)).tolist()
-                    for W in windows:
-                        outside = N - W
-                        pooled[(W, N, "prefill", l, g)] += zpre[:outside]
-                        first = outside // 2
-                        i = torch.arange(first, outside, dtype=torch.float64, device=M.device)
-                        zex = (i + W + 1) * st.band[(l, g, W)][first:outside] / (W + 1)
-                        pooled[(W, N, "exit", l, g)] += zex.tolist()
+    T = lengths[-1]
+    log(f"measure-model: diffkv: prefill of {T} tokens")
+    M.reset()
+    M.mode = "prefill"
+    M.stats = DiffkvStats(torch, M.layers, M.kv_heads, T, lengths, windows, M.device)
+    M.hidden(ids[:T], 0)
+    st, M.stats = M.stats, None
+    M.reset()
     out = []
     for W in windows:
         entry = {"window": W, "points": POINTS, "lengths": lengths, "prefill": [], "exit": []}
-        for kind in ("prefill", "exit"):
-            entry[kind] = [[[quantiles(pooled[(W, N, kind, l, g)]) for g in range(M.kv_heads)]
-                            for l in range(M.layers)] for N in lengths]
+        for N in lengths:
+            pre, ex = [], []
+            outside, pos = N - W, torch.arange(N, dtype=torch.float64, device=M.device)
+            first = outside // 2
+            i = torch.arange(first, outside, dtype=torch.float64, device=M.device)
+            for l in range(M.layers):
+                pre.append([quantiles((N * st.acc[(l, g, N)][:N] / (N - pos))[:outside].tolist())
+                            for g in range(M.kv_heads)])
+                ex.append([quantiles(((i + W + 1) * st.band[(l, g, W)][first:outside] / (W + 1)).tolist())
+                           for g in range(M.kv_heads)])
+            entry["prefill"].append(pre)
+            entry["exit"].append(ex)
         out.append(entry)
     return out
 
@@ -500,17 +508,24 @@ def main(argv):
     k_max = max([k for _, k in a.lynx] or [0])
     if a.lengths[-1] + k_max > M.context:
         raise InputError(f"--lengths: {a.lengths[-1]} (+ k = {k_max}) is past the model's context of {M.context}")
-    texts, text_meta = [], []
+    raws = []
     for path in a.texts:
         with open(path, "rb") as f:
-            raw = f.read()
-        ids = tok(raw.decode("utf-8", errors="replace"), add_special_tokens=False)["input_ids"]
-        if len(ids) < a.lengths[-1]:
-            raise InputError(f"--texts: '{path}' has {len(ids)} tokens, fewer than the longest length "
-                             f"{a.lengths[-1]}")
-        texts.append((os.path.basename(path), ids))
-        text_meta.append({"name": os.path.basename(path), "sha256": hashlib.sha256(raw).hexdigest(),
-                          "tokens": len(ids)})
+            raws.append(f.read())
+    encode = lambda raw: tok(raw.decode("utf-8", errors="replace"), add_special_tokens=False)["input_ids"]  # noqa
+    text_meta = [{"name": os.path.basename(p), "sha256": hashlib.sha256(r).hexdigest(), "tokens": len(encode(r))}
+                 for p, r in zip(a.texts, raws)]
+
+    def joined(t, need, cyclic):
+        """Text t, continued with the next texts after a blank line while shorter than need tokens."""
+        raw, ids, j = raws[t], encode(raws[t]), 1
+        while len(ids) < need and j < len(raws) and (cyclic or t + j < len(raws)):
+            raw += b"\n\n" + raws[(t + j) % len(raws)]
+            ids, j = encode(raw), j + 1
+        if len(ids) < need:
+            raise InputError(f"--texts: '{a.texts[t]}' has {len(ids)} tokens (joined with the texts after it), "
+                             f"fewer than the {need} needed")
+        return ids
     model_file = a.gguf or ""
     stats = {
         "format": "kvsim-model-stats",
@@ -525,8 +540,10 @@ def main(argv):
                      "command": " ".join(shlex.quote(x) for x in ["scripts/measure-model.py"] + argv)[:1023],
                      "measurement": MEASUREMENT},
         "texts": text_meta,
-        "lynx": measure_lynx(M, texts, a.lengths, a.lynx, a.samples, log) if a.lynx else [],
-        "diffkv": measure_diffkv(M, texts, a.lengths, a.diffkv_window, log) if a.diffkv_window else [],
+        "lynx": measure_lynx(M, [(text_meta[t]["name"], joined(t, a.lengths[-1] + 1, True))
+                                 for t in range(len(raws))], a.lengths, a.lynx, a.samples, log) if a.lynx else [],
+        "diffkv": measure_diffkv(M, joined(0, a.lengths[-1], False), a.lengths, a.diffkv_window, log)
+                  if a.diffkv_window else [],
     }
     out = os.path.abspath(a.out)
     fd, tmp = tempfile.mkstemp(prefix=".measure-model.", dir=os.path.dirname(out))
