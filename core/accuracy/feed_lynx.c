@@ -235,6 +235,7 @@ static int load_cached(const char *key, int positions, kv_feed_acceptance *o, kv
 
 static void describe(const plan *pl, int k, kv_feed_acceptance *o)
 {
+    o->prompt_tokens = pl->prompt_tokens;
     char lengths[64];
     if (pl->lengths[0] == pl->prompt_tokens)
         snprintf(lengths, sizeof lengths, "%d", pl->prompt_tokens);

@@ -44,6 +44,7 @@ typedef struct kv_feed_acceptance {
     int positions;        /* speculative positions measured; 0: not measured (no speculation or no anchor split) */
     double accept_conditional[KV_FEED_MAX_POSITIONS]; /* P(position j accepted | j-1 accepted), [positions] */
     long speculations;    /* speculation samples behind the rates */
+    int prompt_tokens;    /* the longest prompt length measured (the rates pool every length up to it) */
     bool cached;          /* read from the feed cache instead of measured in this run */
     char source[512];     /* results.json's acceptance_source: model, samples, lengths, clamping */
 } kv_feed_acceptance;

@@ -18,8 +18,8 @@ const char *const kv_workload_arrival_names[] = {"poisson", "gamma", "fixed", NU
 const char *const kv_workload_length_names[] = {"fixed", "uniform", "lognormal", "empirical", NULL};
 const char *const kv_workload_trace_format_names[] = {"none", "azure", "mooncake", "burstgpt", NULL};
 const char *const kv_timing_source_names[] = {"model", "measured", "profile", NULL};
-const char *const kv_lynx_from_names[] = {"reference-model", "scenario", NULL};
-const char *const kv_diffkv_scores_from_names[] = {"measured", "lognormal", "fixed", NULL};
+const char *const kv_lynx_from_names[] = {"reference-model", "scenario", "file", NULL};
+const char *const kv_diffkv_scores_from_names[] = {"measured", "lognormal", "fixed", "file", NULL};
 
 /* The schema stores an enum key as an int. */
 _Static_assert(sizeof(kv_network_model) == sizeof(int) && sizeof(kv_network_topology) == sizeof(int) &&
@@ -38,6 +38,9 @@ static const kv_key_spec scenario_keys[] = {
     {"replicates", KV_KEY_INT, S(replicates), "1", 1, 1000, NULL,
      "kvsim run: run seeds seed..seed+N-1, report mean and 95% CI per metric (--seeds overrides)"},
     {"model", KV_KEY_STRING, S(model), NULL, 0, 0, NULL, "model card: a name under scenarios/models or a path"},
+    {"stats", KV_KEY_STRING, S(stats), "\"\"", 0, 0, NULL,
+     "model statistics file (docs/stats-format.md) read by lynx.from: file and diffkv.scores: file; a relative "
+     "path as workload.trace.path"},
 
     {"cluster", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "prefill and decode pools"},
     {"cluster.prefill", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "the nodes that run prefill"},
@@ -196,7 +199,8 @@ static const kv_key_spec scenario_keys[] = {
     {"lynx", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "speculative decoding on anchor-only KV"},
     {"lynx.from", KV_KEY_ENUM, S(lynx.from), "reference-model", 0, 0, kv_lynx_from_names,
      "where acceptance rates come from: measured per policy (its own bit split) on the reference model, "
-     "cached on disk (needs scripts/fetch-model.sh); scenario: the fixed lynx.acceptance"},
+     "cached on disk (needs scripts/fetch-model.sh); scenario: the fixed lynx.acceptance; file: measured by "
+     "prompt length, from the file `stats` (each policy's encodings must be in it)"},
     {"lynx.acceptance", KV_KEY_DOUBLE, S(lynx.acceptance), "0.9", 0, 1, NULL,
      "with lynx.from: scenario: probability a speculated token is accepted (each position)"},
     {"lynx.acceptance_per_position", KV_KEY_DOUBLELIST, S(lynx.acceptance_per_position), "[]", 0, 1, NULL,
@@ -215,7 +219,8 @@ static const kv_key_spec scenario_keys[] = {
      "measured: significance x context length drawn from its distribution per (layer, KV head) measured on "
      "the reference model (accuracy.model, cached; needs scripts/fetch-model.sh once); lognormal: drawn "
      "from a lognormal with mean 1 (score_sigma, head_spread); both: the policy's alphas decide by DiffKV's "
-     "rule; fixed: high_fraction / low_fraction, alphas ignored"},
+     "rule; fixed: high_fraction / low_fraction, alphas ignored; file: measured tables by prompt length from the "
+     "file `stats` (each DiffKV policy's window must be in it)"},
     {"diffkv.measure_tokens", KV_KEY_INT, S(diffkv.measure_tokens), "0", 0, 2048, NULL,
      "measured: prompt tokens the reference model prefills (0: the workload's mean prompt, rounded to 64, "
      "128..2048)"},
@@ -408,6 +413,12 @@ static int check(kv_scenario *s, kv_error *err)
         return kv_error_set(err, KV_EINPUT, "%s: policies: %zu policies, at most %d can be compared in one run",
                             kv_scenario_where(s, "policies", w, sizeof w), s->policies.count,
                             KV_SCENARIO_MAX_POLICIES);
+    if (s->lynx.from == KV_LYNX_FROM_FILE && s->stats[0] == '\0')
+        return kv_error_set(err, KV_EINPUT, "%s: lynx.from: file needs `stats: PATH`, the model statistics file "
+                            "(docs/stats-format.md)", kv_scenario_where(s, "lynx.from", w, sizeof w));
+    if (s->diffkv.scores == KV_DIFFKV_FROM_FILE && s->stats[0] == '\0')
+        return kv_error_set(err, KV_EINPUT, "%s: diffkv.scores: file needs `stats: PATH`, the model statistics "
+                            "file (docs/stats-format.md)", kv_scenario_where(s, "diffkv.scores", w, sizeof w));
     const char **sorted = sorted_policies(s);
     int rc = KV_OK;
     for (size_t i = 1; !rc && i < s->policies.count; i++)

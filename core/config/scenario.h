@@ -52,11 +52,13 @@ typedef enum kv_timing_source {
 typedef enum kv_lynx_from {
     KV_LYNX_FROM_REFERENCE_MODEL = 0, /* acceptance measured per policy on the reference model */
     KV_LYNX_FROM_SCENARIO = 1,        /* lynx.acceptance(_per_position) */
+    KV_LYNX_FROM_FILE = 2,            /* the model statistics file `stats` (docs/stats-format.md) */
 } kv_lynx_from;
 typedef enum kv_diffkv_scores_from {
     KV_DIFFKV_FROM_MEASURED = 0,  /* quantile tables measured on the reference model */
     KV_DIFFKV_FROM_LOGNORMAL = 1, /* diffkv.score_sigma, diffkv.head_spread */
     KV_DIFFKV_FROM_FIXED = 2,     /* diffkv.high_fraction, diffkv.low_fraction */
+    KV_DIFFKV_FROM_FILE = 3,      /* quantile tables by length from the model statistics file `stats` */
 } kv_diffkv_scores_from;
 
 extern const char *const kv_network_model_names[];
@@ -181,6 +183,7 @@ typedef struct kv_scenario {
     int seed;
     int replicates;        /* kvsim run: seeds seed..seed+replicates-1 (core/report/replicates.h) */
     char *model;
+    char *stats;           /* model statistics file (lynx.from: file, diffkv.scores: file), "" when none */
     kv_scenario_cluster cluster;
     kv_scenario_network network;
     kv_scenario_workload workload;

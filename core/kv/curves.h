@@ -51,10 +51,18 @@ typedef struct kv_curve_point {
 } kv_curve_point;
 
 kv_curve_point kv_curve_locate(const int *lengths, int n_lengths, int tokens);
+/* The band beyond the longest length: the weight w of the log-linear trend
+   over the two longest lengths, figures = (1 - w) x figures[n - 2] +
+   w x figures[n - 1] (w > 1 beyond the longest; 1 when n_lengths < 2: the
+   longest's figures). */
+double kv_curve_trend_weight(const int *lengths, int n_lengths, int tokens);
 
 /* Conditional acceptance of 0-based position pos (the last measured position
    for pos >= positions) at a prompt of `tokens` tokens. */
 double kv_accept_curve_at(const kv_accept_curve *c, int pos, int tokens);
+/* The same on the trend of the two longest lengths (kv_curve_trend_weight),
+   clamped to [0, 1]: the band's figure for a request beyond them. */
+double kv_accept_curve_trend(const kv_accept_curve *c, int pos, int tokens);
 
 /* Checks a curve's invariants (lengths increasing and positive, rates in
    [0, 1], tables of one shape); false and a message in why[len] otherwise. */

@@ -140,10 +140,14 @@ double kv_diffkv_table_cdf(const double *q, double x);
    `kv_heads` KV heads reads: the same relative depth and head position. */
 int kv_diffkv_table_row(const kv_diffkv_table *t, int layer, int layers, int kv_head, int kv_heads);
 
+struct kv_diffkv_curve; /* core/kv/curves.h */
+
 /* Where significance comes from when no real attention is run. */
 typedef struct kv_diffkv_score_model {
     kv_diffkv_scores kind;
-    kv_diffkv_table table; /* measured */
+    kv_diffkv_table table; /* measured (at the longest measured length when `curve` is set) */
+    const struct kv_diffkv_curve *curve; /* measured at two or more lengths: the tables by length, read at
+                                      each sequence's own length (borrowed; NULL: `table` at every length) */
     double sigma;         /* lognormal: s of a typical head (sd of ln z) */
     double head_spread;   /* lognormal: sd of ln(s_h / sigma) across (layer, KV head) */
     double high_fraction; /* fixed: share of tokens leaving the window that stay high */

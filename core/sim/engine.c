@@ -133,9 +133,12 @@ static void commit_tokens(engine *e, request *r, int n, double t)
         res->done_s = t;
 }
 
-/* Conditional acceptance of speculative position i (0-based). */
-static double accept_probability(const engine *e, int i)
+/* Conditional acceptance of speculative position i (0-based) for request r: the measured curve at its
+   prompt length, else the scenario's. */
+static double accept_probability(const engine *e, const request *r, int i)
 {
+    if (e->accept_curve)
+        return kv_accept_curve_at(e->accept_curve, i, r->spec.prompt_tokens);
     if (e->n_accept_pos > 0)
         return e->accept_pos[(size_t)i < e->n_accept_pos ? (size_t)i : e->n_accept_pos - 1];
     return e->accept_p;
@@ -686,7 +689,7 @@ static void on_step_done(engine *e, int d, double now)
             break;
         case ACT_VERIFY: {
             int accepted = 0;
-            while (accepted < r->speculated && kv_rng_uniform(&r->rng) < accept_probability(e, accepted))
+            while (accepted < r->speculated && kv_rng_uniform(&r->rng) < accept_probability(e, r, accepted))
                 accepted++;
             r->res->accepted_tokens += accepted;
             r->res->verifications++;

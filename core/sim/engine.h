@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/kv/curves.h"
 #include "core/kv/diffkv.h"
 #include "core/sim/engine_config.h"
 #include "core/base/error.h"
@@ -25,12 +26,12 @@ typedef struct kv_run_inputs {
     const kv_kernel_costs *costs;  /* may be NULL */
     kv_timeline *timeline;         /* may be NULL */
     kv_progress *progress;         /* terminal progress line; may be NULL */
-    const double *accept_conditional; /* measured per-position acceptance (NULL: the scenario's) */
-    int accept_positions;
-    const kv_diffkv_table *diffkv_table; /* diffkv.scores: measured: z per reference head (borrowed;
+    const kv_accept_curve *accept_curve; /* measured per-position acceptance by prompt length (borrowed;
+                                      NULL: the scenario's fixed acceptance) */
+    const kv_diffkv_curve *diffkv_curve; /* diffkv.scores: measured: z per reference head by length (borrowed;
                                       NULL: none, a DiffKV policy then fails) */
-    const char *diffkv_source;     /* what measured the table, for results.json */
-    const char *accept_source;     /* what measured accept_conditional, for results.json (NULL: feed_source) */
+    const char *diffkv_source;     /* what measured the curve, for results.json */
+    const char *accept_source;     /* what measured accept_curve, for results.json (NULL: feed_source) */
     const char *feed_source;       /* what measured the acceptance, for results.json */
     kv_backend *backend;           /* runs the decode nodes' memory managers; NULL: the engine opens
                                       timing.backend (device 0) for the run */

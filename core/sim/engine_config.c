@@ -11,7 +11,8 @@ static kv_diffkv_scores score_kind(kv_diffkv_scores_from from)
     switch (from) {
     case KV_DIFFKV_FROM_FIXED: return KV_DIFFKV_SCORES_FIXED;
     case KV_DIFFKV_FROM_LOGNORMAL: return KV_DIFFKV_SCORES_LOGNORMAL;
-    case KV_DIFFKV_FROM_MEASURED: break;
+    case KV_DIFFKV_FROM_MEASURED:
+    case KV_DIFFKV_FROM_FILE: break;
     }
     return KV_DIFFKV_SCORES_MEASURED;
 }
@@ -68,7 +69,7 @@ int kv_engine_config_build(const kv_scenario *s, kv_engine_config *cfg, kv_error
     cfg->accept_pos = s->lynx.acceptance_per_position.items;
     cfg->n_accept_pos = s->lynx.acceptance_per_position.count;
     cfg->ttkt_k = s->lynx.ttkt_k;
-    cfg->acceptance_measured = s->lynx.from == KV_LYNX_FROM_REFERENCE_MODEL;
+    cfg->acceptance_measured = s->lynx.from != KV_LYNX_FROM_SCENARIO;
     cfg->score_model = (kv_diffkv_score_model){
         .kind = score_kind(s->diffkv.scores), .sigma = s->diffkv.score_sigma,
         .head_spread = s->diffkv.head_spread, .high_fraction = s->diffkv.high_fraction,

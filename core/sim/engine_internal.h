@@ -128,7 +128,8 @@ typedef struct engine {
     double accept_p;        /* lynx.acceptance */
     const double *accept_pos; /* per-position conditional acceptance, or NULL */
     size_t n_accept_pos;
-    bool accept_from_run;   /* accept_pos is this policy's measured acceptance (kv_run_inputs) */
+    const kv_accept_curve *accept_curve; /* this policy's measured acceptance by prompt length, or NULL */
+    bool accept_from_run;   /* accept_curve is set (kv_run_inputs) */
     int ttkt_k;
     kv_kernel_costs costs;  /* zeroes: roofline */
     kv_backend *be;         /* where the memory managers' free lists and compaction kernels run */

@@ -38,31 +38,43 @@ void kv_engine_free(engine *e)
     kv_eventq_free(&e->q);
 }
 
-/* Lynx: the scenario's acceptance, or the one measured for this policy. */
-static void setup_acceptance(engine *e, const kv_run_inputs *in, kv_run_result *out)
+/* Lynx: the scenario's acceptance, or the one measured for this policy (read at each request's prompt
+   length). KV_EINPUT on a curve that breaks its invariants. */
+static int setup_acceptance(engine *e, const kv_run_inputs *in, kv_run_result *out)
 {
+    char why[256];
+    if (in->accept_curve && !kv_accept_curve_valid(in->accept_curve, why, (int)sizeof why))
+        return kv_error_set(e->err, KV_EINPUT, "measured Lynx acceptance (%s): %s",
+                            in->accept_source ? in->accept_source : "no source", why);
     e->accept_p = e->cfg->accept_p;
     e->accept_pos = e->cfg->accept_pos;
     e->n_accept_pos = e->cfg->n_accept_pos;
     snprintf(out->acceptance_source, sizeof out->acceptance_source, "scenario (lynx.acceptance%s)",
              e->n_accept_pos ? "_per_position" : "");
-    if (in->accept_conditional && in->accept_positions > 0) {
-        e->accept_pos = in->accept_conditional;
-        e->n_accept_pos = (size_t)in->accept_positions;
+    if (in->accept_curve) {
+        e->accept_curve = in->accept_curve;
         e->accept_from_run = true;
         snprintf(out->acceptance_source, sizeof out->acceptance_source, "%s",
                  in->accept_source ? in->accept_source : in->feed_source ? in->feed_source : "reference model");
     }
     e->ttkt_k = e->cfg->ttkt_k;
+    return KV_OK;
 }
 
-/* DiffKV: where significance comes from, and each (layer, KV head)'s factor and table row. */
-static void setup_significance(engine *e, const kv_run_inputs *in, kv_run_result *out)
+/* DiffKV: where significance comes from, and each (layer, KV head)'s factor and table row. KV_EINPUT on
+   a curve that breaks its invariants. */
+static int setup_significance(engine *e, const kv_run_inputs *in, kv_run_result *out)
 {
     const kv_model_card *m = e->cfg->model;
+    char why[256];
+    if (in->diffkv_curve && !kv_diffkv_curve_valid(in->diffkv_curve, why, (int)sizeof why))
+        return kv_error_set(e->err, KV_EINPUT, "measured DiffKV significance (%s): %s",
+                            in->diffkv_source ? in->diffkv_source : "no source", why);
     e->score_model = e->cfg->score_model;
-    if (e->score_model.kind == KV_DIFFKV_SCORES_MEASURED && in->diffkv_table)
-        e->score_model.table = *in->diffkv_table;
+    if (e->score_model.kind == KV_DIFFKV_SCORES_MEASURED && in->diffkv_curve) {
+        e->score_model.table = in->diffkv_curve->table[in->diffkv_curve->n_lengths - 1];
+        e->score_model.curve = in->diffkv_curve->n_lengths > 1 ? in->diffkv_curve : NULL;
+    }
     snprintf(out->tiers_source, sizeof out->tiers_source, "%s",
              e->score_model.kind == KV_DIFFKV_SCORES_FIXED
                  ? "scenario (diffkv.scores: fixed; diffkv.high_fraction, low_fraction)"
@@ -83,6 +95,7 @@ static void setup_significance(engine *e, const kv_run_inputs *in, kv_run_result
                                 : 0;
         }
     kv_free(factors);
+    return KV_OK;
 }
 
 /* Operation times: the roofline over each pool's device, scaled by the policy's measured kernel costs
@@ -238,8 +251,11 @@ int kv_engine_setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_e
     e->out = out;
     e->tl = in->timeline;
     e->colocated = c->colocated;
-    setup_acceptance(e, in, out);
-    setup_significance(e, in, out);
+    int rc = setup_acceptance(e, in, out);
+    if (!rc)
+        rc = setup_significance(e, in, out);
+    if (rc)
+        return rc;
     if (in->backend) {
         e->be = in->backend;
     } else {
@@ -265,7 +281,7 @@ int kv_engine_setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_e
     for (int i = 0; i < e->n_dnodes; i++)
         e->dnodes[i].kv_capacity_bytes = c->decode.kv_capacity_bytes;
     setup_tracks(e);
-    int rc = setup_requests(e, in->workload, out);
+    rc = setup_requests(e, in->workload, out);
     if (!rc && e->n_reqs == 0)
         rc = kv_engine_setup_network(e, NULL); /* nothing will be planned: the empty run's network */
     if (!rc)

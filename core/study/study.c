@@ -9,6 +9,7 @@
 #include "core/base/alloc.h"
 #include "core/sim/engine.h"
 #include "core/study/feasible.h"
+#include "core/study/study_stats.h"
 #include "core/timing/measure.h"
 #include "core/report/metrics.h"
 #include "core/report/replicates.h"
@@ -35,6 +36,10 @@ struct kv_study {
     kv_feed_acceptance *accepts; /* [n] Lynx acceptance measured on the reference model, when asked */
     kv_profile *prefill_profile, *decode_profile; /* timing.source: profile; else NULL */
     kv_diffkv_measured *dkv;  /* [n] DiffKV significance tables (z NULL: none needed) */
+    kv_accept_curve *accept_curves; /* [n] accepts[i] by prompt length (n_lengths 0: none) */
+    kv_diffkv_curve *dkv_curves;    /* [n] dkv[i] by length, borrowing its z (n_lengths 0: none) */
+    kv_model_stats stats;           /* the scenario's `stats` file, read when lynx.from or diffkv.scores is file;
+                                       the curves from it borrow its tables */
     kv_engine_config engine;  /* what every run's engine reads of the scenario (built by the first run) */
     int engine_built;
     int ran;
@@ -141,6 +146,8 @@ static int study_inputs(const kv_scenario *s, kv_study **out, kv_error *err)
     st->costs = kv_calloc(st->n, sizeof *st->costs);
     st->dkv = kv_calloc(st->n, sizeof *st->dkv);
     st->accepts = kv_calloc(st->n, sizeof *st->accepts);
+    st->accept_curves = kv_calloc(st->n, sizeof *st->accept_curves);
+    st->dkv_curves = kv_calloc(st->n, sizeof *st->dkv_curves);
     st->factor = 1.0;
     int rc = make_workload(st, 1.0, err);
     if (!rc)
@@ -220,6 +227,47 @@ int kv_study_prepare(const kv_scenario *s, kv_study **out, kv_error *err)
                     st->dkv[i].cached ? "from the feed cache (measured before on the reference model)"
                                       : "measured on the reference model (now in the feed cache)");
     }
+    /* What was measured at one prompt length, as curves the engine reads at each request's length. */
+    for (size_t i = 0; !rc && i < st->n; i++) {
+        const kv_feed_acceptance *a = &st->accepts[i];
+        if (a->positions > 0) {
+            kv_accept_curve *c = &st->accept_curves[i];
+            c->positions = a->positions < KV_CURVE_MAX_POSITIONS ? a->positions : KV_CURVE_MAX_POSITIONS;
+            c->n_lengths = 1;
+            c->lengths[0] = a->prompt_tokens;
+            c->samples[0] = a->speculations;
+            memcpy(c->accept[0], a->accept_conditional, (size_t)c->positions * sizeof c->accept[0][0]);
+        }
+        if (st->dkv[i].z) {
+            kv_diffkv_curve *c = &st->dkv_curves[i];
+            c->window = st->dkv[i].window;
+            c->n_lengths = 1;
+            c->lengths[0] = st->dkv[i].tokens;
+            c->table[0] = st->dkv[i].table;
+        }
+    }
+    /* lynx.from: file, diffkv.scores: file: the curves by length from the model statistics file. */
+    if (!rc && (s->lynx.from == KV_LYNX_FROM_FILE || s->diffkv.scores == KV_DIFFKV_FROM_FILE)) {
+        int *prompts = kv_calloc(n_req ? n_req : 1, sizeof *prompts);
+        for (size_t r = 0; r < n_req; r++)
+            prompts[r] = kv_workload_get(st->workload, r)->prompt_tokens;
+        kv_stats_policy *sp = kv_calloc(st->n, sizeof *sp);
+        rc = kv_study_stats_curves(s, st->policies, st->n, prompts, n_req, &st->stats, sp, err);
+        for (size_t i = 0; !rc && i < st->n; i++) {
+            if (sp[i].accept.n_lengths > 0) {
+                st->accept_curves[i] = sp[i].accept;
+                st->accepts[i].positions = sp[i].accept.positions;
+                st->accepts[i].speculations = sp[i].speculations;
+                snprintf(st->accepts[i].source, sizeof st->accepts[i].source, "%s", sp[i].accept_source);
+            }
+            if (sp[i].diffkv.n_lengths > 0) {
+                st->dkv_curves[i] = sp[i].diffkv;
+                snprintf(st->dkv[i].source, sizeof st->dkv[i].source, "%s", sp[i].diffkv_source);
+            }
+        }
+        kv_free(sp);
+        kv_free(prompts);
+    }
     if (rc) {
         kv_study_destroy(st);
         return rc;
@@ -247,6 +295,9 @@ void kv_study_destroy(kv_study *st)
         kv_diffkv_measured_free(&st->dkv[i]);
     kv_free(st->dkv);
     kv_free(st->accepts);
+    kv_free(st->accept_curves);
+    kv_free(st->dkv_curves);
+    kv_model_stats_free(&st->stats);
     kv_workload_destroy(st->workload);
     kv_timeline_destroy(st->timeline);
     kv_replicates_destroy(st->reps);
@@ -292,13 +343,12 @@ int kv_study_run_policy(kv_study *st, size_t i, kv_error *err)
                         .progress = progress, .prefill_profile = st->prefill_profile,
                         .decode_profile = st->decode_profile};
     const kv_feed_acceptance *a = &st->accepts[i];
-    if (a->positions > 0) {
-        in.accept_conditional = a->accept_conditional;
-        in.accept_positions = a->positions;
+    if (st->accept_curves[i].n_lengths > 0) {
+        in.accept_curve = &st->accept_curves[i];
         in.accept_source = a->source;
     }
-    if (st->dkv[i].z) {
-        in.diffkv_table = &st->dkv[i].table;
+    if (st->dkv_curves[i].n_lengths > 0) {
+        in.diffkv_curve = &st->dkv_curves[i];
         in.diffkv_source = st->dkv[i].source;
     }
     kv_policy_outcome *o = &st->outcomes[i];
