@@ -475,7 +475,7 @@ def load_model(a, torch, log):
     try:
         log(f"measure-model: loading {a.gguf or a.model} (transformers {transformers.__version__})")
         tok = AutoTokenizer.from_pretrained(where, **kw)
-        model = AutoModelForCausalLM.from_pretrained(where, torch_dtype=torch.float32, **kw)
+        model = AutoModelForCausalLM.from_pretrained(where, **kw).float()
     except Exception as e:  # transformers raises many kinds for a missing or unsupported model
         raise InputError(f"model '{a.gguf or a.model}' could not be loaded: {type(e).__name__}: {e}")
     model.to(a.device).eval()
