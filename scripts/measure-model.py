@@ -457,6 +457,22 @@ def parse_args(argv):
     return a
 
 
+def match_gguf_pretokenizer(tok, path):
+    """transformers reads a GGUF's byte-level BPE with the plain GPT-2 pre-tokenizer; llama.cpp's (and kvsim's)
+    "smollm" pre-tokenizer first isolates every digit, as SmolLM2's own tokenizer.json does."""
+    import gguf
+    from tokenizers import pre_tokenizers
+    field = gguf.GGUFReader(path).fields.get("tokenizer.ggml.pre")
+    pre = bytes(field.parts[field.data[0]]).decode("utf-8", "replace") if field else "default"
+    if pre == "smollm":
+        tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True),
+             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    elif pre not in ("gpt2", "default"):
+        raise InputError(f"--gguf: pre-tokenizer '{pre}' (tokenizer.ggml.pre) is not one kvsim reads "
+                         "(smollm, gpt2, default)")
+
+
 def load_model(a, torch, log):
     try:
         import transformers
@@ -478,6 +494,8 @@ def load_model(a, torch, log):
         model = AutoModelForCausalLM.from_pretrained(where, **kw).float()
     except Exception as e:  # transformers raises many kinds for a missing or unsupported model
         raise InputError(f"model '{a.gguf or a.model}' could not be loaded: {type(e).__name__}: {e}")
+    if a.gguf:
+        match_gguf_pretokenizer(tok, a.gguf)
     model.to(a.device).eval()
     M = Measurer(torch, model, a.device)
     AttentionInterface.register("kvsim", M.attention)

@@ -7,8 +7,8 @@ set -eu
 VENV="${KVSIM_VENV:-$HOME/.cache/kvsim/venv}"
 PYTHON="${PYTHON:-python3}"
 # torch from PyPI (CPU works with it; CUDA where a GPU is present), transformers with its GGUF
-# reader (gguf), numpy. Versions are lower bounds: the script uses only long-stable APIs.
-PACKAGES="torch>=2.1 transformers>=4.45 gguf>=0.10 numpy>=1.24 sentencepiece protobuf"
+# reader (gguf; accelerate, which it needs for GGUF files), numpy. Versions are lower bounds: the script uses only long-stable APIs.
+PACKAGES="torch>=2.1 transformers>=4.45 accelerate gguf>=0.10 numpy>=1.24 sentencepiece protobuf"
 
 if ! command -v "$PYTHON" >/dev/null 2>&1; then
     echo "setup-measure: $PYTHON not found (install python3 and python3-venv)" >&2
