@@ -5,7 +5,8 @@ set -eu
 
 PACKAGES="build-essential cmake pkg-config libsimgrid-dev liblua5.4-dev libyaml-dev \
 libcriterion-dev ocl-icd-opencl-dev opencl-headers pocl-opencl-icd libopenblas-dev python3 python3-pip python3-matplotlib \
-clang libclang-rt-14-dev parallel help2man"
+clang libclang-rt-14-dev parallel help2man libssl-dev"
+# libssl-dev: libcrypto's SHA-256, which kvsim measure records of the measured model file.
 # help2man: the man page make install writes from kvsim --help (scripts/gen-man.sh; without it, a plainer one).
 # parallel: GNU parallel, which tests/study/test_safety_sweep.c runs kvsim sweep's jobs.txt with.
 # clang + libclang-rt-14-dev (libFuzzer; only a Recommends of clang on Debian 12,

@@ -459,6 +459,13 @@ static int speculate_batch(evaluator *ev, const spec_job *jobs, int n_jobs, cons
         for (int i = 0; i < accepted; i++)
             row->accepted[i]++;
         row->spec_samples++;
+        for (int e = 0; row->samples_at && e < ev->cfg->n_speculation_lengths; e++)
+            if (ev->cfg->speculation_lengths[e] == jobs[j].n_prompt) {
+                for (int i = 0; i < accepted; i++)
+                    row->accepted_at[(size_t)e * (size_t)row->spec_k + (size_t)i]++;
+                row->samples_at[e]++;
+                break;
+            }
     }
     for (int j = 0; j < n_jobs; j++)
         kv_kvstore_destroy(stores[j]);
@@ -648,6 +655,11 @@ int kv_eval_run(kv_model *m, const kv_eval_config *cfg, const kv_eval_policy *po
             if (k > 0) {
                 main_row->spec_k = k;
                 main_row->accepted = kv_calloc((size_t)k, sizeof *main_row->accepted);
+                if (cfg->speculation_lengths && cfg->n_speculation_lengths > 0) {
+                    size_t nl = (size_t)cfg->n_speculation_lengths;
+                    main_row->accepted_at = kv_calloc(nl * (size_t)k, sizeof *main_row->accepted_at);
+                    main_row->samples_at = kv_calloc(nl, sizeof *main_row->samples_at);
+                }
             }
             kv_eval_row *arow = add_row(res, c->n_layers);
             snprintf(arow->name, sizeof arow->name, "%s:anchor", policies[i].name);
@@ -681,8 +693,26 @@ int kv_eval_run(kv_model *m, const kv_eval_config *cfg, const kv_eval_policy *po
         if (rc)
             break;
         kv_tokenizer_encode(kv_model_tokenizer(m), buf, len, false, &text_ids[t], &text_n[t], err);
-        kv_free(buf);
         size_t need = (size_t)cfg->context_tokens + (size_t)cfg->score_tokens + 1;
+        /* Too short and allowed to: the next texts follow, in order, until it is long enough. */
+        for (int j = 1; cfg->join_texts && !rc && text_n[t] < need && j < cfg->n_texts; j++) {
+            char *more = NULL;
+            size_t more_len = 0;
+            rc = read_file(cfg->texts[(t + j) % cfg->n_texts], &more, &more_len, err);
+            if (rc)
+                break;
+            buf = kv_realloc(buf, len + 2 + more_len);
+            memcpy(buf + len, "\n\n", 2);
+            memcpy(buf + len + 2, more, more_len);
+            len += 2 + more_len;
+            kv_free(more);
+            kv_free(text_ids[t]);
+            text_ids[t] = NULL;
+            kv_tokenizer_encode(kv_model_tokenizer(m), buf, len, false, &text_ids[t], &text_n[t], err);
+        }
+        kv_free(buf);
+        if (rc)
+            break;
         if (text_n[t] < need)
             rc = kv_error_set(err, KV_EINPUT,
                               "accuracy.texts: '%s' has %zu tokens; context_tokens + score_tokens + 1 = %zu are needed",
@@ -755,6 +785,8 @@ void kv_eval_result_destroy(kv_eval_result *r)
         return;
     for (int i = 0; i < r->n_rows; i++) {
         kv_free(r->rows[i].accepted);
+        kv_free(r->rows[i].accepted_at);
+        kv_free(r->rows[i].samples_at);
         kv_free(r->rows[i].layers);
     }
     kv_free(r->rows);

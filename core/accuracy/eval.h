@@ -62,6 +62,9 @@ typedef struct kv_eval_config {
                                        prompt's length) at which Lynx speculates instead (borrowed); NULL:
                                        speculation_points spread as above */
     int n_speculation_lengths; /* 0..64 */
+    bool join_texts;           /* a text shorter than context_tokens + score_tokens + 1 tokens continues with
+                                  the next texts of the list (cyclically, in order, each after a blank line)
+                                  until it is long enough; false: such a text is an error */
     kv_eval_where where;       /* positions of the keys, for messages */
 } kv_eval_config;
 
@@ -80,6 +83,9 @@ typedef struct kv_eval_row {
     int spec_k;                /* speculative positions measured (0: none) */
     long *accepted;            /* [spec_k]: speculations whose first j+1 tokens were accepted */
     long spec_samples;         /* speculations (prompt prefixes) measured */
+    long *accepted_at;         /* [n_speculation_lengths][spec_k]: accepted counted per entry of
+                                  cfg->speculation_lengths (the first equal entry); NULL without them */
+    long *samples_at;          /* [n_speculation_lengths]: speculations per entry; NULL without them */
     kv_kvstore_layer_stats *layers; /* [n_layers], summed over prompts */
 } kv_eval_row;
 

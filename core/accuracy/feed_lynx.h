@@ -6,20 +6,26 @@
  * anchor-only KV, verified on merged KV (core/accuracy/eval.c). So a thinner
  * anchor (2 + 6) measures a lower acceptance than a thicker one (4 + 4).
  *
- * The samples: lynx.samples speculations, spread over FEED_TEXTS licence texts
- * and P = ceil(samples / texts) prompt lengths each. The lengths follow the
- * workload: its prompt lengths at the quantiles (i + 0.5) / P, clamped to
- * lynx.max_prompt_tokens (the reference model is small and slow on a CPU:
- * about 1 s per 512 prefilled tokens) and to the model's context; lengths that
- * clamping made equal are spread over the quarter below, so that no two
- * samples of one text share a prefix. One prefill per text serves every
+ * The samples: the acceptance is a curve of the prompt length
+ * (core/kv/curves.h). It is measured at up to 4 lengths that span the
+ * workload's prompt lengths: n = lynx.samples / 4 (1..4) quantiles evenly
+ * spaced from its shortest to its longest prompt (the median when n = 1),
+ * clamped to lynx.max_prompt_tokens (the reference model is small
+ * and slow on a CPU: about 1 s per 512 prefilled tokens) and to the model's
+ * context; lynx.samples speculations are shared among the lengths (at least 4
+ * each, a multiple of the FEED_TEXTS licence texts). At length L a text gives
+ * its samples at prefixes L, L - L/8/P, ... (P per text, spread over the
+ * eighth below L, so that no two samples of one text share a prefix). A text
+ * shorter than the longest length continues with the next texts of the list,
+ * in order (kv_eval_config.join_texts). One prefill per text serves every
  * length and every policy (the prefill of a prefix is the prefix of the
- * prefill).
+ * prefill). `kvsim measure` (kv_feed_lynx_curves) measures the same way at
+ * the lengths it is given.
  *
  * Caching (core/accuracy/feedcache.h): each policy's figures are stored under a
  * key naming the model file (path, size, mtime), the texts, KV_FEED_LYNX_VERSION,
  * the policy's encodings of every (layer, KV head) — the bit split among them —,
- * k, the prompt lengths and the sample count. A hit loads no model weights and
+ * k, the curve's lengths and the samples per length. A hit loads no model weights and
  * gives the same bytes as the measurement it stored; a sweep measures once.
  * Concurrent kvsim processes measure one at a time (a lock file in the cache
  * folder), so the second finds the first one's figures.
@@ -34,17 +40,20 @@
 #include "core/base/error.h"
 #include "core/policy/policy.h"
 #include "core/config/scenario.h"
+#include "core/accuracy/eval.h"
+#include "core/kv/curves.h"
 
 /* Bump whenever the measurement changes (texts, sampling, eval.c's speculation):
    cached figures of another version are then measured again. */
-#define KV_FEED_LYNX_VERSION 2 /* 2: the forward pass rounds independently of the batch and BLAS threads */
+#define KV_FEED_LYNX_VERSION 3 /* 3: a curve of the prompt length, texts joined when short; 2: row-independent forward */
 #define KV_FEED_MAX_POSITIONS 64 /* speculative positions measured at most */
 
 typedef struct kv_feed_acceptance {
     int positions;        /* speculative positions measured; 0: not measured (no speculation or no anchor split) */
     double accept_conditional[KV_FEED_MAX_POSITIONS]; /* P(position j accepted | j-1 accepted), [positions] */
     long speculations;    /* speculation samples behind the rates */
-    int prompt_tokens;    /* the longest prompt length measured (the rates pool every length up to it) */
+    kv_accept_curve curve; /* the same speculations per measured prompt length (accept_conditional pools them) */
+    int prompt_tokens;    /* the longest prompt length measured (curve.lengths' last) */
     bool cached;          /* read from the feed cache instead of measured in this run */
     char source[512];     /* results.json's acceptance_source: model, samples, lengths, clamping */
 } kv_feed_acceptance;
@@ -58,5 +67,21 @@ typedef struct kv_feed_acceptance {
    fetch it and how to opt out with lynx.from: scenario) or is not a model. */
 int kv_feed_acceptance_measure(const kv_scenario *s, kv_policy *const *policies, size_t n, const int *prompt_tokens,
                                size_t n_prompts, FILE *log, kv_feed_acceptance *out, kv_error *err);
+
+/* The measured texts (the licence texts Debian ships, in the order they are used and joined). */
+int kv_feed_lynx_texts(const char *const **texts);
+
+/* kvsim measure's Lynx measurement: for each of pols[0..n) (encodings of
+   every (layer, KV head) of the model at model_path, layer-major; k =
+   pols[i].speculate, 1..KV_FEED_MAX_POSITIONS), its acceptance curve at
+   lengths[0..n_lengths) (strictly increasing, each + k + 1 within the model's
+   context; at most KV_CURVE_MAX_LENGTHS), with `samples` speculations per
+   length (rounded up to a multiple of the texts, at most 64 per text and
+   length) spread as in the header comment. From the feed cache when it has
+   them (cached[i], may be NULL); the misses in one model run. log: one line
+   per policy (NULL: quiet). KV_EINPUT for lengths out of range, KV_EFAIL when
+   a policy could not be measured. */
+int kv_feed_lynx_curves(const char *model_path, const kv_eval_policy *pols, int n, const int *lengths, int n_lengths,
+                        int samples, FILE *log, kv_accept_curve *out, bool *cached, kv_error *err);
 
 #endif

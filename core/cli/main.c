@@ -16,6 +16,8 @@ static const kv_command commands[] = {
      "check a scenario without running or measuring anything: keys, files, and that it fits", kv_cmd_validate},
     {"eval", "SCENARIO [--set key.path=value]... [--seed N] [--out DIR] [--model PATH] [--quiet]",
      "accuracy of each policy's KV on the reference model (SmolLM2-135M)", kv_cmd_eval},
+    {"measure", "SCENARIO --out FILE [--set key.path=value]... [--lengths 1024,2048,4096,8192] [--samples N]",
+     "measure Lynx acceptance and DiffKV significance by prompt length into a statistics file", kv_cmd_measure},
     {"bench", "WHAT [options]", "benchmarks that print ratios (kvsim bench --help)", kv_cmd_bench},
     {"help", "scenario | cards", "print the scenario reference or the card/profile reference", kv_cmd_help},
 };

@@ -214,12 +214,12 @@ int kv_study_prepare(const kv_scenario *s, kv_study **out, kv_error *err)
         kv_free(prompts);
     }
     /* DiffKV's significance distribution, measured on the reference model (diffkv.scores: measured). */
-    double mean_prompt = 0;
+    int *dkv_prompts = kv_calloc(n_req ? n_req : 1, sizeof *dkv_prompts);
     for (size_t r = 0; r < n_req; r++)
-        mean_prompt += (double)kv_workload_get(st->workload, r)->prompt_tokens / (double)n_req;
+        dkv_prompts[r] = kv_workload_get(st->workload, r)->prompt_tokens;
     for (size_t i = 0; !rc && i < st->n; i++) {
         bool needed = false;
-        rc = kv_diffkv_scores_for_policy(s, st->policies[i], mean_prompt, &st->dkv[i], &needed, err);
+        rc = kv_diffkv_scores_for_policy(s, st->policies[i], dkv_prompts, n_req, &st->dkv[i], &needed, err);
         /* Whether it was measured now or read back is said here, not in results.json: a rerun must
            write the same bytes. */
         if (!rc && needed && st->dkv[i].z)
@@ -227,18 +227,15 @@ int kv_study_prepare(const kv_scenario *s, kv_study **out, kv_error *err)
                     st->dkv[i].cached ? "from the feed cache (measured before on the reference model)"
                                       : "measured on the reference model (now in the feed cache)");
     }
-    /* What was measured at one prompt length, as curves the engine reads at each request's length. */
+    kv_free(dkv_prompts);
+    /* The reference model's measurements, as curves the engine reads at each request's length. */
     for (size_t i = 0; !rc && i < st->n; i++) {
         const kv_feed_acceptance *a = &st->accepts[i];
-        if (a->positions > 0) {
-            kv_accept_curve *c = &st->accept_curves[i];
-            c->positions = a->positions < KV_CURVE_MAX_POSITIONS ? a->positions : KV_CURVE_MAX_POSITIONS;
-            c->n_lengths = 1;
-            c->lengths[0] = a->prompt_tokens;
-            c->samples[0] = a->speculations;
-            memcpy(c->accept[0], a->accept_conditional, (size_t)c->positions * sizeof c->accept[0][0]);
-        }
-        if (st->dkv[i].z) {
+        if (a->positions > 0)
+            st->accept_curves[i] = a->curve;
+        if (st->dkv[i].z && st->dkv[i].curve.n_lengths > 0) {
+            st->dkv_curves[i] = st->dkv[i].curve;
+        } else if (st->dkv[i].z) {
             kv_diffkv_curve *c = &st->dkv_curves[i];
             c->window = st->dkv[i].window;
             c->n_lengths = 1;

@@ -153,8 +153,9 @@ Test(lynx_feed, second_run_hits_the_cache, .timeout = 900)
     char *values = strstr(text, "\nvalues ");
     cr_assert(values, "%s", text);
     int n_values = atoi(values + 8);
-    cr_assert_eq(n_values, 2 + 8, "positions, speculations, 8 conditional rates");
+    cr_assert_eq(n_values, 2 + 1 + 8, "positions, lengths (1: 4 samples), speculations, 8 conditional rates");
     char *line = strchr(values + 1, '\n') + 1; /* positions */
+    line = strchr(line, '\n') + 1;             /* lengths */
     line = strchr(line, '\n') + 1;             /* speculations */
     line = strchr(line, '\n') + 1;             /* the first rate */
     char doctored[8192];
