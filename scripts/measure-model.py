@@ -28,7 +28,7 @@ import shlex
 import sys
 import tempfile
 
-MEASUREMENT = 1          # the measurement method's version (producer.measurement)
+MEASUREMENT = 303        # producer.measurement: kvsim measure's KV_FEED_LYNX_VERSION * 100 + KV_DIFFKV_SCORES_VERSION (3, 3)
 TOOL_VERSION = "1"
 POINTS = 129             # DiffKV quantiles per (layer, KV head): KV_DIFFKV_TABLE_POINTS
 DEFAULT_TEXTS = ["/usr/share/common-licenses/GPL-3", "/usr/share/common-licenses/LGPL-2.1",
@@ -491,7 +491,7 @@ def load_model(a, torch, log):
     try:
         log(f"measure-model: loading {a.gguf or a.model} (transformers {transformers.__version__})")
         tok = AutoTokenizer.from_pretrained(where, **kw)
-        model = AutoModelForCausalLM.from_pretrained(where, **kw).float()
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **kw)
     except Exception as e:  # transformers raises many kinds for a missing or unsupported model
         raise InputError(f"model '{a.gguf or a.model}' could not be loaded: {type(e).__name__}: {e}")
     if a.gguf:
