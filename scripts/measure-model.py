@@ -548,8 +548,7 @@ def main(argv):
     stats = {
         "format": "kvsim-model-stats",
         "version": 1,
-        "model": {"name": a.name or (getattr(model.config, "name_or_path", "") or os.path.basename(
-                      (a.gguf or a.model).rstrip("/")))[:127],
+        "model": {"name": (a.name or os.path.basename((a.gguf or a.model).rstrip("/")))[:127],
                   "file": os.path.basename(model_file)[:255],
                   "sha256": sha256_file(model_file) if model_file else "",
                   "layers": M.layers, "heads": M.heads, "kv_heads": M.kv_heads, "head_dim": M.head_dim,
