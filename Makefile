@@ -4,6 +4,8 @@
 #              KVSIM_REQUIRE_MODEL=0 lets it skip instead, visibly)
 #   make install PREFIX=DIR  builds, then installs PREFIX/bin/kvsim, PREFIX/share/kvsim/ (policies,
 #              scenarios, cards, devices, scripts/plot) and PREFIX/share/man/man1/kvsim.1 (default /usr/local)
+#   make measure-deps  the optional PyTorch venv of scripts/measure-model.py (scripts/setup-measure.sh;
+#              never run by make run or make test; KVSIM_VENV=DIR, default ~/.cache/kvsim/venv)
 #   make fuzz  every libFuzzer harness of tests/fuzz for FUZZ_SECONDS each (needs clang)
 # Everything real is in CMake; this file only strings the steps together.
 
@@ -17,7 +19,7 @@ FUZZ_TARGETS ?= scenario gguf trace_azure trace_mooncake trace_burstgpt
 KVSIM_REQUIRE_MODEL ?= 1
 PREFIX     ?= /usr/local
 
-.PHONY: all setup build run test test-asan fuzz bench clean install
+.PHONY: all setup build run test test-asan fuzz bench clean install measure-deps
 
 all: build
 
@@ -50,6 +52,9 @@ test-asan: setup
 	cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Debug -DKV_WERROR=ON -DKV_SANITIZE=ON $(CMAKE_ARGS)
 	cmake --build $(BUILD_ASAN) -j $(JOBS)
 	cd $(BUILD_ASAN) && KVSIM_REQUIRE_MODEL=$(KVSIM_REQUIRE_MODEL) ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
+
+measure-deps:
+	sh scripts/setup-measure.sh
 
 clean:
 	rm -rf $(BUILD) $(BUILD_ASAN)
