@@ -92,8 +92,26 @@ static int make_key_base(kv_evalcache *c, kv_error *err)
     return rc;
 }
 
-int kv_evalcache_prepare(const kv_scenario *s, const char *model, kv_evalcache **out, char *why, size_t why_len,
-                         kv_error *err)
+/* The model's shape from a statistics file, for a context without the model file. */
+static void shape_config(const kv_stats_model *m, kv_model_config *out)
+{
+    memset(out, 0, sizeof *out);
+    snprintf(out->name, sizeof out->name, "%s", m->name);
+    out->n_layers = m->layers;
+    out->n_heads = m->heads;
+    out->n_kv_heads = m->kv_heads;
+    out->head_dim = m->head_dim;
+    out->dim = m->heads * m->head_dim;
+    out->context_length = m->context;
+}
+
+bool kv_evalcache_shape_only(const kv_evalcache *c)
+{
+    return c->key_base == NULL;
+}
+
+int kv_evalcache_prepare(const kv_scenario *s, const char *model, const kv_stats_model *shape, kv_evalcache **out,
+                         char *why, size_t why_len, kv_error *err)
 {
     *out = NULL;
     why[0] = '\0';
@@ -105,17 +123,24 @@ int kv_evalcache_prepare(const kv_scenario *s, const char *model, kv_evalcache *
     int rc = kv_eval_scenario_from(s, &c->sc, err);
     if (!rc) {
         kv_error miss = {0};
-        if (kv_eval_model_path(model ? model : c->sc->model, c->model_path, sizeof c->model_path, &miss)) {
+        bool absent = kv_eval_model_path(model ? model : c->sc->model, c->model_path, sizeof c->model_path, &miss);
+        if (absent && !shape) {
             snprintf(why, why_len, "%s", miss.msg);
             kv_evalcache_destroy(c);
             return KV_OK;
         }
-        rc = kv_model_read_config(c->model_path, &c->model, err);
+        if (absent) {
+            snprintf(why, why_len, "%s", miss.msg); /* the caller says why only the file's figures are shown */
+            snprintf(c->model_path, sizeof c->model_path, "%s", shape->file);
+            shape_config(shape, &c->model);
+        } else {
+            rc = kv_model_read_config(c->model_path, &c->model, err);
+        }
     }
     c->n = c->sc ? c->sc->n_policies : 0;
     if (!rc)
         rc = load_encodings(c, err);
-    if (!rc)
+    if (!rc && why[0] == '\0')
         rc = make_key_base(c, err);
     if (rc) {
         kv_evalcache_destroy(c);
@@ -292,6 +317,8 @@ int kv_evalcache_lookup(const kv_evalcache *c, int i, const kv_model_stats *stat
         out->accept = out->accept_ci95[0] = out->accept_ci95[1] = NAN; /* not in the file's accuracy[] */
         return KV_OK;
     }
+    if (!c->key_base)
+        return KV_OK; /* made from a statistics file's shape: nothing else to look in */
     char *key = policy_key(c, i, err);
     if (!key)
         return err->code;

@@ -44,9 +44,14 @@ typedef struct kv_evalcache kv_evalcache;
 /* From the scenario's `accuracy:` section and its policies. *out stays NULL, with KV_OK and *why set
    (a sentence, into why[why_len]), when accuracy cannot be looked up: no `accuracy:` section, or the
    reference model file is absent. KV_EINPUT for a bad `accuracy:` section or policy (as kvsim eval).
-   model: a GGUF path instead of accuracy.model (kvsim eval --model), NULL for the scenario's. */
-int kv_evalcache_prepare(const kv_scenario *s, const char *model, kv_evalcache **out, char *why, size_t why_len,
-                         kv_error *err);
+   model: a GGUF path instead of accuracy.model (kvsim eval --model), NULL for the scenario's.
+   shape: when not NULL and the model file is absent, the measured model of a statistics file: the
+   context is made from its shape alone (no feed-cache lookups: only that file's accuracy[] figures),
+   so `kvsim run` shows shipped figures on a machine without the model. */
+int kv_evalcache_prepare(const kv_scenario *s, const char *model, const kv_stats_model *shape, kv_evalcache **out,
+                         char *why, size_t why_len, kv_error *err);
+/* Whether c was made from a statistics file's shape (the model file is absent). */
+bool kv_evalcache_shape_only(const kv_evalcache *c);
 void kv_evalcache_destroy(kv_evalcache *c); /* NULL is fine */
 /* The eval scenario, the reference model's path and shape (borrowed from c). */
 const kv_eval_scenario *kv_evalcache_scenario(const kv_evalcache *c);

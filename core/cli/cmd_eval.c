@@ -109,7 +109,7 @@ int kv_cmd_eval(int argc, char **argv)
         kv_eval_scenario_destroy(none);
     }
     if (!rc)
-        rc = kv_evalcache_prepare(scen, model_arg, &cache, why, sizeof why, &err);
+        rc = kv_evalcache_prepare(scen, model_arg, NULL, &cache, why, sizeof why, &err);
     if (!rc && !cache) /* no model file: for eval, bad input (the message names where it looked) */
         rc = kv_error_set(&err, KV_EINPUT, "%s", why);
     if (!rc)

@@ -17,6 +17,7 @@
 #include "core/report/report.h"
 #include "core/config/scenario.h"
 #include "core/study/study.h"
+#include "core/study/study_stats.h"
 
 typedef struct run_args {
     const char *scenario;
@@ -184,21 +185,23 @@ static int run_accuracy(const run_args *a, const kv_scenario *s, kv_study *study
     char why[4200], notes[8192];
     size_t len = 0;
     kv_evalcache *ec = NULL;
-    int rc = kv_evalcache_prepare(s, NULL, &ec, why, sizeof why, err);
-    if (rc)
-        return rc;
-    if (!ec) {
+    /* The scenario's statistics file first: its accuracy[] entries win over the eval cache, and its model's
+       shape stands in for the model file where that is not fetched. */
+    kv_model_stats stats;
+    memset(&stats, 0, sizeof stats);
+    bool have_stats = s->stats && s->stats[0] && s->accuracy;
+    int rc = have_stats ? kv_study_stats_read(s, &stats, err) : KV_OK;
+    if (!rc)
+        rc = kv_evalcache_prepare(s, NULL, have_stats ? &stats.model : NULL, &ec, why, sizeof why, err);
+    if (rc || !ec) {
+        kv_model_stats_free(&stats);
+        if (rc)
+            return rc;
         note(notes, sizeof notes, &len, "accuracy: not measured: %s\n", why);
         kv_study_set_accuracy(study, NULL, notes);
         return KV_OK;
     }
     const kv_eval_scenario *es = kv_evalcache_scenario(ec);
-    /* The scenario's statistics file first: its accuracy[] entries win over the eval cache. */
-    kv_model_stats stats;
-    memset(&stats, 0, sizeof stats);
-    bool have_stats = s->stats && s->stats[0];
-    if (have_stats)
-        rc = kv_model_stats_read(s->stats, &stats, err);
     kv_acc_figures *acc = kv_calloc((size_t)es->n_policies + 1, sizeof *acc);
     for (int i = 0; i < es->n_policies && !rc; i++)
         rc = kv_evalcache_lookup(ec, i, have_stats ? &stats : NULL, &acc[i], err);
@@ -228,7 +231,9 @@ static int run_accuracy(const run_args *a, const kv_scenario *s, kv_study *study
         if (!acc[i].measured)
             note(notes, sizeof notes, &len, "%s%s", missing++ ? ", " : "accuracy: not measured for ",
                  es->policies[i].name);
-    if (missing) {
+    if (missing && kv_evalcache_shape_only(ec)) {
+        note(notes, sizeof notes, &len, ": %s, then `kvsim eval %s`\n", why, a->scenario);
+    } else if (missing) {
         note(notes, sizeof notes, &len, ": run `kvsim eval %s", a->scenario);
         for (int k = 0; k < a->n_sets; k++)
             note(notes, sizeof notes, &len, " --set '%s'", a->sets[k]);

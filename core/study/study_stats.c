@@ -164,14 +164,18 @@ static int diffkv_curve(const kv_scenario *s, const kv_model_stats *st, kv_polic
     return KV_OK;
 }
 
+int kv_study_stats_read(const kv_scenario *s, kv_model_stats *stats, kv_error *err)
+{
+    char path[4096];
+    int rc = kv_scenario_find_file(s, s->stats, "stats", path, sizeof path, err);
+    return rc ? rc : kv_model_stats_read(path, stats, err);
+}
+
 int kv_study_stats_curves(const kv_scenario *s, kv_policy *const *policies, size_t n, const int *prompts,
                           size_t n_prompts, kv_model_stats *stats, kv_stats_policy *out, kv_error *err)
 {
     memset(out, 0, n * sizeof *out);
-    char path[4096];
-    int rc = kv_scenario_find_file(s, s->stats, "stats", path, sizeof path, err);
-    if (!rc)
-        rc = kv_model_stats_read(path, stats, err);
+    int rc = kv_study_stats_read(s, stats, err);
     if (rc)
         return rc;
     int *sorted = kv_malloc((n_prompts ? n_prompts : 1) * sizeof *sorted);

@@ -28,6 +28,10 @@ typedef struct kv_stats_policy {
     char diffkv_source[512]; /* results.json's tiers_source */
 } kv_stats_policy;
 
+/* Reads the scenario's `stats:` file, found as scenario paths are (its folder, the working folder, the data
+   folder), into *stats (the caller frees it with kv_model_stats_free). KV_EINPUT naming the file or key. */
+int kv_study_stats_read(const kv_scenario *s, kv_model_stats *stats, kv_error *err);
+
 /* Reads s->stats into *stats (the caller frees it with kv_model_stats_free, after the curves' last use) and
    fills out[0..n) for policies[0..n). prompts[0..n_prompts) are the workload's prompt lengths. KV_EINPUT
    naming the file (and line) or the scenario key and policy otherwise. */
