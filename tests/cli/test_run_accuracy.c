@@ -188,6 +188,16 @@ Test(run_accuracy, eval_stats_merges_accuracy_entries)
     cr_assert(strstr(line, "\u00b1"), "int4 from the file: '%s'\n%s", line, run);
     cr_assert(strstr(run, "; from the stats file ") && !strstr(run, "accuracy: not measured"), "%s", run);
     free(run);
+    /* Without the model file the run still shows the file's figures (the shape comes from the file). */
+    char moved[700];
+    snprintf(moved, sizeof moved, "%s.away", f.model);
+    cr_assert_eq(rename(f.model, moved), 0);
+    run = kvsim_ok(args);
+    row_after(run, "accuracy     ttft ms", "int4", line, sizeof line);
+    cr_assert(strstr(line, "\u00b1"), "int4 from the file without the model: '%s'\n%s", line, run);
+    cr_assert(strstr(run, "; from the stats file "), "%s", run);
+    cr_assert_eq(rename(moved, f.model), 0);
+    free(run);
     free(with_stats);
     snprintf(args, sizeof args, "eval %s --quiet --stats %s", f.scenario, stats);
     /* Another model's shape: exit 2 naming the file, before any measurement. */
