@@ -39,6 +39,32 @@ static double p99_ttft(const kv_summary *m) { return m->ttft_ms.p99; }
 static double ratio(const kv_summary *m) { return m->compression_ratio; }
 static double e2el(const kv_summary *m) { return m->e2el_ms.mean; }
 
+/* A row's delta perplexity when measured, else NaN. */
+static double delta_ppl(const kv_policy_outcome *o)
+{
+    return o->accuracy && o->accuracy->measured ? o->accuracy->delta_ppl : NAN;
+}
+
+/* "; delta perplexity: A +x ±y, B ..." for the named rows (each once), when measured. */
+static void accuracy_clause(FILE *out, const kv_policy_outcome *o, const size_t *rows, size_t k)
+{
+    bool any = false;
+    for (size_t j = 0; j < k; j++) {
+        bool seen = false;
+        for (size_t i = 0; i < j; i++)
+            seen = seen || rows[i] == rows[j];
+        const kv_policy_outcome *r = &o[rows[j]];
+        if (seen || isnan(delta_ppl(r)))
+            continue;
+        const kv_acc_figures *a = r->accuracy;
+        fprintf(out, "%s%s %+.3f ±%.3f", any ? ", " : "; at a delta perplexity of ", r->name, a->delta_ppl,
+                (a->delta_ppl_ci95[1] - a->delta_ppl_ci95[0]) / 2);
+        any = true;
+    }
+    if (any)
+        fputs(" on the reference model", out);
+}
+
 void kv_report_reading(FILE *out, const kv_policy_outcome *o, size_t n)
 {
     if (n < 2)
@@ -57,13 +83,18 @@ void kv_report_reading(FILE *out, const kv_policy_outcome *o, size_t n)
     const char *spec = speculates(&o[fast].summary) ? ", speculative" : "";
     if (fast == tail && tail == small && small == done) {
         fprintf(out, "reading: against %s, %s leads on every count: first token %.2fx%s, p99 TTFT %.2fx, KV on the "
-                     "wire %.2fx smaller, mean end-to-end latency %.2fx\n",
+                     "wire %.2fx smaller, mean end-to-end latency %.2fx",
                 o[b].name, o[fast].name, r_fast, spec, r_tail, r_small, r_done);
+        accuracy_clause(out, o, &fast, 1);
+        fputc('\n', out);
         return;
     }
     fprintf(out, "reading: against %s, the first token comes soonest with %s (%.2fx %s's mean%s), the p99 TTFT is "
                  "lowest with %s (%.2fx), the KV on the wire is smallest with %s (%.2fx smaller) and requests "
-                 "finish soonest with %s (%.2fx the mean end-to-end latency)\n",
+                 "finish soonest with %s (%.2fx the mean end-to-end latency)",
             o[b].name, o[fast].name, r_fast, o[b].name, spec, o[tail].name, r_tail, o[small].name, r_small,
             o[done].name, r_done);
+    size_t rows[4] = {fast, tail, small, done};
+    accuracy_clause(out, o, rows, 4);
+    fputc('\n', out);
 }

@@ -3,8 +3,9 @@
  * Names, against the bf16 row (else the least compressed one), the policy whose
  * first token comes soonest (speculative when it speculates), the lowest p99
  * TTFT, the smallest KV on the wire and the lowest mean end-to-end latency,
- * each as a ratio to the baseline. Nothing is printed for fewer than two rows
- * or when a figure is missing.
+ * each as a ratio to the baseline, then the delta perplexity (±95%) of each
+ * policy named, where its accuracy was measured. Nothing is printed for fewer
+ * than two rows or when a latency figure is missing.
  */
 #ifndef KV_READING_H
 #define KV_READING_H

@@ -8,7 +8,6 @@
 
 #include "core/base/alloc.h"
 #include "core/base/json.h"
-#include "core/report/reading.h"
 
 static void cell(FILE *out, double v, int width, int prec)
 {
@@ -92,7 +91,6 @@ void kv_report_table(FILE *out, const kv_scenario *s, const kv_policy_outcome *o
                  "lynx.acceptance, not measured); timing: %s)\n", n ? o[0].run.timing_source : "model");
     for (size_t i = 0; i < n; i++)
         beyond_footnote(out, o[i].name, &o[i].run);
-    kv_report_reading(out, o, n);
     kv_report_memory_table(out, s, o, n);
 }
 

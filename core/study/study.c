@@ -12,6 +12,7 @@
 #include "core/study/study_stats.h"
 #include "core/timing/measure.h"
 #include "core/report/metrics.h"
+#include "core/report/reading.h"
 #include "core/report/replicates.h"
 #include "core/accuracy/diffkv_scores.h"
 #include "core/accuracy/feed_lynx.h"
@@ -503,6 +504,8 @@ void kv_study_print(const kv_study *st, FILE *out)
         kv_report_table(out, st->s, st->outcomes, st->ran ? st->n : 0);
     if (st->accuracy_notes)
         kv_report_accuracy_table(out, st->outcomes, st->ran ? st->n : 0, st->accuracy_notes);
+    if (!st->reps)
+        kv_report_reading(out, st->outcomes, st->ran ? st->n : 0); /* last: it reads both tables */
 }
 
 void kv_study_set_accuracy(kv_study *st, const kv_acc_figures *fig, const char *notes)

@@ -69,6 +69,22 @@ Test(reading, one_policy_leading_everywhere_is_said_once)
     free(t);
 }
 
+Test(reading, delta_perplexity_of_each_named_policy_when_measured)
+{
+    kv_policy_outcome o[3];
+    row(&o[0], "int4", 50, NAN, 90, 3.8, 900);
+    row(&o[1], "bf16", 100, NAN, 200, 1.0, 1000);
+    row(&o[2], "lynx", 80, 40, 120, 2.0, 1100);
+    kv_acc_figures a4 = {.measured = true, .delta_ppl = 0.848, .delta_ppl_ci95 = {0.221, 1.475}};
+    kv_acc_figures al = {.measured = false};
+    o[0].accuracy = &a4;
+    o[2].accuracy = &al;
+    char *t = reading(o, 3);
+    cr_expect(strstr(t, "; at a delta perplexity of int4 +0.848 ±0.627 on the reference model\n") != NULL, "%s", t);
+    cr_expect(strstr(t, "lynx -") == NULL && strstr(t, "lynx +") == NULL, "lynx is not measured: %s", t);
+    free(t);
+}
+
 Test(reading, nothing_for_one_row_or_missing_figures)
 {
     kv_policy_outcome o[2];
