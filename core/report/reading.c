@@ -65,6 +65,16 @@ static void accuracy_clause(FILE *out, const kv_policy_outcome *o, const size_t 
         fputs(" on the reference model", out);
 }
 
+/* Decimals that show a ratio with at least two significant digits (0.78, 0.018, 0.0018). */
+static int decimals(double r)
+{
+    int d = 2;
+    while (d < 6 && r > 0 && r < 0.095 * pow(10, 2 - d))
+        d++;
+    return d;
+}
+#define D(r) decimals(r), (r) /* the precision and the value, for "%.*f" */
+
 void kv_report_reading(FILE *out, const kv_policy_outcome *o, size_t n)
 {
     if (n < 2)
@@ -82,18 +92,18 @@ void kv_report_reading(FILE *out, const kv_policy_outcome *o, size_t n)
     double r_done = o[done].summary.e2el_ms.mean / base->e2el_ms.mean;
     const char *spec = speculates(&o[fast].summary) ? ", speculative" : "";
     if (fast == tail && tail == small && small == done) {
-        fprintf(out, "reading: against %s, %s leads on every count: first token %.2fx%s, p99 TTFT %.2fx, KV on the "
-                     "wire %.2fx smaller, mean end-to-end latency %.2fx",
-                o[b].name, o[fast].name, r_fast, spec, r_tail, r_small, r_done);
+        fprintf(out, "reading: against %s, %s leads on every count: first token %.*fx%s, p99 TTFT %.*fx, KV on the "
+                     "wire %.*fx smaller, mean end-to-end latency %.*fx",
+                o[b].name, o[fast].name, D(r_fast), spec, D(r_tail), D(r_small), D(r_done));
         accuracy_clause(out, o, &fast, 1);
         fputc('\n', out);
         return;
     }
-    fprintf(out, "reading: against %s, the first token comes soonest with %s (%.2fx %s's mean%s), the p99 TTFT is "
-                 "lowest with %s (%.2fx), the KV on the wire is smallest with %s (%.2fx smaller) and requests "
-                 "finish soonest with %s (%.2fx the mean end-to-end latency)",
-            o[b].name, o[fast].name, r_fast, o[b].name, spec, o[tail].name, r_tail, o[small].name, r_small,
-            o[done].name, r_done);
+    fprintf(out, "reading: against %s, the first token comes soonest with %s (%.*fx %s's mean%s), the p99 TTFT is "
+                 "lowest with %s (%.*fx), the KV on the wire is smallest with %s (%.*fx smaller) and requests "
+                 "finish soonest with %s (%.*fx the mean end-to-end latency)",
+            o[b].name, o[fast].name, D(r_fast), o[b].name, spec, o[tail].name, D(r_tail), o[small].name,
+            D(r_small), o[done].name, D(r_done));
     size_t rows[4] = {fast, tail, small, done};
     accuracy_clause(out, o, rows, 4);
     fputc('\n', out);

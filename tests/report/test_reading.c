@@ -85,6 +85,17 @@ Test(reading, delta_perplexity_of_each_named_policy_when_measured)
     free(t);
 }
 
+Test(reading, small_ratios_keep_two_significant_digits)
+{
+    kv_policy_outcome o[2];
+    row(&o[0], "bf16", 1473125.2, NAN, 6810586.27, 1.0, 4332695.3);
+    row(&o[1], "diffkv", 2579.85, NAN, 3477.84, 2.95, 1704319.5);
+    char *t = reading(o, 2);
+    cr_expect(strstr(t, "first token 0.0018x, p99 TTFT 0.00051x, KV on the wire 2.95x smaller, mean end-to-end "
+                        "latency 0.39x") != NULL, "%s", t);
+    free(t);
+}
+
 Test(reading, nothing_for_one_row_or_missing_figures)
 {
     kv_policy_outcome o[2];
