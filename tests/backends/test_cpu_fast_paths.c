@@ -6,7 +6,10 @@
  * rows and tokens of one block (verification), and every page reader
  * (f32, bf16, 8/16-bit, 4-bit and 2-bit tables, anchors, odd widths, channel
  * groups). Run on the AVX-512 paths (when this CPU has them) and on the
- * portable paths, within the conformance tolerance 1e-5. */
+ * portable paths, within the conformance tolerance 1e-5. And the fused
+ * encode of token groups, whose 16-group batches take their minima and
+ * maxima from one tree: every batch tail, signed zeros, groups without a
+ * finite value, bit for bit against the reference. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -132,6 +135,82 @@ Test(cpu_fast_paths, long_context_decode)
         cr_expect(e <= 1e-5, "%s: 2048-token decode: relative error %.3g", rc->name, e);
         kv_attn_problem_destroy(prob);
     }
+    kv_backend_close(be);
+    kv_backend_close(ref);
+}
+
+/* ---- Encode of token groups: 16 groups per batch, min/max by one tree ---- */
+
+/* cpu:0's fused encode against the reference, bit for bit, for rows x cols
+   of token groups of G with b bits and anchor a (0: none). mode 0: normal
+   values with NaN/±Inf/±0/huge/tiny and constant runs; 1: only ±0 (with a
+   NaN now and then): the metadata must not depend on which zero the min/max
+   tree meets first; 2: groups with no finite value (NaN and ±Inf only). */
+static void check_encode(kv_backend *be, kv_backend *ref, uint32_t rows, uint32_t cols, uint32_t G, unsigned b,
+                         unsigned a, int mode, uint64_t seed)
+{
+    kv_quant_layout l = {rows, cols, G, KV_GROUP_TOKEN};
+    size_t n = (size_t)rows * cols, groups = kv_layout_groups(&l);
+    size_t ab = kv_layout_packed_bytes(&l, a ? a : b), rb = a ? kv_layout_packed_bytes(&l, b - a) : 0;
+    float *x = malloc(n * sizeof *x + 4);
+    kv_rng rng;
+    kv_rng_seed(&rng, seed);
+    kvt_values(&rng, x, n, 2.0f, 1);
+    for (size_t i = 0; i < n && mode; i++) {
+        uint64_t k = kv_rng_below(&rng, 16);
+        if (mode == 1)
+            x[i] = k == 0 ? NAN : k & 1 ? -0.0f : 0.0f;
+        else
+            x[i] = k < 6 ? NAN : k < 11 ? INFINITY : -INFINITY;
+    }
+    unsigned char *out[2][4];
+    kv_backend *bes[2] = {be, ref};
+    size_t bytes[4] = {ab, rb, groups * 2, groups * 2};
+    for (int d = 0; d < 2; d++) {
+        kv_buffer *bx = kvt_put(bes[d], x, n * sizeof *x), *buf[4];
+        for (int k = 0; k < 4; k++)
+            buf[k] = kvt_fill(bes[d], bytes[k], 0xA5);
+        kv_encode_args e = {l, b, a, {bx, 0}, {buf[0], 0}, {a ? buf[1] : NULL, 0}, {buf[2], 0}, {buf[3], 0}};
+        kv_error err = {0};
+        cr_assert_eq(kv_backend_encode(bes[d], &e, &err), KV_OK, "%s", err.msg);
+        for (int k = 0; k < 4; k++) {
+            out[d][k] = kvt_get(bes[d], buf[k], bytes[k]);
+            kv_buffer_free(bes[d], buf[k]);
+        }
+        kv_buffer_free(bes[d], bx);
+    }
+    static const char *part[4] = {"anchor (or code) plane", "residual plane", "scale", "zero"};
+    for (int k = 0; k < 4; k++)
+        if (k != 1 || a)
+            cr_expect(memcmp(out[0][k], out[1][k], bytes[k]) == 0,
+                      "encode %u x %u, G %u, b %u, a %u, mode %d: %s differs from the reference", rows, cols, G, b,
+                      a, mode, part[k]);
+    for (int d = 0; d < 2; d++)
+        for (int k = 0; k < 4; k++)
+            free(out[d][k]);
+    free(x);
+}
+
+/* Group counts 1..17, 31 and 33 (batches of 16 ending with 1..16 groups),
+   G 16..64 tiling rows of 1-3 groups, on the AVX-512 paths (when present). */
+Test(cpu_fast_paths, encode_token_groups_bit_exact)
+{
+    kv_backend *be = kvt_open("cpu", 0), *ref = kvt_open_reference();
+    static const uint32_t Gs[] = {16, 32, 48, 64};
+    static const unsigned bits[][2] = {{8, 0}, {8, 4}, {3, 0}, {12, 2}};
+    static const uint32_t totals[] = {1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 33};
+    int cases = 0;
+    for (size_t gi = 0; gi < sizeof Gs / sizeof Gs[0]; gi++)
+        for (uint32_t per_row = 1; per_row <= 3; per_row++)
+            for (size_t ti = 0; ti < sizeof totals / sizeof totals[0]; ti++) {
+                if (totals[ti] % per_row)
+                    continue;
+                for (size_t bi = 0; bi < sizeof bits / sizeof bits[0]; bi++)
+                    for (int mode = 0; mode < 3; mode++, cases++)
+                        check_encode(be, ref, totals[ti] / per_row, Gs[gi] * per_row, Gs[gi], bits[bi][0],
+                                     bits[bi][1], mode, 900 + (uint64_t)cases);
+            }
+    cr_assert_gt(cases, 300);
     kv_backend_close(be);
     kv_backend_close(ref);
 }
