@@ -198,7 +198,8 @@ static int fit3_step(const double *r, const double *k, const double *t, size_t n
             return 0;
         na = sry / srr;
     }
-    if (!(na > 0) || !(nb >= 0) || !isfinite(na) || !isfinite(nb))
+    /* Within the device profile's ranges: efficiency (1 / a) 1e-6 to 100, at most 1 s per token. */
+    if (!(na >= 0.01 && na <= 1e6) || !(nb >= 0 && nb <= 1))
         return 0;
     *a = na;
     *b = nb;

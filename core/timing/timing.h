@@ -99,7 +99,8 @@ void kv_timing_fit_phase(const double *roofline, const double *table, size_t n, 
    seconds, tokens[i] the step's tokens, table[i] the table's seconds), minimising the sum of squared log
    ratios of max(floor, roofline / efficiency + token_s x tokens) to the table. For each floor of the grid
    above, 1 / efficiency and token_s (both >= 0) are found by Gauss-Newton steps on the log error (weighted
-   linear least squares, 40 iterations, token_s = 0 tried as well). */
+   linear least squares, 40 iterations, token_s = 0 tried as well; a step leaving efficiency 1e-6 to 100 or
+   token_s 0-1 s is not taken). */
 void kv_timing_fit_phase_tokens(const double *roofline, const double *tokens, const double *table, size_t n,
                                 double *floor_s, double *efficiency, double *token_s);
 /* The fitted step time of a point: max(floor, roofline / efficiency + token_s x tokens). */
