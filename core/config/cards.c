@@ -147,6 +147,8 @@ static int load(const kv_schema *s, const char *sub, const char *name, const cha
         rc = kv_schema_bind(s, tree, out, err);
     if (!rc && s == &device_schema)
         rc = device_roofline(tree, out, err);
+    if (rc)
+        kv_schema_free(s, out); /* a failed load owns nothing (the free NULLs what it frees: freeing again is fine) */
     kv_ytree_free(tree);
     return rc;
 }
