@@ -17,29 +17,56 @@
 static void usage(FILE *out)
 {
     fprintf(out, "usage: kvsim bench roofline --profile FILE --profile-model NAME --hardware NAME\n"
-                 "                            [--model CARD] [--device PROFILE] [--tp N]...\n"
+                 "                            [--model CARD] [--device PROFILE] [--tp N]... [--calibrated FILE]\n"
                  "  For every point of a profiled table (splitwise-sim's perf_model.csv layout), the\n"
                  "  profiled time, kvsim's roofline for the same step, and their ratio; with and without\n"
                  "  the tensor-parallel all-reduces. Defaults: --model llama-2-70b --device h100-sxm,\n"
                  "  --tp 2 --tp 4 --tp 8 (a tp the table lacks is reported and skipped). Then, per tp and phase,\n"
                  "  timing.roofline's floor and efficiency fitted to the table (kv_timing_fit_phase) and the\n"
-                 "  ratios profiled / calibrated roofline that remain: median and worst.\n");
+                 "  ratios profiled / calibrated roofline that remain: median and worst. --calibrated FILE (a\n"
+                 "  kvsim calibrate output) also prints, per tp and phase, the median and worst error of the\n"
+                 "  roofline with FILE's knobs (its device figures too) against the table.\n");
 }
 
-/* The roofline's seconds for a profiled point: `batch` prompts of x tokens, or `batch` decode tokens over
-   x tokens of bf16 KV (the table's KV). */
+/* The stock roofline's seconds for a profiled point (whatever knobs the device profile carries). */
 static double roofline(const kv_timing *t, int decode, double batch, double x, double *no_comm_s)
 {
-    kv_step_work w = {0};
-    for (int i = 0; i < (int)batch; i++) {
-        if (decode)
-            kv_step_add_decode(t, &w, x, kv_model_kv_values_per_token(t->model) * 2.0 * x);
-        else
-            kv_step_add_prefill(t, &w, x);
+    double tokens;
+    return kv_timing_point_stock_seconds(t, decode, batch, x, &tokens, no_comm_s);
+}
+
+/* Per phase, the error of the roofline calibrated by `cal` (a kvsim calibrate output) against p's points. */
+static void print_calibrated(const kv_profile *p, const kv_model_card *m, const kv_device_profile *cal,
+                             const char *cal_path, int tp)
+{
+    const kv_device_roofline *r = kv_device_roofline_find(cal, tp);
+    if (!r) {
+        printf("tp %d calibrated: %s has no roofline entry for tp %d\n\n", tp, cal_path, tp);
+        return;
     }
-    double s = kv_step_roofline_seconds(t, &w);
-    *no_comm_s = s - kv_step_allreduce_seconds(t, &w);
-    return s;
+    kv_timing t;
+    kv_timing_init(&t, m, cal, tp);
+    for (int decode = 0; decode < 2; decode++) {
+        size_t n = kv_profile_point_count(p, decode);
+        double *roof = kv_calloc(n + 1, sizeof *roof), *tokens = kv_calloc(n + 1, sizeof *tokens);
+        double *table = kv_calloc(n + 1, sizeof *table);
+        for (size_t i = 0; i < n; i++) {
+            double batch, x;
+            kv_profile_point(p, decode, i, &batch, &x, &table[i]);
+            roof[i] = kv_timing_point_stock_seconds(&t, decode, batch, x, &tokens[i], NULL);
+        }
+        double median, worst, worst_ratio;
+        kv_timing_fit_errors(roof, tokens, table, n, r->floor_s[decode], r->efficiency[decode], r->token_s[decode],
+                             &median, &worst, &worst_ratio);
+        printf("tp %d %-7s calibrated (%s: floor %.4g ms, efficiency %.4g, %.4g us/token): median error %.1f%%, "
+               "worst %.1f%% (ratio %.3f) over %zu points\n",
+               tp, decode ? "decode" : "prefill", cal_path, r->floor_s[decode] * 1e3, r->efficiency[decode],
+               r->token_s[decode] * 1e6, 100 * median, 100 * worst, worst_ratio, n);
+        kv_free(roof);
+        kv_free(tokens);
+        kv_free(table);
+    }
+    printf("\n");
 }
 
 typedef struct ratio_sum {
@@ -48,7 +75,8 @@ typedef struct ratio_sum {
 } ratio_sum;
 
 static int compare_tp(const char *path, const char *pmodel, const char *hw, int tp, const kv_model_card *m,
-                      const kv_device_profile *d, ratio_sum sums[2])
+                      const kv_device_profile *d, const kv_device_profile *cal, const char *cal_path,
+                      ratio_sum sums[2])
 {
     kv_error err = {0};
     kv_profile *p = NULL;
@@ -108,6 +136,8 @@ static int compare_tp(const char *path, const char *pmodel, const char *hw, int 
         kv_free(err_abs);
     }
     printf("\n");
+    if (cal)
+        print_calibrated(p, m, cal, cal_path, tp);
     kv_profile_destroy(p);
     return 0;
 }
@@ -115,6 +145,7 @@ static int compare_tp(const char *path, const char *pmodel, const char *hw, int 
 int kv_cmd_bench_roofline(int argc, char **argv)
 {
     const char *path = NULL, *pmodel = NULL, *hw = NULL, *model = "llama-2-70b", *device = "h100-sxm";
+    const char *cal_path = NULL;
     int tps[MAX_TP], n_tp = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -138,6 +169,8 @@ int kv_cmd_bench_roofline(int argc, char **argv)
             model = v;
         else if (strcmp(a, "--device") == 0)
             device = v;
+        else if (strcmp(a, "--calibrated") == 0)
+            cal_path = v;
         else if (strcmp(a, "--tp") == 0 && n_tp < MAX_TP) {
             char *end = NULL;
             long tp = strtol(v, &end, 10);
@@ -177,13 +210,20 @@ int kv_cmd_bench_roofline(int argc, char **argv)
         kv_model_card_free(&m);
         return 2;
     }
+    kv_device_profile cal;
+    if (cal_path && kv_device_profile_load(cal_path, dirs, 2, "--calibrated", &cal, &err)) {
+        fprintf(stderr, "kvsim bench roofline: %s\n", err.msg);
+        kv_model_card_free(&m);
+        kv_device_profile_free(&d);
+        return 2;
+    }
     printf("kvsim bench roofline: %s (%s) on %s against %s rows '%s' on '%s'\n"
            "ratio = profiled time / roofline time (1 = exact; > 1: the roofline is optimistic)\n\n",
            m.name, model, d.name, path, pmodel, hw);
     int rc = 0;
     for (int i = 0; i < n_tp && !rc; i++) {
         ratio_sum sums[2] = {{0}};
-        rc = compare_tp(path, pmodel, hw, tps[i], &m, &d, sums);
+        rc = compare_tp(path, pmodel, hw, tps[i], &m, &d, cal_path ? &cal : NULL, cal_path, sums);
         for (int k = 0; k < 2 && !rc; k++)
             if (sums[k].n)
                 printf("tp %d %-7s: geometric-mean ratio %.2f (without all-reduces %.2f), range %.2f-%.2f over %d "
@@ -191,6 +231,8 @@ int kv_cmd_bench_roofline(int argc, char **argv)
                        tps[i], k ? "decode" : "prefill", exp(sums[k].log_sum / sums[k].n),
                        exp(sums[k].log_sum_nc / sums[k].n), sums[k].min, sums[k].max, sums[k].n, k ? "\n" : "");
     }
+    if (cal_path)
+        kv_device_profile_free(&cal);
     kv_model_card_free(&m);
     kv_device_profile_free(&d);
     return rc;

@@ -18,7 +18,7 @@ static const kv_command benches[] = {
      kv_cmd_bench_policy},
     {"model", "[--model PATH] [--prompt N] [--decode N]",
      "reference model (SmolLM2-135M) prefill and decode tokens/s, beside sgemm and memcpy rates", kv_cmd_bench_model},
-    {"roofline", "--profile FILE --profile-model NAME --hardware NAME [--model CARD] [--device D] [--tp N]...",
+    {"roofline", "--profile FILE --profile-model NAME --hardware NAME [--model CARD] [--device D] [--tp N]... [--calibrated FILE]",
      "the roofline's error against a profiled table (timing.source: profile), point by point",
      kv_cmd_bench_roofline},
     {NULL, NULL, NULL, NULL},

@@ -19,6 +19,7 @@ int kv_cmd_eval(int argc, char **argv);     /* core/cli/cmd_eval.c */
 int kv_cmd_sweep(int argc, char **argv);    /* core/cli/cmd_sweep.c */
 int kv_cmd_capacity(int argc, char **argv); /* core/cli/cmd_capacity.c */
 int kv_cmd_measure(int argc, char **argv);  /* core/cli/cmd_measure.c */
+int kv_cmd_calibrate(int argc, char **argv); /* core/cli/cmd_calibrate.c */
 
 struct kv_cleanup_slot; /* core/base/afile.h */
 /* The one signal registry (core/cli/cmd_run.c): installs the SIGINT/SIGTERM/SIGHUP handler that removes

@@ -18,6 +18,8 @@ static const kv_command commands[] = {
      "accuracy (with 95% intervals) of each policy's KV on the reference model (SmolLM2-135M)", kv_cmd_eval},
     {"measure", "SCENARIO --out FILE [--set key.path=value]... [--lengths 1024,2048,4096,8192] [--samples N]",
      "measure Lynx acceptance and DiffKV significance by prompt length into a statistics file", kv_cmd_measure},
+    {"calibrate", "--profile FILE --profile-model NAME --hardware NAME --out FILE [--model CARD] [--device D] [--tp N]...",
+     "fit the roofline per tp and phase to a profiled table; write a device profile with the knobs", kv_cmd_calibrate},
     {"bench", "WHAT [options]", "benchmarks that print ratios (kvsim bench --help)", kv_cmd_bench},
     {"help", "scenario | cards", "print the scenario reference or the card/profile reference", kv_cmd_help},
 };

@@ -51,6 +51,22 @@ static const kv_key_spec device_keys[] = {
     {"allreduce_latency_us", KV_KEY_DOUBLE, D(allreduce_latency_s), "10", 0, 1e6, NULL,
      "fixed cost of one all-reduce across the node's devices, microseconds"},
     {"source", KV_KEY_STRING, D(source), "\"\"", 0, 0, NULL, "datasheet the figures come from"},
+    {"roofline", KV_KEY_SECTION, 0, NULL, 0, 0, NULL,
+     "roofline calibration per tensor-parallel degree, written by kvsim calibrate (docs/timing.md); parallel "
+     "lists, one item per tp; a pool whose tp is listed uses these instead of timing.roofline.*"},
+    {"roofline.tp", KV_KEY_INTLIST, D(roofline_tp), "[]", 1, 4096, NULL, "the tp degrees calibrated"},
+    {"roofline.prefill_floor_ms", KV_KEY_DOUBLELIST, D(roofline_lists[0]), "[]", 0, 1e6, NULL,
+     "least time of a step with prompts, ms"},
+    {"roofline.prefill_efficiency", KV_KEY_DOUBLELIST, D(roofline_lists[1]), "[]", 1e-6, 100, NULL,
+     "a step with prompts costs its roofline time / this"},
+    {"roofline.prefill_token_us", KV_KEY_DOUBLELIST, D(roofline_lists[2]), "[]", 0, 1e6, NULL,
+     "plus this per prompt token, microseconds"},
+    {"roofline.decode_floor_ms", KV_KEY_DOUBLELIST, D(roofline_lists[3]), "[]", 0, 1e6, NULL,
+     "least time of a decode step, ms"},
+    {"roofline.decode_efficiency", KV_KEY_DOUBLELIST, D(roofline_lists[4]), "[]", 1e-6, 100, NULL,
+     "a decode step costs its roofline time / this"},
+    {"roofline.decode_token_us", KV_KEY_DOUBLELIST, D(roofline_lists[5]), "[]", 0, 1e6, NULL,
+     "plus this per decode token, microseconds"},
 };
 #undef D
 static const kv_schema device_schema = {"device profile", device_keys, sizeof device_keys / sizeof device_keys[0]};
@@ -79,6 +95,45 @@ static int resolve(const char *name, const char *sub, const char *const *dirs, i
                         sub, name, n_dirs ? dirs[0] : ".", n_dirs > 1 ? " and the kvsim data folder" : "");
 }
 
+/* Checks the device profile's roofline lists (one item per tp, no tp twice) and builds its entries. */
+static int device_roofline(const kv_ynode *tree, kv_device_profile *d, kv_error *err)
+{
+    static const char *const names[KV_DEVICE_ROOFLINE_LISTS] = {
+        "prefill_floor_ms", "prefill_efficiency", "prefill_token_us",
+        "decode_floor_ms",  "decode_efficiency",  "decode_token_us"};
+    char key[64], w[512];
+    size_t n = d->roofline_tp.count;
+    for (int j = 0; j < KV_DEVICE_ROOFLINE_LISTS; j++) {
+        if (d->roofline_lists[j].count == n)
+            continue;
+        snprintf(key, sizeof key, "roofline.%s", names[j]);
+        const kv_ynode *at = kv_ytree_path(tree, key);
+        return kv_error_set(err, KV_EINPUT, "%s: %s: %zu items, but roofline.tp has %zu (one per tp)",
+                            kv_ytree_where(at ? at : tree, w, sizeof w), key, d->roofline_lists[j].count, n);
+    }
+    for (size_t i = 0; i < n; i++)
+        for (size_t k = 0; k < i; k++)
+            if (d->roofline_tp.items[i] == d->roofline_tp.items[k]) {
+                const kv_ynode *at = kv_ytree_path(tree, "roofline.tp");
+                return kv_error_set(err, KV_EINPUT, "%s: roofline.tp: tp %d is listed twice",
+                                    kv_ytree_where(at ? at : tree, w, sizeof w), d->roofline_tp.items[i]);
+            }
+    if (n == 0)
+        return KV_OK;
+    d->roofline = kv_calloc(n, sizeof *d->roofline);
+    d->n_roofline = n;
+    for (size_t i = 0; i < n; i++) {
+        kv_device_roofline *r = &d->roofline[i];
+        r->tp = d->roofline_tp.items[i];
+        for (int ph = 0; ph < 2; ph++) {
+            r->floor_s[ph] = d->roofline_lists[3 * ph].items[i] * 1e-3;
+            r->efficiency[ph] = d->roofline_lists[3 * ph + 1].items[i];
+            r->token_s[ph] = d->roofline_lists[3 * ph + 2].items[i] * 1e-6;
+        }
+    }
+    return KV_OK;
+}
+
 static int load(const kv_schema *s, const char *sub, const char *name, const char *const *dirs, int n_dirs,
                 const char *where, void *out, kv_error *err)
 {
@@ -90,6 +145,10 @@ static int load(const kv_schema *s, const char *sub, const char *name, const cha
     rc = kv_ytree_load_file(path, &tree, err);
     if (!rc)
         rc = kv_schema_bind(s, tree, out, err);
+    if (!rc && s == &device_schema)
+        rc = device_roofline(tree, out, err);
+    if (rc)
+        kv_schema_free(s, out); /* a failed load owns nothing (the free NULLs what it frees: freeing again is fine) */
     kv_ytree_free(tree);
     return rc;
 }
@@ -123,8 +182,20 @@ int kv_device_profile_load(const char *name, const char *const *dirs, int n_dirs
 
 void kv_device_profile_free(kv_device_profile *d)
 {
-    if (d)
-        kv_schema_free(&device_schema, d);
+    if (!d)
+        return;
+    kv_free(d->roofline);
+    d->roofline = NULL;
+    d->n_roofline = 0;
+    kv_schema_free(&device_schema, d);
+}
+
+const kv_device_roofline *kv_device_roofline_find(const kv_device_profile *d, int tp)
+{
+    for (size_t i = 0; d && i < d->n_roofline; i++)
+        if (d->roofline[i].tp == tp)
+            return &d->roofline[i];
+    return NULL;
 }
 
 void kv_cards_print_reference(FILE *out)

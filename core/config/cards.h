@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include "core/base/error.h"
+#include "core/config/schema.h"
 
 /* A transformer's shape. */
 typedef struct kv_model_card {
@@ -23,6 +24,19 @@ typedef struct kv_model_card {
     char *source;       /* where the figures come from */
 } kv_model_card;
 
+/* A device profile's roofline calibration for one tensor-parallel degree (written by `kvsim calibrate`;
+   docs/timing.md): per phase [0] prefill, [1] decode, a step costs
+   max(floor, roofline / efficiency + token x tokens). */
+typedef struct kv_device_roofline {
+    int tp;
+    double floor_s[2];
+    double efficiency[2];
+    double token_s[2];
+} kv_device_roofline;
+
+/* The lists of the `roofline` section as read: tp, then per phase floor_ms, efficiency, token_us. */
+#define KV_DEVICE_ROOFLINE_LISTS 6
+
 /* An accelerator, as the roofline sees it. */
 typedef struct kv_device_profile {
     char *name;
@@ -39,6 +53,10 @@ typedef struct kv_device_profile {
     double interconnect_gbs;   /* scale-up link (NVLink, Infinity Fabric, HCCS) per device and direction, GB/s */
     double allreduce_latency_s;/* fixed cost of one tensor-parallel all-reduce */
     char *source;              /* datasheet */
+    kv_intlist roofline_tp;    /* the `roofline` section as read (parallel lists) */
+    kv_doublelist roofline_lists[KV_DEVICE_ROOFLINE_LISTS];
+    kv_device_roofline *roofline; /* one entry per roofline_tp item (owned; NULL when none) */
+    size_t n_roofline;
 } kv_device_profile;
 
 /* Loads a card/profile by name (looked up under <dir>/models or <dir>/devices
@@ -50,6 +68,8 @@ void kv_model_card_free(kv_model_card *m);
 int kv_device_profile_load(const char *name_or_path, const char *const *search_dirs, int n_dirs, const char *where,
                            kv_device_profile *out, kv_error *err);
 void kv_device_profile_free(kv_device_profile *d);
+/* d's roofline entry for tp, or NULL. */
+const kv_device_roofline *kv_device_roofline_find(const kv_device_profile *d, int tp);
 
 /* The references, for kvsim help cards. */
 void kv_cards_print_reference(FILE *out);

@@ -106,10 +106,14 @@ static void setup_timing(engine *e, const kv_run_inputs *in, kv_run_result *out)
     const kv_model_card *m = e->cfg->model;
     kv_timing_init(&e->prefill_timing, m, e->cfg->prefill.device, e->cfg->prefill.tp);
     kv_timing_init(&e->decode_timing, m, e->cfg->decode.device, e->cfg->decode.tp);
-    for (int ph = 0; ph < 2; ph++) {
-        e->prefill_timing.step_floor_s[ph] = e->decode_timing.step_floor_s[ph] = e->cfg->step_floor_s[ph];
-        e->prefill_timing.step_efficiency[ph] = e->decode_timing.step_efficiency[ph] = e->cfg->step_efficiency[ph];
-    }
+    /* timing.roofline.* apply to a pool whose device profile has no roofline entry for its tp (kv_timing_init
+       took the entry's knobs). */
+    kv_timing *pools[2] = {&e->prefill_timing, &e->decode_timing};
+    for (int p = 0; p < 2; p++)
+        for (int ph = 0; ph < 2 && !kv_device_roofline_find(pools[p]->device, pools[p]->tp); ph++) {
+            pools[p]->step_floor_s[ph] = e->cfg->step_floor_s[ph];
+            pools[p]->step_efficiency[ph] = e->cfg->step_efficiency[ph];
+        }
     e->prefill_timing.profile = in->prefill_profile;
     e->decode_timing.profile = in->decode_profile;
     if (in->costs) {

@@ -2,6 +2,9 @@
 #include "core/timing/timing.h"
 
 #include <math.h>
+#include <stdlib.h>
+
+#include "core/base/alloc.h"
 
 void kv_timing_init(kv_timing *t, const kv_model_card *m, const kv_device_profile *d, int tp)
 {
@@ -11,9 +14,11 @@ void kv_timing_init(kv_timing *t, const kv_model_card *m, const kv_device_profil
     t->encode_efficiency = d->memory_efficiency;
     t->decode_efficiency = d->memory_efficiency;
     t->profile = NULL;
+    const kv_device_roofline *r = kv_device_roofline_find(d, tp);
     for (int ph = 0; ph < 2; ph++) {
-        t->step_floor_s[ph] = 0;
-        t->step_efficiency[ph] = 1;
+        t->step_floor_s[ph] = r ? r->floor_s[ph] : 0;
+        t->step_efficiency[ph] = r ? r->efficiency[ph] : 1;
+        t->step_token_s[ph] = r ? r->token_s[ph] : 0;
     }
 }
 
@@ -108,7 +113,7 @@ double kv_step_roofline_seconds(const kv_timing *t, const kv_step_work *w)
     double memory = hbm_seconds(t, kv_model_weight_bytes(t->model) + w->kv_bytes);
     double base = (compute > memory ? compute : memory) + kv_step_allreduce_seconds(t, w) + d->kernel_overhead_s;
     int ph = w->prefill_requests > 0 ? 0 : 1;
-    base /= t->step_efficiency[ph];
+    base = base / t->step_efficiency[ph] + t->step_token_s[ph] * w->tokens;
     return (base > t->step_floor_s[ph] ? base : t->step_floor_s[ph]) + w->kernel_s;
 }
 
@@ -145,6 +150,140 @@ void kv_timing_fit_phase(const double *roofline, const double *table, size_t n, 
             }
         }
     }
+}
+
+double kv_timing_fit_model(double roofline, double tokens, double floor_s, double efficiency, double token_s)
+{
+    return fmax(floor_s, roofline / efficiency + token_s * tokens);
+}
+
+static double fit3_cost(const double *roofline, const double *tokens, const double *table, size_t n, double floor_s,
+                        double a, double b)
+{
+    double c = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = log(fmax(floor_s, a * roofline[i] + b * tokens[i]) / table[i]);
+        c += e * e;
+    }
+    return c;
+}
+
+/* One Gauss-Newton step for m = a r + b k (b forced to 0 when !with_b) on the points above the floor:
+   log m ~ log m0 + (m - m0) / m0, so minimise sum ((m - m0 (1 - log(m0 / t))) / m0)^2, a 2x2 (or 1x1)
+   weighted least squares. Returns 0 when the solution is not >= 0 (the caller keeps its values). */
+static int fit3_step(const double *r, const double *k, const double *t, size_t n, double floor_s, int with_b,
+                     double *a, double *b)
+{
+    double srr = 0, srk = 0, skk = 0, sry = 0, sky = 0;
+    for (size_t i = 0; i < n; i++) {
+        double m0 = *a * r[i] + *b * k[i];
+        if (!(m0 > floor_s) || !(m0 > 0))
+            continue; /* the floor holds this point: a and b do not move it */
+        double y = m0 * (1 - log(m0 / t[i])), w = 1 / (m0 * m0);
+        srr += w * r[i] * r[i];
+        srk += w * r[i] * k[i];
+        skk += w * k[i] * k[i];
+        sry += w * r[i] * y;
+        sky += w * k[i] * y;
+    }
+    double na, nb = 0;
+    if (with_b) {
+        double det = srr * skk - srk * srk;
+        if (!(det > 1e-12 * srr * skk))
+            return 0; /* r and k (nearly) proportional */
+        na = (sry * skk - sky * srk) / det;
+        nb = (srr * sky - srk * sry) / det;
+    } else {
+        if (!(srr > 0))
+            return 0;
+        na = sry / srr;
+    }
+    /* Within the device profile's ranges: efficiency (1 / a) 1e-6 to 100, at most 1 s per token. */
+    if (!(na >= 0.01 && na <= 1e6) || !(nb >= 0 && nb <= 1))
+        return 0;
+    *a = na;
+    *b = nb;
+    return 1;
+}
+
+void kv_timing_fit_phase_tokens(const double *roofline, const double *tokens, const double *table, size_t n,
+                                double *floor_s, double *efficiency, double *token_s)
+{
+    *floor_s = 0;
+    *efficiency = 1;
+    *token_s = 0;
+    if (n == 0)
+        return;
+    double lo = table[0];
+    for (size_t i = 1; i < n; i++)
+        lo = fmin(lo, table[i]);
+    double best = INFINITY;
+    for (int f = 0; f <= 150; f++) {
+        double fl = lo * 0.01 * f;
+        for (int with_b = 0; with_b < 2; with_b++) {
+            double a = 1, b = 0;
+            for (int it = 0; it < 40 && fit3_step(roofline, tokens, table, n, fl, with_b, &a, &b); it++)
+                ;
+            double c = fit3_cost(roofline, tokens, table, n, fl, a, b);
+            if (c < best) {
+                best = c;
+                *floor_s = fl;
+                *efficiency = 1 / a;
+                *token_s = b;
+            }
+        }
+    }
+}
+
+double kv_timing_point_stock_seconds(const kv_timing *t, int decode, double batch, double x, double *tokens,
+                                     double *no_comm_s)
+{
+    kv_timing stock = *t;
+    for (int ph = 0; ph < 2; ph++) {
+        stock.step_floor_s[ph] = 0;
+        stock.step_efficiency[ph] = 1;
+        stock.step_token_s[ph] = 0;
+    }
+    kv_step_work w = {0};
+    for (int i = 0; i < (int)batch; i++) {
+        if (decode)
+            kv_step_add_decode(&stock, &w, x, bf16_kv_bytes(t->model, x));
+        else
+            kv_step_add_prefill(&stock, &w, x);
+    }
+    double s = kv_step_roofline_seconds(&stock, &w);
+    if (no_comm_s)
+        *no_comm_s = s - kv_step_allreduce_seconds(&stock, &w);
+    *tokens = w.tokens;
+    return s;
+}
+
+static int compare_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+void kv_timing_fit_errors(const double *roofline, const double *tokens, const double *table, size_t n,
+                          double floor_s, double efficiency, double token_s, double *median, double *worst, double *worst_ratio)
+{
+    *median = *worst = 0;
+    *worst_ratio = 1;
+    if (n == 0)
+        return;
+    double *e = kv_calloc(n, sizeof *e), far = -1;
+    for (size_t i = 0; i < n; i++) {
+        double m = kv_timing_fit_model(roofline[i], tokens[i], floor_s, efficiency, token_s);
+        e[i] = fabs(m / table[i] - 1);
+        *worst = fmax(*worst, e[i]);
+        if (fabs(log(table[i] / m)) > far) {
+            far = fabs(log(table[i] / m));
+            *worst_ratio = table[i] / m;
+        }
+    }
+    qsort(e, n, sizeof *e, compare_double);
+    *median = n % 2 ? e[n / 2] : (e[n / 2 - 1] + e[n / 2]) / 2;
+    kv_free(e);
 }
 
 /* The profiled table's time for the step (see timing.h). */

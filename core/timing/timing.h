@@ -45,14 +45,17 @@ typedef struct kv_timing {
     double encode_efficiency;    /* fraction of bandwidth KV encode kernels reach */
     double decode_efficiency;    /* likewise for merge/dequantize kernels */
     const kv_profile *profile;   /* step times from a profiled table; NULL: the roofline */
-    /* Roofline calibration (timing.roofline.*), per phase [0] prefill (a step with prompts), [1] decode:
-       a step costs max(floor, roofline / efficiency) + its known kernel time. Defaults 0 and 1 leave the
-       roofline unchanged. */
+    /* Roofline calibration (timing.roofline.*, or a device profile's roofline entry for this tp), per phase
+       [0] prefill (a step with prompts), [1] decode: a step costs
+       max(floor, roofline / efficiency + token_s x tokens) + its known kernel time. Defaults 0, 1 and 0
+       leave the roofline unchanged. */
     double step_floor_s[2];
     double step_efficiency[2];
+    double step_token_s[2];
 } kv_timing;
 
-/* A roofline timing (profile NULL). */
+/* A roofline timing (profile NULL); the knobs come from d's roofline entry for tp when it has one
+   (kv_device_roofline_find), else the defaults. */
 void kv_timing_init(kv_timing *t, const kv_model_card *m, const kv_device_profile *d, int tp);
 
 /* FLOPs of the matrix products for one token (all layers, no LM head). */
@@ -90,6 +93,29 @@ double kv_step_roofline_seconds(const kv_timing *t, const kv_step_work *w);
    of 1% of the smallest table time up to 1.5x it, efficiency 0.01-10 in 0.5% steps). */
 void kv_timing_fit_phase(const double *roofline, const double *table, size_t n, double *floor_s,
                          double *efficiency);
+
+/* The calibration model fitted by `kvsim calibrate` (docs/timing.md, "Calibrating the roofline"): fits one
+   phase's floor, efficiency and per-token overhead to n profiled points (roofline[i] the stock roofline's
+   seconds, tokens[i] the step's tokens, table[i] the table's seconds), minimising the sum of squared log
+   ratios of max(floor, roofline / efficiency + token_s x tokens) to the table. For each floor of the grid
+   above, 1 / efficiency and token_s (both >= 0) are found by Gauss-Newton steps on the log error (weighted
+   linear least squares, 40 iterations, token_s = 0 tried as well; a step leaving efficiency 1e-6 to 100 or
+   token_s 0-1 s is not taken). */
+void kv_timing_fit_phase_tokens(const double *roofline, const double *tokens, const double *table, size_t n,
+                                double *floor_s, double *efficiency, double *token_s);
+/* The fitted step time of a point: max(floor, roofline / efficiency + token_s x tokens). */
+double kv_timing_fit_model(double roofline, double tokens, double floor_s, double efficiency, double token_s);
+
+/* The stock roofline's seconds (floor 0, efficiency 1, no per-token term, whatever t's knobs) for a profiled
+   point of the table (decode 0: `batch` prompts of x tokens; 1: `batch` decode tokens over x tokens of bf16
+   KV, the table's KV); *tokens gets the step's tokens, *no_comm_s (may be NULL) the seconds without the
+   all-reduces. */
+double kv_timing_point_stock_seconds(const kv_timing *t, int decode, double batch, double x, double *tokens,
+                                     double *no_comm_s);
+/* The errors |fitted / table - 1| of n points under knobs (floor_s, efficiency, token_s): their median, the
+   largest, and the ratio table / fitted of the point farthest from 1 in log. */
+void kv_timing_fit_errors(const double *roofline, const double *tokens, const double *table, size_t n,
+                          double floor_s, double efficiency, double token_s, double *median, double *worst, double *worst_ratio);
 
 /* Seconds of the step's tensor-parallel all-reduces (0 when tp is 1). */
 double kv_step_allreduce_seconds(const kv_timing *t, const kv_step_work *w);
