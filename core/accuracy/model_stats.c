@@ -911,3 +911,14 @@ int kv_model_stats_write(const char *path, const kv_model_stats *s, kv_error *er
     }
     return kv_afile_commit(&a, err);
 }
+
+void kv_model_stats_add_command(kv_model_stats *s, const char *word, int argc, char **argv)
+{
+    size_t size = sizeof s->command, at = strlen(s->command);
+    int n = snprintf(s->command + at, size - at, "%skvsim %s", at ? "; then " : "", word);
+    at = n > 0 && at + (size_t)n < size ? at + (size_t)n : size - 1;
+    for (int i = 1; i < argc && at < size - 1; i++) {
+        n = snprintf(s->command + at, size - at, " %s", argv[i]);
+        at = n > 0 && at + (size_t)n < size ? at + (size_t)n : size - 1;
+    }
+}

@@ -79,7 +79,11 @@ int kv_model_stats_read(const char *path, kv_model_stats *out, kv_error *err);
    failure). */
 int kv_model_stats_write(const char *path, const kv_model_stats *s, kv_error *err);
 
-void kv_model_stats_free(kv_model_stats *s); /* frees what s owns; s itself is the caller's */
+void kv_model_stats_free(kv_model_stats *s);
+
+/* Records a step that changed s in producer.command: "kvsim WORD ARGS" after what is there
+   ("…; then kvsim WORD ARGS"), argv[1..argc) joined by spaces, cut at the field's size. */
+void kv_model_stats_add_command(kv_model_stats *s, const char *word, int argc, char **argv); /* frees what s owns; s itself is the caller's */
 
 /* The entry whose encodings equal enc[0..n) (n = layers x kv_heads, the
    policy's per-(layer, KV head) encodings of the measured model's shape, or

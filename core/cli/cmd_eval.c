@@ -173,8 +173,10 @@ int kv_cmd_eval(int argc, char **argv)
         rc = kv_evalcache_store(cache, res, &err); /* for kvsim run; a cache that cannot be written is no error */
         if (!rc && stats_path) {
             rc = kv_evalcache_merge_stats(cache, res, &stats, stats_path, &err);
-            if (!rc)
+            if (!rc) {
+                kv_model_stats_add_command(&stats, "eval", argc, argv); /* the file says what wrote its accuracy[] */
                 rc = kv_model_stats_write(stats_path, &stats, &err);
+            }
             if (!rc && !quiet)
                 fprintf(stderr, "kvsim eval: wrote the accuracy entries of %s\n", stats_path);
         }

@@ -390,11 +390,9 @@ int kv_cmd_measure(int argc, char **argv)
         snprintf(st.model.sha256, sizeof st.model.sha256, "%s", sha);
         snprintf(st.tool, sizeof st.tool, "kvsim %s", KV_VERSION);
         /* Extending a file: its command stays in front, as the earlier step of what made it. */
-        char before[sizeof st.command];
-        snprintf(before, sizeof before, "%s", existing ? st.command : "");
-        int at = snprintf(st.command, sizeof st.command, "%s%skvsim measure", before, before[0] ? "; then " : "");
-        for (int i = 1; i < argc && at < (int)sizeof st.command; i++)
-            at += snprintf(st.command + at, sizeof st.command - (size_t)at, " %s", argv[i]);
+        if (!existing)
+            st.command[0] = '\0';
+        kv_model_stats_add_command(&st, "measure", argc, argv);
         st.measurement = MEASURE_METHOD;
         for (int i = 0; i < n_texts && !rc; i++) {
             char tsha[65];

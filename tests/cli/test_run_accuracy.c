@@ -171,6 +171,13 @@ Test(run_accuracy, eval_stats_merges_accuracy_entries)
         cr_assert_eq(n, 3, "bf16, int4 and lynx, pass %d:\n%s", pass, json);
         cr_assert(strstr(json, "\"encodings\": [\"k=int4"), "%s", json);
         cr_assert(strstr(json, "\"scored_tokens\": 64"), "%s", json);
+        /* producer.command says what wrote the accuracy entries, each pass once more */
+        char step[600];
+        snprintf(step, sizeof step, "; then kvsim eval %s --quiet --stats %s", f.scenario, stats);
+        const char *at = strstr(json, step);
+        cr_assert(at, "no '%s' in:\n%s", step, json);
+        if (pass == 1)
+            cr_assert(strstr(at + 1, step), "the second pass adds its step too:\n%s", json);
         free(json);
     }
     /* kvsim run of a scenario whose `stats:` is that file shows its figures, with an empty eval cache. */
