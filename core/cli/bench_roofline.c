@@ -8,11 +8,11 @@
 #include "core/config/cards.h"
 #include "core/base/alloc.h"
 #include "core/cli/commands.h"
+#include "core/cli/table_args.h"
 #include "core/report/metrics.h"
 #include "core/timing/profile.h"
 #include "core/timing/timing.h"
 
-#define MAX_TP 8
 
 static void usage(FILE *out)
 {
@@ -144,9 +144,9 @@ static int compare_tp(const char *path, const char *pmodel, const char *hw, int 
 
 int kv_cmd_bench_roofline(int argc, char **argv)
 {
-    const char *path = NULL, *pmodel = NULL, *hw = NULL, *model = "llama-2-70b", *device = "h100-sxm";
+    kv_table_args t;
+    kv_table_args_init(&t);
     const char *cal_path = NULL;
-    int tps[MAX_TP], n_tp = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -159,57 +159,40 @@ int kv_cmd_bench_roofline(int argc, char **argv)
             return 2;
         }
         const char *v = argv[++i];
-        if (strcmp(a, "--profile") == 0)
-            path = v;
-        else if (strcmp(a, "--profile-model") == 0)
-            pmodel = v;
-        else if (strcmp(a, "--hardware") == 0)
-            hw = v;
-        else if (strcmp(a, "--model") == 0)
-            model = v;
-        else if (strcmp(a, "--device") == 0)
-            device = v;
-        else if (strcmp(a, "--calibrated") == 0)
+        int taken = kv_table_args_take(&t, "bench roofline", a, v);
+        if (taken == 2)
+            return 2;
+        if (taken)
+            continue;
+        if (strcmp(a, "--calibrated") == 0) {
             cal_path = v;
-        else if (strcmp(a, "--tp") == 0 && n_tp < MAX_TP) {
-            char *end = NULL;
-            long tp = strtol(v, &end, 10);
-            if (!*v || *end || tp < 1 || tp > 4096) {
-                fprintf(stderr, "kvsim bench roofline: --tp: expected an integer 1-4096, got '%s'\n", v);
-                return 2;
-            }
-            tps[n_tp++] = (int)tp;
         } else {
             fprintf(stderr, "kvsim bench roofline: unknown option '%s'\n", a);
             usage(stderr);
             return 2;
         }
     }
-    if (!path || !pmodel || !hw) {
+    if (!t.profile || !t.profile_model || !t.hardware) {
         fprintf(stderr, "kvsim bench roofline: --profile, --profile-model and --hardware are required\n");
         usage(stderr);
         return 2;
     }
-    if (n_tp == 0) {
-        tps[n_tp++] = 2;
-        tps[n_tp++] = 4;
-        tps[n_tp++] = 8;
+    if (t.n_tp == 0) {
+        t.tps[t.n_tp++] = 2;
+        t.tps[t.n_tp++] = 4;
+        t.tps[t.n_tp++] = 8;
     }
+    const char *path = t.profile, *pmodel = t.profile_model, *hw = t.hardware, *model = t.model;
+    const int *tps = t.tps;
+    int n_tp = t.n_tp;
     char root[KV_DATA_PATH_MAX], data[KV_DATA_PATH_MAX + 16];
     snprintf(data, sizeof data, "%s/scenarios", kv_data_dir(root, sizeof root) ? root : ".");
     const char *dirs[] = {".", data};
     kv_error err = {0};
     kv_model_card m;
     kv_device_profile d;
-    if (kv_model_card_load(model, dirs, 2, "--model", &m, &err)) {
-        fprintf(stderr, "kvsim bench roofline: %s\n", err.msg);
+    if (kv_table_args_load(&t, "bench roofline", &m, &d))
         return 2;
-    }
-    if (kv_device_profile_load(device, dirs, 2, "--device", &d, &err)) {
-        fprintf(stderr, "kvsim bench roofline: %s\n", err.msg);
-        kv_model_card_free(&m);
-        return 2;
-    }
     kv_device_profile cal;
     if (cal_path && kv_device_profile_load(cal_path, dirs, 2, "--calibrated", &cal, &err)) {
         fprintf(stderr, "kvsim bench roofline: %s\n", err.msg);

@@ -10,11 +10,12 @@
 #include "core/base/datadir.h"
 #include "core/base/json.h"
 #include "core/cli/commands.h"
+#include "core/cli/table_args.h"
 #include "core/config/cards.h"
 #include "core/timing/profile.h"
 #include "core/timing/timing.h"
 
-#define MAX_TP 16
+#define MAX_TP KV_TABLE_MAX_TP
 
 static void usage(FILE *out)
 {
@@ -169,8 +170,9 @@ static int publish(const char *out, const kv_device_profile *d, const char *devi
 
 int kv_cmd_calibrate(int argc, char **argv)
 {
-    const char *path = NULL, *pmodel = NULL, *hw = NULL, *model = "llama-2-70b", *device = "h100-sxm", *out = NULL;
-    int tps[MAX_TP], n_tp = 0;
+    kv_table_args t;
+    kv_table_args_init(&t);
+    const char *out = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -183,65 +185,36 @@ int kv_cmd_calibrate(int argc, char **argv)
             return 2;
         }
         const char *v = argv[++i];
-        if (strcmp(a, "--profile") == 0)
-            path = v;
-        else if (strcmp(a, "--profile-model") == 0)
-            pmodel = v;
-        else if (strcmp(a, "--hardware") == 0)
-            hw = v;
-        else if (strcmp(a, "--model") == 0)
-            model = v;
-        else if (strcmp(a, "--device") == 0)
-            device = v;
-        else if (strcmp(a, "--out") == 0)
+        int taken = kv_table_args_take(&t, "calibrate", a, v);
+        if (taken == 2)
+            return 2;
+        if (taken)
+            continue;
+        if (strcmp(a, "--out") == 0) {
             out = v;
-        else if (strcmp(a, "--tp") == 0) {
-            char *end = NULL;
-            long tp = strtol(v, &end, 10);
-            if (!*v || *end || tp < 1 || tp > 4096) {
-                fprintf(stderr, "kvsim calibrate: --tp: expected an integer 1-4096, got '%s'\n", v);
-                return 2;
-            }
-            if (n_tp == MAX_TP) {
-                fprintf(stderr, "kvsim calibrate: --tp: at most %d degrees\n", MAX_TP);
-                return 2;
-            }
-            for (int k = 0; k < n_tp; k++)
-                if (tps[k] == (int)tp) {
-                    fprintf(stderr, "kvsim calibrate: --tp: %ld given twice\n", tp);
-                    return 2;
-                }
-            tps[n_tp++] = (int)tp;
         } else {
             fprintf(stderr, "kvsim calibrate: unknown option '%s'\n", a);
             usage(stderr);
             return 2;
         }
     }
-    if (!path || !pmodel || !hw || !out) {
+    if (!t.profile || !t.profile_model || !t.hardware || !out) {
         fprintf(stderr, "kvsim calibrate: --profile, --profile-model, --hardware and --out are required\n");
         usage(stderr);
         return 2;
     }
-    int all_tp = n_tp == 0;
+    int all_tp = t.n_tp == 0;
     if (all_tp)
         for (int tp = 1; tp <= 64; tp *= 2)
-            tps[n_tp++] = tp;
-    char root[KV_DATA_PATH_MAX], data[KV_DATA_PATH_MAX + 16];
-    snprintf(data, sizeof data, "%s/scenarios", kv_data_dir(root, sizeof root) ? root : ".");
-    const char *dirs[] = {".", data};
+            t.tps[t.n_tp++] = tp;
+    const char *path = t.profile, *pmodel = t.profile_model, *hw = t.hardware, *device = t.device;
+    const int *tps = t.tps;
+    int n_tp = t.n_tp;
     kv_error err = {0};
     kv_model_card m;
     kv_device_profile d;
-    if (kv_model_card_load(model, dirs, 2, "--model", &m, &err)) {
-        fprintf(stderr, "kvsim calibrate: %s\n", err.msg);
+    if (kv_table_args_load(&t, "calibrate", &m, &d))
         return 2;
-    }
-    if (kv_device_profile_load(device, dirs, 2, "--device", &d, &err)) {
-        fprintf(stderr, "kvsim calibrate: %s\n", err.msg);
-        kv_model_card_free(&m);
-        return 2;
-    }
     printf("kvsim calibrate: %s on %s against %s rows '%s' on '%s'\n"
            "error = |roofline / profiled - 1| per point; before: the stock roofline, after: the fitted knobs\n\n",
            m.name, d.name, path, pmodel, hw);
