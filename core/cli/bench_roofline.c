@@ -145,33 +145,10 @@ static int compare_tp(const char *path, const char *pmodel, const char *hw, int 
 int kv_cmd_bench_roofline(int argc, char **argv)
 {
     kv_table_args t;
-    kv_table_args_init(&t);
     const char *cal_path = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            usage(stdout);
-            return 0;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "kvsim bench roofline: %s needs a value\n", a);
-            usage(stderr);
-            return 2;
-        }
-        const char *v = argv[++i];
-        int taken = kv_table_args_take(&t, "bench roofline", a, v);
-        if (taken == 2)
-            return 2;
-        if (taken)
-            continue;
-        if (strcmp(a, "--calibrated") == 0) {
-            cal_path = v;
-        } else {
-            fprintf(stderr, "kvsim bench roofline: unknown option '%s'\n", a);
-            usage(stderr);
-            return 2;
-        }
-    }
+    int parsed = kv_table_args_parse(&t, "bench roofline", argc, argv, "--calibrated", &cal_path, usage);
+    if (parsed)
+        return parsed < 0 ? 0 : parsed;
     if (!t.profile || !t.profile_model || !t.hardware) {
         fprintf(stderr, "kvsim bench roofline: --profile, --profile-model and --hardware are required\n");
         usage(stderr);

@@ -171,33 +171,10 @@ static int publish(const char *out, const kv_device_profile *d, const char *devi
 int kv_cmd_calibrate(int argc, char **argv)
 {
     kv_table_args t;
-    kv_table_args_init(&t);
     const char *out = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            usage(stdout);
-            return 0;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "kvsim calibrate: %s needs a value\n", a);
-            usage(stderr);
-            return 2;
-        }
-        const char *v = argv[++i];
-        int taken = kv_table_args_take(&t, "calibrate", a, v);
-        if (taken == 2)
-            return 2;
-        if (taken)
-            continue;
-        if (strcmp(a, "--out") == 0) {
-            out = v;
-        } else {
-            fprintf(stderr, "kvsim calibrate: unknown option '%s'\n", a);
-            usage(stderr);
-            return 2;
-        }
-    }
+    int parsed = kv_table_args_parse(&t, "calibrate", argc, argv, "--out", &out, usage);
+    if (parsed)
+        return parsed < 0 ? 0 : parsed;
     if (!t.profile || !t.profile_model || !t.hardware || !out) {
         fprintf(stderr, "kvsim calibrate: --profile, --profile-model, --hardware and --out are required\n");
         usage(stderr);

@@ -47,6 +47,38 @@ int kv_table_args_take(kv_table_args *t, const char *cmd, const char *flag, cons
     return 1;
 }
 
+int kv_table_args_parse(kv_table_args *t, const char *cmd, int argc, char **argv, const char *extra,
+                        const char **extra_value, void (*usage)(FILE *))
+{
+    kv_table_args_init(t);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            return -1;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "kvsim %s: %s needs a value\n", cmd, a);
+            usage(stderr);
+            return 2;
+        }
+        const char *v = argv[++i];
+        int taken = kv_table_args_take(t, cmd, a, v);
+        if (taken == 2)
+            return 2;
+        if (taken)
+            continue;
+        if (extra && strcmp(a, extra) == 0) {
+            *extra_value = v;
+        } else {
+            fprintf(stderr, "kvsim %s: unknown option '%s'\n", cmd, a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    return 0;
+}
+
 int kv_table_args_load(const kv_table_args *t, const char *cmd, kv_model_card *m, kv_device_profile *d)
 {
     char root[KV_DATA_PATH_MAX], data[KV_DATA_PATH_MAX + 16];

@@ -4,6 +4,8 @@
 #ifndef KV_TABLE_ARGS_H
 #define KV_TABLE_ARGS_H
 
+#include <stdio.h>
+
 #include "core/config/cards.h"
 
 #define KV_TABLE_MAX_TP 16 /* --tp degrees at most */
@@ -19,6 +21,11 @@ void kv_table_args_init(kv_table_args *t);
 /* Takes `flag value` when it is one of the flags above: 1 taken, 0 not one of them, 2 a bad value (the
    message, prefixed "kvsim CMD: ", is on stderr). */
 int kv_table_args_take(kv_table_args *t, const char *cmd, const char *flag, const char *value);
+
+/* Parses argv[1..argc): --help/-h (usage(stdout), returns -1), these flags, and one more flag `extra`
+   whose value goes to *extra_value (NULL: none); 0, or 2 after a message and usage(stderr). */
+int kv_table_args_parse(kv_table_args *t, const char *cmd, int argc, char **argv, const char *extra,
+                        const char **extra_value, void (*usage)(FILE *));
 
 /* Loads the model card and device profile (looked for in the working folder, then kvsim's data folder):
    0, or 2 with the message on stderr and nothing to free. */
