@@ -45,6 +45,12 @@ static double delta_ppl(const kv_policy_outcome *o)
     return o->accuracy && o->accuracy->measured ? o->accuracy->delta_ppl : NAN;
 }
 
+/* The larger side of a delta-perplexity interval, as the accuracy table prints it. */
+static double half_width(const kv_acc_figures *a)
+{
+    return fmax(a->delta_ppl_ci95[1] - a->delta_ppl, a->delta_ppl - a->delta_ppl_ci95[0]);
+}
+
 /* "; delta perplexity: A +x ±y, B ..." for the named rows (each once), when measured. */
 static void accuracy_clause(FILE *out, const kv_policy_outcome *o, const size_t *rows, size_t k)
 {
@@ -56,13 +62,38 @@ static void accuracy_clause(FILE *out, const kv_policy_outcome *o, const size_t 
         const kv_policy_outcome *r = &o[rows[j]];
         if (seen || isnan(delta_ppl(r)))
             continue;
-        const kv_acc_figures *a = r->accuracy;
-        fprintf(out, "%s%s %+.3f ±%.3f", any ? ", " : "; at a delta perplexity of ", r->name, a->delta_ppl,
-                (a->delta_ppl_ci95[1] - a->delta_ppl_ci95[0]) / 2);
+        fprintf(out, "%s%s %+.3f ±%.3f", any ? ", " : "; at a delta perplexity of ", r->name, r->accuracy->delta_ppl,
+                half_width(r->accuracy));
         any = true;
     }
     if (any)
         fputs(" on the reference model", out);
+}
+
+/* The compressed row (not the baseline) whose delta perplexity is nearest 0, n when none is measured. */
+static size_t least_lost(const kv_policy_outcome *o, size_t n, size_t base)
+{
+    size_t best = n;
+    for (size_t i = 0; i < n; i++)
+        if (i != base && !isnan(delta_ppl(&o[i])) &&
+            (best == n || fabs(delta_ppl(&o[i])) < fabs(delta_ppl(&o[best]))))
+            best = i;
+    return best;
+}
+
+/* "; the least accuracy lost: P +x ±y at R x smaller KV" when P is not among the rows already named. */
+static void least_lost_clause(FILE *out, const kv_policy_outcome *o, size_t n, size_t base, const size_t *rows,
+                              size_t k)
+{
+    size_t l = least_lost(o, n, base);
+    if (l == n)
+        return;
+    for (size_t j = 0; j < k; j++)
+        if (rows[j] == l)
+            return;
+    double r = o[l].summary.compression_ratio / o[base].summary.compression_ratio;
+    fprintf(out, "; the least accuracy lost: %s %+.3f ±%.3f with %.2fx smaller KV", o[l].name,
+            o[l].accuracy->delta_ppl, half_width(o[l].accuracy), r);
 }
 
 /* Decimals that show a ratio with at least two significant digits (0.78, 0.018, 0.0018). */
@@ -96,6 +127,7 @@ void kv_report_reading(FILE *out, const kv_policy_outcome *o, size_t n)
                      "wire %.*fx smaller, mean end-to-end latency %.*fx",
                 o[b].name, o[fast].name, D(r_fast), spec, D(r_tail), D(r_small), D(r_done));
         accuracy_clause(out, o, &fast, 1);
+        least_lost_clause(out, o, n, b, &fast, 1);
         fputc('\n', out);
         return;
     }
@@ -106,5 +138,6 @@ void kv_report_reading(FILE *out, const kv_policy_outcome *o, size_t n)
             D(r_small), o[done].name, D(r_done));
     size_t rows[4] = {fast, tail, small, done};
     accuracy_clause(out, o, rows, 4);
+    least_lost_clause(out, o, n, b, rows, 4);
     fputc('\n', out);
 }

@@ -4,7 +4,8 @@
  * first token comes soonest (speculative when it speculates), the lowest p99
  * TTFT, the smallest KV on the wire and the lowest mean end-to-end latency,
  * each as a ratio to the baseline, then the delta perplexity (±95%) of each
- * policy named, where its accuracy was measured. Nothing is printed for fewer
+ * policy named, where its accuracy was measured, and the compressed policy
+ * that loses the least accuracy when it is not one of them. Nothing is printed for fewer
  * than two rows or when a latency figure is missing.
  */
 #ifndef KV_READING_H

@@ -83,6 +83,16 @@ Test(reading, delta_perplexity_of_each_named_policy_when_measured)
     cr_expect(strstr(t, "; at a delta perplexity of int4 +0.848 ±0.627 on the reference model\n") != NULL, "%s", t);
     cr_expect(strstr(t, "lynx -") == NULL && strstr(t, "lynx +") == NULL, "lynx is not measured: %s", t);
     free(t);
+    /* a measured policy that wins nothing but loses the least accuracy is named once, with its ratio */
+    kv_acc_figures a8 = {.measured = true, .delta_ppl = -0.031, .delta_ppl_ci95 = {-0.059, -0.003}};
+    kv_policy_outcome p[4];
+    memcpy(p, o, sizeof o);
+    row(&p[3], "int8", 90, NAN, 180, 1.78, 1050);
+    p[3].accuracy = &a8;
+    t = reading(p, 4);
+    cr_expect(strstr(t, "on the reference model; the least accuracy lost: int8 -0.031 ±0.028 with 1.78x smaller KV\n")
+                  != NULL, "%s", t);
+    free(t);
 }
 
 Test(reading, small_ratios_keep_two_significant_digits)
