@@ -67,16 +67,15 @@ char *kvt_read(const char *path, size_t *len)
     return buf;
 }
 
-int kvt_kvsim(const char *args, char **output)
+int kvt_sh(const char *cmd, char **output)
 {
-    const char *bin = getenv("KVSIM");
-    if (!bin)
-        bin = KV_BINARY_DIR "/kvsim";
-    char *cmd = NULL;
-    if (asprintf(&cmd, "%s %s 2>&1", bin, args) < 0)
+    if (output)
+        *output = NULL;
+    char *full = NULL;
+    if (asprintf(&full, "%s 2>&1", cmd) < 0)
         return -1;
-    FILE *p = popen(cmd, "r");
-    free(cmd);
+    FILE *p = popen(full, "r");
+    free(full);
     if (!p)
         return -1;
     char *buf = read_stream(p, NULL);
@@ -85,9 +84,18 @@ int kvt_kvsim(const char *args, char **output)
         *output = buf;
     else
         free(buf);
-    if (WIFEXITED(status))
-        return WEXITSTATUS(status);
-    return -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+int kvt_kvsim(const char *args, char **output)
+{
+    const char *bin = getenv("KVSIM");
+    char *cmd = NULL;
+    if (asprintf(&cmd, "%s %s", bin ? bin : KV_BINARY_DIR "/kvsim", args) < 0)
+        return -1;
+    int rc = kvt_sh(cmd, output);
+    free(cmd);
+    return rc;
 }
 
 void kvt_rmtree(const char *dir)

@@ -18,6 +18,9 @@ char *kvt_write(const char *dir, const char *name, const char *text);
 char *kvt_read(const char *path, size_t *len);
 /* Expects dir_a/names[i] and dir_b/names[i] to exist with the same bytes, for each of the n names. */
 void kvt_expect_same_files(const char *dir_a, const char *dir_b, const char *const *names, int n);
+/* Runs a shell command line (sh -c) with stderr joined to stdout; the output in *output (free it; NULL
+   to drop it). Returns the exit code, or -1 if it could not start or was killed by a signal. */
+int kvt_sh(const char *cmd, char **output);
 /* Runs the kvsim binary with a shell argument string; captures stdout+stderr
    (free *output). Returns the exit code, or -1 if it was killed by a signal. */
 int kvt_kvsim(const char *args, char **output);

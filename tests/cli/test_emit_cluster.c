@@ -17,31 +17,6 @@ static const char *kvsim_bin(void)
     return bin ? bin : KV_BINARY_DIR "/kvsim";
 }
 
-/* Runs a shell command; stdout+stderr in *out (free it). Returns its exit status, -1 if it died. */
-static int sh(const char *cmd, char **out)
-{
-    char *full = NULL;
-    cr_assert(asprintf(&full, "%s 2>&1", cmd) > 0);
-    FILE *p = popen(full, "r");
-    cr_assert(p, "%s", full);
-    size_t cap = 1 << 16, len = 0, n;
-    char *buf = malloc(cap);
-    cr_assert(buf);
-    while ((n = fread(buf + len, 1, cap - len - 1, p)) > 0) {
-        len += n;
-        if (cap - len < 4096) {
-            cap *= 2;
-            buf = realloc(buf, cap);
-            cr_assert(buf);
-        }
-    }
-    buf[len] = '\0';
-    int status = pclose(p);
-    free(full);
-    *out = buf;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 /* A two-point sweep of a small scenario (a fraction of a second a point) in dir; its path (free it). */
 static char *small_sweep(const char *dir)
 {
@@ -58,7 +33,7 @@ static char *small_sweep(const char *dir)
 Test(emit_cluster, parallel_jobs_collect_to_the_same_sweep_csv, .timeout = 240)
 {
     char *out = NULL;
-    if (sh("command -v parallel", &out) != 0) {
+    if (kvt_sh("command -v parallel", &out) != 0) {
         free(out);
         cr_skip_test("skipped: GNU parallel is not installed (Debian: parallel; scripts/setup.sh installs it)");
     }
@@ -69,7 +44,7 @@ Test(emit_cluster, parallel_jobs_collect_to_the_same_sweep_csv, .timeout = 240)
     cr_assert(asprintf(&cmd, "cd '%s' && '%s' sweep '%s' -j 2 --out local && '%s' sweep '%s' --emit parallel --out par "
                        "&& cd / && parallel -j 2 < '%s/par/jobs.txt' && '%s' sweep --collect '%s/par'",
                        dir, kvsim_bin(), sweep, kvsim_bin(), sweep, dir, kvsim_bin(), dir) > 0);
-    int rc = sh(cmd, &out);
+    int rc = kvt_sh(cmd, &out);
     cr_assert_eq(rc, 0, "%s\n%s", cmd, out);
     cr_expect(strstr(out, "2 with results, 0 failed, 0 missing"), "%s", out);
     free(out);
@@ -96,7 +71,7 @@ Test(emit_cluster, slurm_single_node_runs_the_emitted_array, .timeout = 420)
     char *script = kvt_source("tests/scripts/slurm-single-node.sh");
     char *cmd = NULL, *out = NULL;
     cr_assert(asprintf(&cmd, "sh '%s' '%s' '%s'", script, kvsim_bin(), sweep) > 0);
-    int rc = sh(cmd, &out);
+    int rc = kvt_sh(cmd, &out);
     if (rc == 77) {
         /* The script's one line: "skipped: slurm cannot start here: <reason>". */
         char *line = strstr(out, "skipped: ");

@@ -15,27 +15,12 @@ static int kvsim_in(const char *dir, const char *env, const char *args, char **o
 {
     const char *bin = getenv("KVSIM");
     char *cmd = NULL;
-    cr_assert(asprintf(&cmd, "cd '%s' && %s '%s' %s 2>&1", dir, env ? env : "", bin ? bin : KV_BINARY_DIR "/kvsim",
+    cr_assert(asprintf(&cmd, "cd '%s' && %s '%s' %s", dir, env ? env : "", bin ? bin : KV_BINARY_DIR "/kvsim",
                        args) > 0);
-    FILE *p = popen(cmd, "r");
-    cr_assert(p, "%s", cmd);
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    cr_assert(buf);
-    size_t n;
-    while ((n = fread(buf + len, 1, cap - len - 1, p)) > 0) {
-        len += n;
-        if (cap - len < 4096) {
-            cap *= 2;
-            buf = realloc(buf, cap);
-            cr_assert(buf);
-        }
-    }
-    buf[len] = '\0';
-    int status = pclose(p);
+    int rc = kvt_sh(cmd, out);
+    cr_assert(*out, "%s", cmd);
     free(cmd);
-    *out = buf;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return rc;
 }
 
 /* cp -r SOURCE/what DEST/ */

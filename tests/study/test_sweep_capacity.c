@@ -19,25 +19,11 @@ static int sh_in(const char *dir, const char *cmd, char **out)
 {
     const char *bin = getenv("KVSIM");
     char *full = NULL;
-    cr_assert(asprintf(&full, "cd '%s' && KV='%s' && %s 2>&1", dir, bin ? bin : KV_BINARY_DIR "/kvsim", cmd) > 0);
-    FILE *p = popen(full, "r");
-    cr_assert(p, "%s", full);
-    size_t cap = 1 << 16, len = 0, n;
-    char *buf = malloc(cap);
-    cr_assert(buf);
-    while ((n = fread(buf + len, 1, cap - len - 1, p)) > 0) {
-        len += n;
-        if (cap - len < 4096) {
-            cap *= 2;
-            buf = realloc(buf, cap);
-            cr_assert(buf);
-        }
-    }
-    buf[len] = '\0';
-    int status = pclose(p);
+    cr_assert(asprintf(&full, "cd '%s' && KV='%s' && %s", dir, bin ? bin : KV_BINARY_DIR "/kvsim", cmd) > 0);
+    int rc = kvt_sh(full, out);
+    cr_assert(*out, "%s", full);
     free(full);
-    *out = buf;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return rc;
 }
 
 /* The value of column `col` in the sweep.csv row whose dir and policy match (no quoted fields here). */
