@@ -121,9 +121,10 @@ int kv_evalcache_prepare(const kv_scenario *s, const char *model, const kv_stats
     }
     kv_evalcache *c = kv_calloc(1, sizeof *c);
     int rc = kv_eval_scenario_from(s, &c->sc, err);
+    bool absent = false; /* the model file is not there: the context stands on the statistics file's shape */
     if (!rc) {
         kv_error miss = {0};
-        bool absent = kv_eval_model_path(model ? model : c->sc->model, c->model_path, sizeof c->model_path, &miss);
+        absent = kv_eval_model_path(model ? model : c->sc->model, c->model_path, sizeof c->model_path, &miss);
         if (absent && !shape) {
             snprintf(why, why_len, "%s", miss.msg);
             kv_evalcache_destroy(c);
@@ -140,8 +141,8 @@ int kv_evalcache_prepare(const kv_scenario *s, const char *model, const kv_stats
     c->n = c->sc ? c->sc->n_policies : 0;
     if (!rc)
         rc = load_encodings(c, err);
-    if (!rc && why[0] == '\0')
-        rc = make_key_base(c, err);
+    if (!rc && !absent)
+        rc = make_key_base(c, err); /* no key base: kv_evalcache_shape_only, nothing to look up */
     if (rc) {
         kv_evalcache_destroy(c);
         return rc;
