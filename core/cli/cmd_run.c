@@ -187,14 +187,19 @@ static int run_accuracy(const run_args *a, const kv_scenario *s, kv_study *study
     kv_evalcache *ec = NULL;
     /* The scenario's statistics file first: its accuracy[] entries win over the eval cache, and its model's
        shape stands in for the model file where that is not fetched. */
-    kv_model_stats stats;
-    memset(&stats, 0, sizeof stats);
+    kv_model_stats own; /* read here when the study did not read the file */
+    memset(&own, 0, sizeof own);
     bool have_stats = s->stats && s->stats[0] && s->accuracy;
-    int rc = have_stats ? kv_study_stats_read(s, &stats, err) : KV_OK;
+    const kv_model_stats *stats = have_stats ? kv_study_stats(study) : NULL;
+    int rc = KV_OK;
+    if (have_stats && !stats) {
+        rc = kv_study_stats_read(s, &own, err);
+        stats = &own;
+    }
     if (!rc)
-        rc = kv_evalcache_prepare(s, NULL, have_stats ? &stats.model : NULL, &ec, why, sizeof why, err);
+        rc = kv_evalcache_prepare(s, NULL, stats ? &stats->model : NULL, &ec, why, sizeof why, err);
     if (rc || !ec) {
-        kv_model_stats_free(&stats);
+        kv_model_stats_free(&own);
         if (rc)
             return rc;
         note(notes, sizeof notes, &len, "accuracy: not measured: %s\n", why);
@@ -204,8 +209,8 @@ static int run_accuracy(const run_args *a, const kv_scenario *s, kv_study *study
     const kv_eval_scenario *es = kv_evalcache_scenario(ec);
     kv_acc_figures *acc = kv_calloc((size_t)es->n_policies + 1, sizeof *acc);
     for (int i = 0; i < es->n_policies && !rc; i++)
-        rc = kv_evalcache_lookup(ec, i, have_stats ? &stats : NULL, &acc[i], err);
-    kv_model_stats_free(&stats);
+        rc = kv_evalcache_lookup(ec, i, stats, &acc[i], err);
+    kv_model_stats_free(&own);
     if (rc) {
         kv_free(acc);
         kv_evalcache_destroy(ec);

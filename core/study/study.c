@@ -41,6 +41,7 @@ struct kv_study {
     kv_diffkv_curve *dkv_curves;    /* [n] dkv[i] by length, borrowing its z (n_lengths 0: none) */
     kv_model_stats stats;           /* the scenario's `stats` file, read when lynx.from or diffkv.scores is file;
                                        the curves from it borrow its tables */
+    bool stats_read;                /* stats holds the file (kv_study_stats) */
     kv_engine_config engine;  /* what every run's engine reads of the scenario (built by the first run) */
     int engine_built;
     int ran;
@@ -253,6 +254,7 @@ int kv_study_prepare(const kv_scenario *s, kv_study **out, kv_error *err)
             prompts[r] = kv_workload_get(st->workload, r)->prompt_tokens;
         kv_stats_policy *sp = kv_calloc(st->n, sizeof *sp);
         rc = kv_study_stats_curves(s, st->policies, st->n, prompts, n_req, &st->stats, sp, err);
+        st->stats_read = rc == KV_OK;
         for (size_t i = 0; !rc && i < st->n; i++) {
             if (sp[i].accept.n_lengths > 0) {
                 st->accept_curves[i] = sp[i].accept;
@@ -519,4 +521,9 @@ void kv_study_set_accuracy(kv_study *st, const kv_acc_figures *fig, const char *
 int kv_study_write(const kv_study *st, const char *dir, kv_error *err)
 {
     return kv_report_write(dir, st->s, st->outcomes, st->ran ? st->n : 0, st->timeline, err);
+}
+
+const kv_model_stats *kv_study_stats(const kv_study *st)
+{
+    return st->stats_read ? &st->stats : NULL;
 }

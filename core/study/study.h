@@ -9,6 +9,7 @@
 #include "core/base/error.h"
 #include "core/report/report.h"
 #include "core/config/scenario.h"
+#include "core/accuracy/model_stats.h"
 
 typedef struct kv_study kv_study;
 
@@ -57,6 +58,9 @@ void kv_study_print(const kv_study *st, FILE *out);
    NULL: none looked up) to the outcomes, which results.json then carries, and the lines kv_study_print
    shows under the table (copied; NULL: none). Call after kv_study_run / kv_study_replicate. */
 void kv_study_set_accuracy(kv_study *st, const kv_acc_figures *fig, const char *notes);
+/* The scenario's statistics file as the study read it (lynx.from or diffkv.scores: file), borrowed until the
+   study is destroyed; NULL when the study did not read one. */
+const kv_model_stats *kv_study_stats(const kv_study *st);
 int kv_study_write(const kv_study *st, const char *dir, kv_error *err);
 
 #endif
