@@ -212,6 +212,16 @@ static void jstat(FILE *out, const char *name, const kv_stat *st)
     fputc('\n', out);
 }
 
+/* The opening of one "beyond_measured" part: how many requests went past the longest measured length. */
+static void beyond_counts(FILE *out, int longest, size_t requests, double share, const char *max_name, int max)
+{
+    fputc('{', out);
+    jnum(out, "longest_measured_tokens", longest, 1);
+    jnum(out, "requests", (double)requests, 1);
+    jnum(out, "share", share, 1);
+    jnum(out, max_name, max, 1);
+}
+
 /* "beyond_measured": the requests longer than the measured lengths of the policy's statistics
    (core/kv/curves.h), the method, and the band a log-linear trend would give; null parts where the
    policy read no statistics by length. */
@@ -222,11 +232,8 @@ static void json_beyond(FILE *out, const kv_run_result *r)
     jstr(out, "method", KV_CURVE_BEYOND_METHOD, ",");
     jkey(out, "lynx");
     if (r->accept_longest_tokens > 0) {
-        fputc('{', out);
-        jnum(out, "longest_measured_tokens", r->accept_longest_tokens, 1);
-        jnum(out, "requests", (double)r->accept_beyond_requests, 1);
-        jnum(out, "share", r->accept_beyond_share, 1);
-        jnum(out, "max_prompt_tokens", r->accept_beyond_max_tokens, 1);
+        beyond_counts(out, r->accept_longest_tokens, r->accept_beyond_requests, r->accept_beyond_share,
+                      "max_prompt_tokens", r->accept_beyond_max_tokens);
         jnum(out, "held_mean_accept", r->accept_held_mean, 1);
         jnum(out, "trend_mean_accept", r->accept_trend_mean, 0);
         fputs("},", out);
@@ -235,11 +242,8 @@ static void json_beyond(FILE *out, const kv_run_result *r)
     }
     jkey(out, "diffkv");
     if (r->diffkv_longest_tokens > 0) {
-        fputc('{', out);
-        jnum(out, "longest_measured_tokens", r->diffkv_longest_tokens, 1);
-        jnum(out, "requests", (double)r->diffkv_beyond_requests, 1);
-        jnum(out, "share", r->diffkv_beyond_share, 1);
-        jnum(out, "max_context_tokens", r->diffkv_beyond_max_tokens, 1);
+        beyond_counts(out, r->diffkv_longest_tokens, r->diffkv_beyond_requests, r->diffkv_beyond_share,
+                      "max_context_tokens", r->diffkv_beyond_max_tokens);
         jnum(out, "held_high", r->diffkv_held_high, 1);
         jnum(out, "held_low", r->diffkv_held_low, 1);
         jnum(out, "held_kept", r->diffkv_held_high + r->diffkv_held_low, 1);
