@@ -315,7 +315,8 @@ int kv_evalcache_lookup(const kv_evalcache *c, int i, const kv_model_stats *stat
         memcpy(out->top1_ci95, a->top1_agree_ci95, sizeof out->top1_ci95);
         out->needle = a->needle_recall;
         memcpy(out->needle_ci95, a->needle_recall_ci95, sizeof out->needle_ci95);
-        out->accept = out->accept_ci95[0] = out->accept_ci95[1] = NAN; /* not in the file's accuracy[] */
+        out->accept = a->accepted_share; /* NaN where the entry has none */
+        memcpy(out->accept_ci95, a->accepted_share_ci95, sizeof out->accept_ci95);
         return KV_OK;
     }
     if (!c->key_base)
@@ -376,6 +377,8 @@ int kv_evalcache_merge_stats(const kv_evalcache *c, const kv_eval_result *r, kv_
         memcpy(a->top1_agree_ci95, f.top1_ci95, sizeof a->top1_agree_ci95);
         a->needle_recall = f.needle;
         memcpy(a->needle_recall_ci95, f.needle_ci95, sizeof a->needle_recall_ci95);
+        a->accepted_share = f.accept;
+        memcpy(a->accepted_share_ci95, f.accept_ci95, sizeof a->accepted_share_ci95);
     }
     return KV_OK;
 }

@@ -642,7 +642,8 @@ static int read_accuracy(const reader *r, const kv_jvalue *root, kv_model_stats 
 {
     static const char *const names[] = {"encodings",     "context_tokens",  "scored_tokens",  "delta_ppl",
                                         "top1_agree",    "delta_ppl_ci95",  "top1_agree_ci95", "needle_recall",
-                                        "needle_recall_ci95", "attention_error", NULL};
+                                        "needle_recall_ci95", "accepted_share", "accepted_share_ci95",
+                                        "attention_error", NULL};
     const kv_jvalue *v = kv_jvalue_get(root, "accuracy");
     if (!v)
         return KV_OK;
@@ -661,7 +662,8 @@ static int read_accuracy(const reader *r, const kv_jvalue *root, kv_model_stats 
             get_int(r, e, m, "scored_tokens", 1, INT_MAX, &scored) ||
             read_figure(r, e, m, "delta_ppl", true, -1e300, 1e300, &x->delta_ppl, x->delta_ppl_ci95) ||
             read_figure(r, e, m, "top1_agree", true, 0, 1, &x->top1_agree, x->top1_agree_ci95) ||
-            read_figure(r, e, m, "needle_recall", false, 0, 1, &x->needle_recall, x->needle_recall_ci95))
+            read_figure(r, e, m, "needle_recall", false, 0, 1, &x->needle_recall, x->needle_recall_ci95) ||
+            read_figure(r, e, m, "accepted_share", false, 0, 1, &x->accepted_share, x->accepted_share_ci95))
             return r->err->code;
         x->scored_tokens = scored;
         for (size_t j = 0; j < i; j++)
@@ -886,6 +888,7 @@ static int write_body(FILE *f, const kv_model_stats *s, kv_error *err)
             put_figure(f, "delta_ppl", a->delta_ppl, a->delta_ppl_ci95);
             put_figure(f, "top1_agree", a->top1_agree, a->top1_agree_ci95);
             put_figure(f, "needle_recall", a->needle_recall, a->needle_recall_ci95);
+            put_figure(f, "accepted_share", a->accepted_share, a->accepted_share_ci95);
             if (a->attention_error && a->n_layers > 0) {
                 if (!all_finite(a->attention_error, (size_t)a->n_layers))
                     return kv_error_set(err, KV_EFAIL, "accuracy[%zu].attention_error is not finite", i);

@@ -54,6 +54,8 @@ typedef struct kv_stats_accuracy {
     double delta_ppl, delta_ppl_ci95[2];
     double top1_agree, top1_agree_ci95[2];
     double needle_recall, needle_recall_ci95[2]; /* NaN when absent */
+    double accepted_share, accepted_share_ci95[2]; /* speculating encodings: mean share of the k speculated
+                                                    tokens accepted; NaN when absent */
     int n_layers;
     double *attention_error; /* [n_layers] or NULL, owned */
 } kv_stats_accuracy;

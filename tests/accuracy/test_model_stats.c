@@ -313,3 +313,40 @@ BAD(duplicate_window, "             [[[0, 0.7, 5.5]], [[0, 1.2, 6.5]]]]}],",
     "    {\"window\": 32, \"points\": 2, \"lengths\": [8], \"prefill\": [[[[0, 1]], [[0, 1]]]],"
     " \"exit\": [[[[0, 1]], [[0, 1]]]]}],",
     21, "diffkv[1] has the window of diffkv[0]")
+
+/* An accuracy entry's optional accepted_share (speculating encodings) reads, checks its range and writes back. */
+Test(model_stats, accuracy_accepted_share_round_trips)
+{
+    char *text = replace(VALID, "\"top1_agree\": 0.93,",
+                         "\"top1_agree\": 0.93, \"accepted_share\": 0.6015625, \"accepted_share_ci95\": [0.5, 0.7],");
+    char *path = kvt_write(dir, "stats.json", text);
+    kv_model_stats a, b;
+    kv_error err = {0};
+    cr_assert_eq(kv_model_stats_read(path, &a, &err), KV_OK, "%s", err.msg);
+    cr_expect_eq(a.accuracy[0].accepted_share, 0.6015625);
+    cr_expect_eq(a.accuracy[0].accepted_share_ci95[1], 0.7);
+    char *out = kvt_path(dir, "out.json");
+    cr_assert_eq(kv_model_stats_write(out, &a, &err), KV_OK, "%s", err.msg);
+    cr_assert_eq(kv_model_stats_read(out, &b, &err), KV_OK, "%s", err.msg);
+    cr_expect_eq(b.accuracy[0].accepted_share, 0.6015625);
+    cr_expect_eq(b.accuracy[0].accepted_share_ci95[0], 0.5);
+    char *written = kvt_read(out, NULL);
+    cr_expect(strstr(written, "\"accepted_share\": 0.6015625") != NULL, "%s", written);
+    free(written);
+    kv_model_stats_free(&a);
+    kv_model_stats_free(&b);
+    free(out);
+    free(path);
+    free(text);
+
+    /* absent: NaN, and not written */
+    path = kvt_write(dir, "stats.json", VALID);
+    cr_assert_eq(kv_model_stats_read(path, &a, &err), KV_OK, "%s", err.msg);
+    cr_expect(isnan(a.accuracy[0].accepted_share));
+    kv_model_stats_free(&a);
+    free(path);
+
+    text = replace(VALID, "\"top1_agree\": 0.93,", "\"top1_agree\": 0.93, \"accepted_share\": 1.5,");
+    expect_bad(text, 23, "accuracy[0].accepted_share");
+    free(text);
+}
