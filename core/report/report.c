@@ -65,6 +65,7 @@ void kv_report_table(FILE *out, const kv_scenario *s, const kv_policy_outcome *o
     snprintf(ttkt, sizeof ttkt, "ttkt@%d", s->lynx.ttkt_k);
     fprintf(out, "%-10s %9s %6s %9s %9s %9s %9s %9s %8s %9s %8s %7s\n", "policy", "KV MB/req", "ratio", "xfer ms",
             "ttft_spec", "ttft ms", "p99 ttft", ttkt, "tpot ms", "e2el ms", "req/s", "accept");
+    bool any_fixed = false;
     for (size_t i = 0; i < n; i++) {
         const kv_summary *m = &o[i].summary;
         if (beyond(&o[i].run))
@@ -82,13 +83,16 @@ void kv_report_table(FILE *out, const kv_scenario *s, const kv_policy_outcome *o
         cell(out, m->e2el_ms.mean, 9, 1);
         cell(out, m->request_throughput, 8, 3);
         cell(out, m->spec_accept_rate, 7, 3);
-        if (!isnan(m->spec_accept_rate) && strncmp(o[i].run.acceptance_source, "scenario", 8) == 0)
+        if (!isnan(m->spec_accept_rate) && strncmp(o[i].run.acceptance_source, "scenario", 8) == 0) {
             fputs(" fixed", out); /* drawn from lynx.acceptance, not measured: said on the row (#20) */
+            any_fixed = true;
+        }
         fputc('\n', out);
     }
     fprintf(out, "(ms are means over requests unless p99; ttft_spec = first speculative token, ttft = first "
-                 "committed token,\n ttkt@K = K-th committed token; accept = accepted / speculated (fixed: drawn from "
-                 "lynx.acceptance, not measured); timing: %s)\n", n ? o[0].run.timing_source : "model");
+                 "committed token,\n ttkt@K = K-th committed token; accept = accepted / speculated%s; timing: %s)\n",
+            any_fixed ? " (fixed: drawn from lynx.acceptance, not measured)" : "",
+            n ? o[0].run.timing_source : "model");
     for (size_t i = 0; i < n; i++)
         beyond_footnote(out, o[i].name, &o[i].run);
     kv_report_memory_table(out, s, o, n);

@@ -236,3 +236,19 @@ Test(stats_keys, stats_file_missing_or_bad)
     free(out);
     free(scenario);
 }
+
+/* The table's legend says "fixed" only when a row's acceptance is the scenario's fixed value: with the
+   acceptance from the file it said so anyway, under measured rows. */
+Test(stats_keys, fixed_legend_only_for_fixed_acceptance)
+{
+    char *scenario = write_inputs(NULL, NULL), *out = NULL;
+    cr_assert_eq(run(scenario, "file", NULL, &out), 0, "%s", out);
+    cr_expect(strstr(out, "accept = accepted / speculated;") != NULL, "%s", out);
+    cr_expect(strstr(out, "fixed") == NULL, "no row nor legend says fixed: %s", out);
+    free(out);
+    cr_assert_eq(run(scenario, "fixed", "--set lynx.from=scenario", &out), 0, "%s", out);
+    cr_expect(strstr(out, " fixed\n") != NULL, "the lynx row says fixed: %s", out);
+    cr_expect(strstr(out, "(fixed: drawn from lynx.acceptance, not measured)") != NULL, "%s", out);
+    free(out);
+    free(scenario);
+}
