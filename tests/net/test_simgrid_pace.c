@@ -1,9 +1,12 @@
 /* test_simgrid_pace.c — the SimGrid network's round-trip shortcuts: the same completions, at the same
- * dates, as asking the child every time (kv_net_config.ask_always), for fewer round trips. */
+ * dates, as asking the child every time (kv_net_config.ask_always), for fewer round trips; and what
+ * `kvsim bench sim` reports of them. */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "core/base/alloc.h"
 #include "tests/net_support.h"
+#include "tests/support.h"
 
 /* Everything a run showed: each completion (id, tag, date) and each advance's stopping time, in order. */
 typedef struct pace_log {
@@ -229,4 +232,30 @@ Test(simgrid_pace, a_latency_paid_at_the_advance_date_gives_no_horizon)
     nett_close(r.t[0], paid + 1e-6, 1e-6, "small flow");
     nett_drain(net);
     kv_net_destroy(net);
+}
+
+/* `kvsim bench sim` with SimGrid: the child's CPU time, the round trips per request, and the ideal
+   network's run beside it with both ratios (children included); --no-ideal leaves that run out. */
+Test(simgrid_pace, bench_sim_reports_round_trips_and_the_ratio_to_ideal, .timeout = 120)
+{
+    char *out = NULL;
+    int rc = kvt_kvsim("bench sim --requests 200 --network simgrid", &out);
+    if (rc != 0 && strstr(out, "not built"))
+        cr_skip_test("skipped: SimGrid is not built into this kvsim");
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_expect(strstr(out, "CPU time, children"), "%s", out);
+    const char *rt = strstr(out, "round trips ");
+    cr_assert(rt, "%s", out);
+    unsigned long long trips = 0;
+    double per = 0;
+    cr_assert_eq(sscanf(rt, "round trips %llu to the network's process, %lf per request", &trips, &per), 2, "%s", out);
+    cr_expect(trips > 0 && per > 0 && per < 3, "%llu round trips, %g per request", trips, per);
+    const char *vs = strstr(out, "vs the ideal network");
+    cr_assert(vs, "%s", out);
+    cr_expect(strstr(vs, "x per wall-second") && strstr(vs, "x per CPU-second"), "%s", out);
+    free(out);
+    out = NULL;
+    cr_assert_eq(kvt_kvsim("bench sim --requests 200 --network simgrid --no-ideal", &out), 0, "%s", out);
+    cr_expect(strstr(out, "round trips") && !strstr(out, "vs the ideal network"), "%s", out);
+    free(out);
 }
