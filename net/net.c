@@ -122,6 +122,11 @@ size_t kv_net_active_flows(const kv_net *net)
     return net->iface->active_flows(net->ctx);
 }
 
+size_t kv_net_round_trips(const kv_net *net)
+{
+    return net->iface->round_trips ? net->iface->round_trips(net->ctx) : 0;
+}
+
 size_t kv_net_link_count(const kv_net *net)
 {
     return net->iface->link_count ? net->iface->link_count(net->ctx) : 0;

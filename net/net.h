@@ -81,6 +81,9 @@ typedef struct kv_net_config {
     int prefill_hosts;            /* platform: hosts [0, prefill_hosts) send to [prefill_hosts, hosts);
                                      each such pair must have a route (0: no route check) */
     double watchdog_s;            /* simgrid: a child silent this long on one request is killed (s; 0: 60) */
+    int ask_always;               /* simgrid: 1 sends every advance with flows in flight to the child (no
+                                     answer given without it): the reference the shortcuts are tested
+                                     against (tests/net/test_simgrid_pace.c); scenarios leave it 0 */
     const char *option_file[KV_NET_MAX_OPTIONS]; /* where option i was written: the scenario file or
                                                     "--set KEY" (NULL: unknown); for error messages */
     int option_line[KV_NET_MAX_OPTIONS];         /* 1-based line of option i in option_file (0: unknown) */
@@ -144,6 +147,7 @@ typedef struct kv_net_i {
     int (*link_stats)(void *ctx, size_t link, kv_link_stats *out);
     int (*route)(void *ctx, int src, int dst, size_t *links, size_t max, size_t *n, kv_error *err);
     int (*link_state)(void *ctx, size_t link, kv_link_state *out, kv_error *err);
+    size_t (*round_trips)(void *ctx); /* optional (NULL: 0): requests answered by another process */
 } kv_net_i;
 
 /* Builds the network the config asks for. Bad configs give KV_EINPUT with a
@@ -160,6 +164,9 @@ int kv_net_flow_cancel(kv_net *net, kv_flow_id id, kv_error *err);
 int kv_net_advance(kv_net *net, double t_limit_s, double *t_now_s, kv_error *err);
 size_t kv_net_active_flows(const kv_net *net);
 size_t kv_net_link_count(const kv_net *net);
+/* Requests the model sent to another process and waited for (the SimGrid child; 0 for the ideal
+   network): what a network costs beyond its own CPU (kvsim bench sim reports it per request). */
+size_t kv_net_round_trips(const kv_net *net);
 int kv_net_link_stats(const kv_net *net, size_t link, kv_link_stats *out);
 
 /* Read-only views of the network at its current time (what kv_net_advance last reached), for

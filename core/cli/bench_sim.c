@@ -30,11 +30,93 @@ static void cpu_seconds(int who, double *user, double *sys)
     *sys = (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6;
 }
 
+/* One timed run of bench-sim.yaml on `network`, outputs written to write_dir when given. */
+typedef struct bench_run {
+    double wall_s, cpu_s;             /* this process: wall clock and CPU clock of the run */
+    double self_user, self_sys;       /* getrusage of kvsim */
+    double child_user, child_sys;     /* of the children reaped meanwhile (the SimGrid child) */
+    double write_wall_s, write_cpu_s; /* --write */
+    size_t requests, simulated, policies;
+    int prefill_nodes, decode_nodes;
+    unsigned long long events, steps, round_trips;
+} bench_run;
+
+static int bench_once(const char *network, int requests, const char *write_dir, bench_run *b, kv_error *err)
+{
+    memset(b, 0, sizeof *b);
+    char req_set[64], net_set[64];
+    snprintf(req_set, sizeof req_set, "workload.requests=%d", requests);
+    snprintf(net_set, sizeof net_set, "network.model=%s", network);
+    const char *sets[] = {req_set, net_set};
+    kv_scenario *s = NULL;
+    kv_study *st = NULL;
+    char data[KV_DATA_PATH_MAX], path[KV_DATA_PATH_MAX + 32];
+    /* scenarios/bench-sim.yaml of kvsim's data folder, else of the working folder */
+    bool found = kv_data_dir(data, sizeof data);
+    snprintf(path, sizeof path, "%s%sscenarios/bench-sim.yaml", found ? data : "", found ? "/" : "");
+    int rc = kv_scenario_load(path, sets, 2, &s, err);
+    if (!rc)
+        rc = kv_study_prepare(s, &st, err);
+    kv_outdir od; /* --write: published like kvsim run's folder (afile.h), checked before the run */
+    memset(&od, 0, sizeof od);
+    if (!rc && write_dir)
+        rc = kv_outdir_begin(&od, write_dir, kv_report_owned_names, kv_report_owned_count, NULL, err);
+    /* CPU time beside wall time: on a shared machine the wall clock also counts other jobs. */
+    double su0, ss0, cu0, cs0, su1, ss1, cu1, cs1;
+    cpu_seconds(RUSAGE_SELF, &su0, &ss0);
+    cpu_seconds(RUSAGE_CHILDREN, &cu0, &cs0);
+    double t0 = clock_seconds(CLOCK_MONOTONIC), c0 = clock_seconds(CLOCK_PROCESS_CPUTIME_ID);
+    if (!rc)
+        rc = kv_study_run(st, err);
+    b->wall_s = clock_seconds(CLOCK_MONOTONIC) - t0;
+    b->cpu_s = clock_seconds(CLOCK_PROCESS_CPUTIME_ID) - c0;
+    cpu_seconds(RUSAGE_SELF, &su1, &ss1);
+    cpu_seconds(RUSAGE_CHILDREN, &cu1, &cs1);
+    b->self_user = su1 - su0;
+    b->self_sys = ss1 - ss0;
+    b->child_user = cu1 - cu0;
+    b->child_sys = cs1 - cs0;
+    if (!rc && write_dir) {
+        t0 = clock_seconds(CLOCK_MONOTONIC);
+        c0 = clock_seconds(CLOCK_PROCESS_CPUTIME_ID);
+        rc = kv_study_write(st, kv_outdir_staging(&od), err);
+        if (!rc)
+            rc = kv_outdir_commit(&od, err);
+        b->write_wall_s = clock_seconds(CLOCK_MONOTONIC) - t0;
+        b->write_cpu_s = clock_seconds(CLOCK_PROCESS_CPUTIME_ID) - c0;
+    }
+    if (rc && write_dir)
+        kv_outdir_abort(&od); /* safe after a failed begin or commit */
+    if (!rc) {
+        const kv_policy_outcome *o = kv_study_outcomes(st, &b->policies);
+        b->requests = kv_study_request_count(st);
+        b->simulated = b->requests * b->policies;
+        b->prefill_nodes = s->cluster.prefill.nodes;
+        b->decode_nodes = s->cluster.decode.nodes;
+        for (size_t i = 0; i < b->policies; i++) {
+            b->events += o[i].run.events;
+            b->steps += o[i].run.decode_steps;
+            b->round_trips += o[i].run.net_round_trips;
+        }
+    }
+    kv_study_destroy(st);
+    kv_scenario_destroy(s);
+    return rc;
+}
+
+/* Simulated requests per CPU-second, kvsim's and its children's CPU time together. */
+static double per_cpu(const bench_run *b)
+{
+    double cpu = b->self_user + b->self_sys + b->child_user + b->child_sys;
+    return cpu > 0 ? (double)b->simulated / cpu : 0.0;
+}
+
 int kv_cmd_bench_sim(int argc, char **argv)
 {
     int requests = 10000;
     const char *network = "ideal";
     const char *write_dir = NULL;
+    bool ideal_too = true;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--requests") == 0 && i + 1 < argc) {
             requests = atoi(argv[++i]);
@@ -42,9 +124,12 @@ int kv_cmd_bench_sim(int argc, char **argv)
             network = argv[++i];
         } else if (strcmp(argv[i], "--write") == 0 && i + 1 < argc) {
             write_dir = argv[++i];
+        } else if (strcmp(argv[i], "--no-ideal") == 0) {
+            ideal_too = false;
         } else {
-            fprintf(stderr, "usage: kvsim bench sim [--requests N] [--network ideal|simgrid] [--write DIR]\n"
-                            "  --write DIR  also write results.json and requests.csv to DIR and time that\n");
+            fprintf(stderr, "usage: kvsim bench sim [--requests N] [--network ideal|simgrid] [--write DIR] [--no-ideal]\n"
+                            "  --write DIR  also write results.json and requests.csv to DIR and time that\n"
+                            "  --no-ideal   with another network, skip the ideal network's run (the ratios)\n");
             return strcmp(argv[i], "--help") == 0 ? 0 : 2;
         }
     }
@@ -52,80 +137,43 @@ int kv_cmd_bench_sim(int argc, char **argv)
         fprintf(stderr, "kvsim bench sim: --requests must be >= 1\n");
         return 2;
     }
-    char req_set[64], net_set[64];
-    snprintf(req_set, sizeof req_set, "workload.requests=%d", requests);
-    snprintf(net_set, sizeof net_set, "network.model=%s", network);
-    const char *sets[] = {req_set, net_set};
     kv_error err = {0};
-    kv_scenario *s = NULL;
-    kv_study *st = NULL;
-    char data[KV_DATA_PATH_MAX], path[KV_DATA_PATH_MAX + 32];
-    /* scenarios/bench-sim.yaml of kvsim's data folder, else of the working folder */
-    bool found = kv_data_dir(data, sizeof data);
-    snprintf(path, sizeof path, "%s%sscenarios/bench-sim.yaml", found ? data : "", found ? "/" : "");
-    int rc = kv_scenario_load(path, sets, 2, &s, &err);
-    if (!rc)
-        rc = kv_study_prepare(s, &st, &err);
-    kv_outdir od; /* --write: published like kvsim run's folder (afile.h), checked before the run */
-    memset(&od, 0, sizeof od);
-    if (!rc && write_dir)
-        rc = kv_outdir_begin(&od, write_dir, kv_report_owned_names, kv_report_owned_count, NULL, &err);
-    /* CPU time beside wall time: on a shared machine the wall clock also counts other jobs. */
-    double su0, ss0, cu0, cs0, su1, ss1, cu1, cs1;
-    cpu_seconds(RUSAGE_SELF, &su0, &ss0);
-    cpu_seconds(RUSAGE_CHILDREN, &cu0, &cs0);
-    double t0 = clock_seconds(CLOCK_MONOTONIC), c0 = clock_seconds(CLOCK_PROCESS_CPUTIME_ID);
-    if (!rc)
-        rc = kv_study_run(st, &err);
-    double dt = clock_seconds(CLOCK_MONOTONIC) - t0, dc = clock_seconds(CLOCK_PROCESS_CPUTIME_ID) - c0;
-    cpu_seconds(RUSAGE_SELF, &su1, &ss1);
-    cpu_seconds(RUSAGE_CHILDREN, &cu1, &cs1);
-    double self_user = su1 - su0, self_sys = ss1 - ss0, child_user = cu1 - cu0, child_sys = cs1 - cs0;
-    double all_cpu = self_user + self_sys + child_user + child_sys;
-    double wt = 0, wc = 0;
-    if (!rc && write_dir) {
-        t0 = clock_seconds(CLOCK_MONOTONIC);
-        c0 = clock_seconds(CLOCK_PROCESS_CPUTIME_ID);
-        rc = kv_study_write(st, kv_outdir_staging(&od), &err);
-        if (!rc)
-            rc = kv_outdir_commit(&od, &err);
-        wt = clock_seconds(CLOCK_MONOTONIC) - t0;
-        wc = clock_seconds(CLOCK_PROCESS_CPUTIME_ID) - c0;
-    }
-    if (rc && write_dir)
-        kv_outdir_abort(&od); /* safe after a failed begin or commit */
+    bench_run b, ideal;
+    int rc = bench_once(network, requests, write_dir, &b, &err);
+    bool compare = !rc && ideal_too && strcmp(network, "ideal") != 0;
+    if (compare)
+        rc = bench_once("ideal", requests, NULL, &ideal, &err);
     if (rc) {
         fprintf(stderr, "kvsim bench sim: %s\n", err.msg);
-    } else {
-        size_t n = 0;
-        const kv_policy_outcome *o = kv_study_outcomes(st, &n);
-        size_t simulated = kv_study_request_count(st) * n;
-        unsigned long long events = 0, steps = 0;
-        for (size_t i = 0; i < n; i++) {
-            events += o[i].run.events;
-            steps += o[i].run.decode_steps;
-        }
-        printf("kvsim bench sim: Azure code trace tiled to %zu requests, %d prefill + %d decode nodes, %s network, "
-               "%zu policies\n", kv_study_request_count(st), s->cluster.prefill.nodes, s->cluster.decode.nodes,
-               network, n);
-        printf("  wall time            %.3f s (one core), CPU time %.3f s\n", dt, dc);
-        printf("  CPU time, kvsim      %.3f s user + %.3f s system\n", self_user, self_sys);
-        printf("  CPU time, children   %.3f s user + %.3f s system (the SimGrid child; 0 with the ideal network)\n",
-               child_user, child_sys);
-        printf("  system time share    %.1f%% of %.3f s CPU, children included (target < 10%%)\n",
-               all_cpu > 0 ? 100.0 * (self_sys + child_sys) / all_cpu : 0.0, all_cpu);
-        printf("  simulated requests   %zu  -> %.0f requests per wall-second (target >= 10000), %.0f per CPU-second\n",
-               simulated, simulated / dt, simulated / dc);
-        printf("                       %.0f per CPU-second, children included; %.2f us CPU per request\n",
-               all_cpu > 0 ? simulated / all_cpu : 0.0, all_cpu / (double)simulated * 1e6);
-        printf("  events               %llu -> %.0f events per wall-second\n", events, events / dt);
-        printf("  decode steps         %llu\n", steps);
-        if (write_dir)
-            printf("  outputs written      %.3f s wall, %.3f s CPU (%.2f us per request; %.2fx the simulation's "
-                   "CPU time) to %s\n",
-                   wt, wc, wc / (double)simulated * 1e6, dc > 0 ? wc / dc : 0.0, write_dir);
+        return rc;
     }
-    kv_study_destroy(st);
-    kv_scenario_destroy(s);
-    return rc;
+    double all_cpu = b.self_user + b.self_sys + b.child_user + b.child_sys;
+    printf("kvsim bench sim: Azure code trace tiled to %zu requests, %d prefill + %d decode nodes, %s network, "
+           "%zu policies\n", b.requests, b.prefill_nodes, b.decode_nodes, network, b.policies);
+    printf("  wall time            %.3f s (one core), CPU time %.3f s\n", b.wall_s, b.cpu_s);
+    printf("  CPU time, kvsim      %.3f s user + %.3f s system\n", b.self_user, b.self_sys);
+    printf("  CPU time, children   %.3f s user + %.3f s system (the SimGrid child; 0 with the ideal network)\n",
+           b.child_user, b.child_sys);
+    printf("  system time share    %.1f%% of %.3f s CPU, children included (target < 10%%)\n",
+           all_cpu > 0 ? 100.0 * (b.self_sys + b.child_sys) / all_cpu : 0.0, all_cpu);
+    printf("  simulated requests   %zu  -> %.0f requests per wall-second (target >= 10000), %.0f per CPU-second\n",
+           b.simulated, b.simulated / b.wall_s, b.simulated / b.cpu_s);
+    printf("                       %.0f per CPU-second, children included; %.2f us CPU per request\n", per_cpu(&b),
+           all_cpu / (double)b.simulated * 1e6);
+    printf("  events               %llu -> %.0f events per wall-second\n", b.events, b.events / b.wall_s);
+    printf("  decode steps         %llu\n", b.steps);
+    if (strcmp(network, "ideal") != 0)
+        printf("  round trips          %llu to the network's process, %.2f per request\n", b.round_trips,
+               (double)b.round_trips / (double)b.simulated);
+    if (compare)
+        printf("  vs the ideal network %.0f requests per wall-second, %.0f per CPU-second: %.2fx per wall-second, "
+               "%.2fx per CPU-second (children included)\n",
+               ideal.simulated / ideal.wall_s, per_cpu(&ideal), (b.simulated / b.wall_s) / (ideal.simulated / ideal.wall_s),
+               per_cpu(&ideal) > 0 ? per_cpu(&b) / per_cpu(&ideal) : 0.0);
+    if (write_dir)
+        printf("  outputs written      %.3f s wall, %.3f s CPU (%.2f us per request; %.2fx the simulation's "
+               "CPU time) to %s\n",
+               b.write_wall_s, b.write_cpu_s, b.write_cpu_s / (double)b.simulated * 1e6,
+               b.cpu_s > 0 ? b.write_cpu_s / b.cpu_s : 0.0, write_dir);
+    return KV_OK;
 }

@@ -1101,6 +1101,7 @@ int kv_engine_run(const kv_run_inputs *in, kv_run_result *out, kv_error *err)
             out->links = kv_calloc(out->n_links ? out->n_links : 1, sizeof *out->links);
             for (size_t i = 0; i < out->n_links; i++)
                 kv_net_link_stats(e.net, i, &out->links[i]);
+            out->net_round_trips = kv_net_round_trips(e.net);
         }
     }
     kv_engine_free(&e);

@@ -96,6 +96,7 @@ typedef struct kv_run_result {
     double tier_high_fraction, tier_low_fraction, tier_pruned_fraction;
     uint64_t decode_steps;
     uint64_t events;             /* events processed (for bench sim) */
+    uint64_t net_round_trips;    /* requests the network waited on its SimGrid child for (for bench sim) */
     /* Beyond what was measured (core/kv/curves.h): the figures are held at the longest measured
        length; the band is what the log-linear trend over the two longest lengths would give at the
        longest request beyond it (equal to the held figure when one length was measured). */

@@ -170,6 +170,7 @@ struct Flow {
     Action* action = nullptr; /* SimGrid's network action (nullptr without an LMM model) */
     double base_ratio = 0;    /* its SimGrid penalty / the reference flow's */
     bool latency_due = false; /* still paying its latency: the penalty waits (in pending_) */
+    bool in_latency = false;  /* in Driver::latent_: its action was last seen paying its latency */
     size_t slot = 0;          /* position in Driver::active_ */
 };
 
@@ -205,6 +206,7 @@ public:
         weight_s_ = simgrid::config::get_value<double>("network/weight-S");
         /* Flows paying their latency get their penalty (classes or levels) when it is paid. */
         sg4::Engine::on_time_advance_cb([this](double) { apply_pending_penalties(); });
+        sg4::Engine::on_time_advance_cb([this](double) { note_latency_paid(); });
         if (cfg_->priority == KV_PRIO_NONE)
             return KV_OK;
         if (!lmm_ok_) {
@@ -236,6 +238,8 @@ private:
     std::vector<sg4::CommPtr> comms_;         /* active_[i]->comm, for wait_any_for */
     std::unordered_map<uint64_t, std::unique_ptr<Flow>> flows_;
     std::vector<Flow*> pending_;              /* flows whose class penalty waits for the latency */
+    std::vector<Flow*> latent_;               /* flows whose action was last seen paying its latency */
+    double latency_paid_at_ = -INFINITY;      /* SimGrid's clock when a flow of latent_ was last seen past it */
     Model* model_ = nullptr;
     bool lmm_ok_ = false;                     /* an LMM model with lazy updates: penalties can be set */
     bool levels_ = false;                     /* a flow came with its own level: the levels mode is on */
@@ -371,8 +375,8 @@ private:
     void start(const kv_sg_request& rq);
     void cancel(const kv_sg_request& rq);
     void advance(double t_limit);
-    double horizon_after_timeout(bool settled) const;
-    bool settled() const;
+    double horizon_after_timeout() const;
+    void note_latency_paid();
     void stats();
     bool wait_until(double t);
     void collect_done(std::vector<Flow*>* done);
@@ -603,6 +607,10 @@ void Driver::start(const kv_sg_request& rq)
     comms_.push_back(f->comm);
     flows_.emplace(f->id, std::move(owned));
     find_action(f);
+    if (f->action != nullptr && f->action->get_type() == ActionHeap::Type::latency) {
+        f->in_latency = true;
+        latent_.push_back(f);
+    }
     if (levels_) {
         if (f->action == nullptr) {
             fail(KV_EFAIL, "net simgrid: cannot find the network action of flow " + std::to_string(f->id));
@@ -834,6 +842,8 @@ void Driver::finish(Flow* f, double t, uint64_t bytes_crossed)
     comms_.pop_back();
     if (f->latency_due)
         pending_.erase(std::find(pending_.begin(), pending_.end(), f));
+    if (f->in_latency)
+        latent_.erase(std::find(latent_.begin(), latent_.end(), f));
     flows_.erase(f->id);
 }
 
@@ -877,30 +887,47 @@ void Driver::collect_done(std::vector<Flow*>* done)
     std::sort(done->begin(), done->end(), [](const Flow* a, const Flow* b) { return a->id < b->id; });
 }
 
+/* Moves the flows of latent_ whose latency is paid out of it, noting the clock (called at each solver
+   step and after each wait, so a latency paid at the step that ended a wait is seen at that date
+   whether SimGrid calls the hook before or after it updates its actions). */
+void Driver::note_latency_paid()
+{
+    for (size_t i = 0; i < latent_.size();) {
+        Flow* f = latent_[i];
+        if (f->action->get_type() == ActionHeap::Type::latency) {
+            i++;
+            continue;
+        }
+        f->in_latency = false;
+        latent_[i] = latent_.back();
+        latent_.pop_back();
+        latency_paid_at_ = sg4::Engine::get_clock();
+    }
+}
+
 /* The horizon after a wait that ended on its timeout: the date of SimGrid's next event (a completion
    or a latency paid) less twice precision/timing (SimGrid handles events that close to the clock
-   at once), when that date is sure: a lazy LMM model, every flow's latency paid and its penalty set
-   before the wait (settled), so nothing changed the solver's system since its last solve; -inf
-   otherwise. Until then, with no flow started or cancelled, an ADVANCE ends on its timeout with no
-   completion and changes nothing in SimGrid but its clock (sg_proto.h). */
-double Driver::horizon_after_timeout(bool settled) const
+   at once), when that date is sure: a lazy LMM model, no flow held (levels), and nothing changed in
+   the solver's system since its last solve. The solver runs at every step before the clock moves,
+   so only a change at the step that ended the wait could be missed: a latency paid there (its flow
+   joins the solve and gets its penalty; latency_paid_at_ is then the clock). A flow still paying its
+   latency is fine: its variable is out of the solve and the date it joins is in the heap. Until the
+   horizon, with no flow started or cancelled, an ADVANCE ends on its timeout with no completion and
+   changes nothing in SimGrid but its clock (sg_proto.h); -inf otherwise. */
+double Driver::horizon_after_timeout() const
 {
-    if (!settled || !lmm_ok_ || precision_timing_ < 0 || !pending_.empty() || model_->get_action_heap().empty())
+    if (!lmm_ok_ || precision_timing_ < 0 || model_->get_action_heap().empty() ||
+        !(latency_paid_at_ < sg4::Engine::get_clock()))
         return -INFINITY;
+    for (const Flow* f : active_)
+        if (f->action == nullptr || f->held)
+            return -INFINITY;
+    for (const Flow* f : pending_)
+        if (f->action->get_type() != ActionHeap::Type::latency)
+            return -INFINITY; /* its penalty is still to be set */
     double top = model_->get_action_heap().top_date();
     double h = top - 2 * precision_timing_;
     return h > now_ ? h : -INFINITY;
-}
-
-/* Every active flow has its SimGrid action, past its latency, with nothing pending on it. */
-bool Driver::settled() const
-{
-    if (!lmm_ok_ || !pending_.empty())
-        return false;
-    for (const Flow* f : active_)
-        if (f->action == nullptr || f->held || f->action->get_type() == ActionHeap::Type::latency)
-            return false;
-    return true;
 }
 
 void Driver::advance(double t_limit)
@@ -915,7 +942,6 @@ void Driver::advance(double t_limit)
             if (std::isfinite(t_limit))
                 wait_until(t_limit);
         } else {
-            bool was_settled = settled();
             double timeout = std::isfinite(t_limit) ? exact_delta(sg4::Engine::get_clock(), t_limit) : -1.0;
             ssize_t i = sg4::Comm::wait_any_for(comms_, timeout);
             steps_ = 0;
@@ -924,7 +950,8 @@ void Driver::advance(double t_limit)
             collect_done(&done);
             if (done.empty()) {
                 now_ = t_limit;
-                horizon_ = horizon_after_timeout(was_settled);
+                note_latency_paid();
+                horizon_ = horizon_after_timeout();
             } else {
                 /* SimGrid's completion date, kept inside [now_, t_limit] against 1-ulp drift. */
                 now_ = std::min(std::max(sg4::Engine::get_clock(), now_), t_limit);

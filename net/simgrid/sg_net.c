@@ -10,10 +10,12 @@
  *   with SimGrid's last words, which the child writes to a temporary file.
  * - Requests go over a socket (sg_proto.h). Flow ids are assigned here, so a START
  *   needs no answer and is buffered until the next request that needs one (then
- *   both go in one write). An ADVANCE below the horizon the child gave (t_next_s,
- *   sg_proto.h) is answered here with no round trip; the child's clock then lags
- *   (sync_s) until the next START or SYNC. A run costs about one round trip per
- *   flow start and one per completion date.
+ *   both go in one write). An ADVANCE that cannot find a completion (below the
+ *   horizon the child gave, t_next_s in sg_proto.h; to the network's own time; with
+ *   no flow in the child) is answered here with no round trip; the child's clock then
+ *   lags (sync_s) until the next START or SYNC. A run costs about one round trip per
+ *   completion date, plus one per flow start whose completion is not the next event
+ *   (docs/network.md "Performance").
  * - Completions come back in batches (all flows completing at one date, in start
  *   order) and are handed to the callback one by one. The callback may start
  *   flows (they start at that date: the child has not moved) or cancel flows,
@@ -74,6 +76,7 @@ static int request(sg_net *net, const kv_sg_request *rq, kv_sg_reply *head, kv_e
     push_out(net, *rq);
     size_t n = net->n_out;
     net->n_out = 0;
+    net->round_trips++;
     if (kv_sg_write_full(net, net->out, n * sizeof *net->out) != 0 || kv_sg_read_full(net, head, sizeof *head) != 0)
         return kv_sg_child_failed(net, KV_EFAIL, "during the run", err);
     return KV_OK;
@@ -195,16 +198,28 @@ static int sg_flow_cancel(void *ctx, kv_flow_id id, kv_error *err)
     return KV_OK;
 }
 
-/* One ADVANCE to t_s; the completions it finds are left in net->batch. Below the horizon, with
-   nothing sent since it was given, answered here: no completion, the child catches up later. */
+/* One ADVANCE to t_s; the completions it finds are left in net->batch. Answered here, with no
+   completion and no round trip (unless ask_always), in three cases:
+   - at or before the network's time: the child reported every completion at that date when it got
+     there, and a flow started since cannot complete before SimGrid steps, which it does only for a
+     later date (the STARTs stay buffered);
+   - no flow in the child (the scheduled ones wait here): nothing can complete;
+   - below the horizon, with nothing sent since it was given (sg_proto.h).
+   In the last two the child's clock lags (sync_s) until the next request. */
 static int advance_once(sg_net *net, double t_s, kv_sg_reply *head, kv_error *err)
 {
-    if (net->n_out == 0 && t_s < net->horizon_s) {
-        if (t_s > net->now_s) {
-            net->now_s = t_s;
-            net->sync_s = t_s;
-            net->links_fresh = net->states_fresh = 0;
-        }
+    if (net->ask_always) {
+        /* the reference: every advance with flows in flight goes to the child */
+    } else if (t_s <= net->now_s) {
+        *head = (kv_sg_reply){.code = KV_OK, .t_now_s = net->now_s, .t_next_s = -INFINITY};
+        net->n_batch = 0;
+        return KV_OK;
+    } else if (net->n_out == 0 && (net->active == net->n_later || t_s < net->horizon_s)) {
+        /* No flow in the child (those scheduled wait here): nothing can complete; the child catches
+           up with the next START. Below the horizon, with nothing sent since it was given: the same. */
+        net->now_s = t_s;
+        net->sync_s = t_s;
+        net->links_fresh = net->states_fresh = 0;
         *head = (kv_sg_reply){.code = KV_OK, .t_now_s = net->now_s, .t_next_s = net->horizon_s};
         net->n_batch = 0;
         return KV_OK;
@@ -220,6 +235,15 @@ static int advance_once(sg_net *net, double t_s, kv_sg_reply *head, kv_error *er
     rc = kv_sg_finish_reply(net, head, err);
     if (rc != KV_OK)
         return rc;
+    if (head->t_now_s < net->now_s) {
+        /* Completions before a time answered here: a horizon was wrong. Never silent. */
+        net->broken = 1;
+        kv_error_set(&net->failure, KV_EFAIL,
+                     "net simgrid: flows completed at %.9g s, before %.9g s, where kvsim had moved without asking "
+                     "(t_next_s was wrong)", head->t_now_s, net->now_s);
+        *err = net->failure;
+        return KV_EFAIL;
+    }
     net->links_fresh = net->states_fresh = 0;
     net->now_s = head->t_now_s;
     net->n_batch = head->count;
@@ -281,6 +305,11 @@ static int sg_advance(void *ctx, double t_limit_s, double *t_now_s, kv_error *er
 static size_t sg_active_flows(void *ctx)
 {
     return ((sg_net *)ctx)->active;
+}
+
+static size_t sg_round_trips(void *ctx)
+{
+    return ((sg_net *)ctx)->round_trips;
 }
 
 static size_t sg_link_count(void *ctx)
@@ -438,6 +467,7 @@ static const kv_net_i sg_iface = {
     .link_stats = sg_link_stats,
     .route = sg_route,
     .link_state = sg_link_state,
+    .round_trips = sg_round_trips,
 };
 
 int kv_net_simgrid_create(const kv_net_config *cfg, kv_net_done_fn done, void *user,
@@ -450,6 +480,7 @@ int kv_net_simgrid_create(const kv_net_config *cfg, kv_net_done_fn done, void *u
     net->done = done;
     net->user = user;
     net->hosts = cfg->hosts;
+    net->ask_always = cfg->ask_always != 0;
     net->next_id = 1;
     net->fd = -1;
     net->in = kv_malloc(KV_SG_IN_BYTES);

@@ -19,8 +19,12 @@
  *   step). The parent then answers such an ADVANCE itself and lets the child's clock lag; the
  *   next START (its t_s) or SYNC brings the child there, before anything that reads or changes
  *   its state, and fails the run if a flow completed on the way (a wrong horizon is never
- *   silent). -inf where the child cannot be sure (a flow paying its latency or awaiting its
- *   penalty, full-update models, unknown precision/timing).
+ *   silent). -inf where the child cannot be sure (a latency paid at the very step that ended the
+ *   wait, a penalty still to set, a held flow, full-update models, unknown precision/timing); a flow
+ *   still paying its latency is no obstacle (its date is in SimGrid's heap);
+ * - the parent also answers, with no round trip, an ADVANCE to its own time (the child has reported
+ *   every completion there) and one with no flow in the child; a completion dated before the time
+ *   the parent had reached fails the run (a wrong horizon, never silent).
  */
 #ifndef KV_SG_PROTO_H
 #define KV_SG_PROTO_H

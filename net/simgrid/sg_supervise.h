@@ -27,6 +27,8 @@ typedef struct sg_net {
     size_t active;         /* started, not yet reported or cancelled */
     kv_sg_request *out;    /* buffered unanswered requests (START, SYNC), sent with the next answered one */
     size_t n_out, cap_out;
+    size_t round_trips;    /* answered requests sent (each waits for the child) */
+    int ask_always;        /* kv_net_config.ask_always: no advance answered here while flows are in flight */
     char *in;              /* bytes read from the child, not yet consumed: [in_pos, in_len) */
     size_t in_pos, in_len;
     double horizon_s;      /* the last ADVANCE's t_next_s while no flow started or was cancelled since;
