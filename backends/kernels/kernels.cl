@@ -6,13 +6,15 @@
  *    typed pointer itself, so OpenCL needs no sub-buffers and CUDA/HIP take the
  *    same signature.
  *  - Element-wise kernels take a 1-D range rounded up to the work-group size and
- *    check their index against the count.
+ *    check their index against the count (KV_FOR_ITEMS).
  *  - KV_WG (a power of two, set by the host at build time) is the work-group
- *    size of the kernels that use local memory and barriers: attention,
- *    attention_scores and compact.
+ *    size of every launch but attention's: attention_merge, attention_scores
+ *    and compact use it for local memory and barriers. Attention's shape is
+ *    KV_ATTN_WG work-items of KV_LANES tokens each (kv_attention says why).
  *  - Every result is computed by exactly one work-item, in a fixed order, so a
  *    run is deterministic; codes, metadata and packed bytes equal the CPU
- *    reference bit for bit (numerics in kv_device.h).
+ *    reference bit for bit (numerics in kv_device.h); attention's sums depend
+ *    on its shape and split only within the 1e-5 tolerance.
  */
 #include "kv_device.h"
 

@@ -19,7 +19,10 @@
  *    a mode (tests use it to run the fallbacks on PoCL).
  *  - Work-groups: KV_WG = the largest power of two <= min(64, the device's
  *    maximum); KVSIM_OPENCL_WG_MAX=n caps it (tests check that results do not
- *    depend on it).
+ *    depend on it). Attention's shape: GPUs KV_LANES 1 and KV_ATTN_WG =
+ *    KV_WG, CPU devices 16 lanes in work-groups of 2 (choose_lanes);
+ *    KVSIM_OPENCL_LANES=n forces the lanes. Its split over the context is
+ *    kv_dev_attn_splits (kv_device.h), as on CUDA and HIP.
  *  - Asynchrony: kernels are enqueued on one in-order queue and return at
  *    once; buffer writes and reads are blocking (the host's memory is free to
  *    reuse on return, and a read sees every kernel enqueued before it);
