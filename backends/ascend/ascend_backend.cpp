@@ -450,8 +450,9 @@ static int npu_attention(void *vctx, const kv_attention_args *q, kv_error *err)
     rc = launched(c, "attention",
                   ACLRT_LAUNCH_KERNEL(kv_attention)(1, c->stream, PTR(q->q), PTR(q->q_pos), PTR(pages),
                                                     PTR(q->head_pages), PTR(positions), n_positions, PTR(data),
-                                                    data_bytes, PTR(q->out), ml, q->n_queries, q->n_heads,
-                                                    q->n_kv_heads, q->head_dim, q->n_pages, q->scale),
+                                                    data_bytes, PTR(q->out), ml, (void *)NULL, q->n_queries,
+                                                    q->n_heads, q->n_kv_heads, q->head_dim, q->n_pages,
+                                                    1u /* one chunk: one AI Core */, q->scale),
                   err);
     if (rc || !q->scores.buf)
         return rc;

@@ -432,9 +432,14 @@ static int gpu_attention(void *vctx, const kv_attention_args *q, kv_error *err)
     kv_bref data = q->n_pages ? q->kv_data : none;
     kv_u64 n_positions = positions.buf ? (positions.buf->bytes - positions.offset) / 4 : 0;
     kv_u64 data_bytes = data.buf ? data.buf->bytes - data.offset : 0;
-    float *ml = NULL;
-    if (q->scores.buf && qh) {
-        size_t need = qh * 3 * sizeof(float);
+    // One scratch area: the scores' (max hi, max lo, normaliser) per (query, head), then the split
+    // chunks' partials (kernels.cl, kv_attention) when the context is split.
+    kv_u32 n_split = kv_dev_attn_splits(q->n_pages, q->n_kv_heads);
+    size_t ml_floats = q->scores.buf ? qh * 3 : 0;
+    size_t part_floats = n_split > 1 ? qh * n_split * ((size_t)q->head_dim + 3) : 0;
+    float *ml = NULL, *part = NULL;
+    if (qh && ml_floats + part_floats) {
+        size_t need = (ml_floats + part_floats) * sizeof(float);
         if (c->scratch_bytes < need) {
             cudaSetDevice(c->device);
             cudaStreamSynchronize(c->stream);
@@ -449,15 +454,19 @@ static int gpu_attention(void *vctx, const kv_attention_args *q, kv_error *err)
             }
             c->scratch_bytes = need;
         }
-        ml = (float *)c->scratch;
+        ml = ml_floats ? (float *)c->scratch : NULL;
+        part = part_floats ? (float *)c->scratch + ml_floats : NULL;
     }
-    rc = launch(c, "attention", qh * KV_WG, [&](unsigned grid) {
-        kv_attention<<<grid, KV_WG, 0, c->stream>>>(REF(q->q), REF(q->q_pos), REF(pages), REF(q->head_pages),
+    rc = launch(c, "attention", qh * n_split * KV_WG, [&](unsigned grid) {
+        kv_attention<<<grid, KV_ATTN_WG, 0, c->stream>>>(REF(q->q), REF(q->q_pos), REF(pages), REF(q->head_pages),
                                                      REF(positions), n_positions, REF(data), data_bytes,
-                                                     WREF(q->out), ml, q->n_queries, q->n_heads, q->n_kv_heads,
-                                                     q->head_dim,
-                                                     q->n_pages, q->scale);
+                                                     WREF(q->out), ml, part, q->n_queries, q->n_heads, q->n_kv_heads,
+                                                     q->head_dim, q->n_pages, n_split, q->scale);
     }, err);
+    if (!rc && part)
+        rc = launch(c, "attention_merge", qh * KV_WG, [&](unsigned grid) {
+            kv_attention_merge<<<grid, KV_WG, 0, c->stream>>>(part, WREF(q->out), ml, qh, q->head_dim, n_split);
+        }, err);
     if (rc || !q->scores.buf)
         return rc;
     return launch(c, "attention_scores", (kv_u64)q->n_kv_heads * KV_WG, [&](unsigned grid) {

@@ -6,13 +6,15 @@
  *    typed pointer itself, so OpenCL needs no sub-buffers and CUDA/HIP take the
  *    same signature.
  *  - Element-wise kernels take a 1-D range rounded up to the work-group size and
- *    check their index against the count.
+ *    check their index against the count (KV_FOR_ITEMS).
  *  - KV_WG (a power of two, set by the host at build time) is the work-group
- *    size of the kernels that use local memory and barriers: attention,
- *    attention_scores and compact.
+ *    size of every launch but attention's: attention_merge, attention_scores
+ *    and compact use it for local memory and barriers. Attention's shape is
+ *    KV_ATTN_WG work-items of KV_LANES tokens each (kv_attention says why).
  *  - Every result is computed by exactly one work-item, in a fixed order, so a
  *    run is deterministic; codes, metadata and packed bytes equal the CPU
- *    reference bit for bit (numerics in kv_device.h).
+ *    reference bit for bit (numerics in kv_device.h); attention's sums depend
+ *    on its shape and split only within the 1e-5 tolerance.
  */
 #include "kv_device.h"
 
@@ -20,9 +22,20 @@
 #define KV_WG 64
 #endif
 
-/* Every index below n that this work-item handles (grid-stride, so any launch
-   size works), and likewise every work-group index below n. */
+/* Every index below n that this work-item handles, and likewise every
+   work-group index below n. CUDA, HIP and Ascend cap their grids, so they loop
+   grid-stride. The OpenCL host launches one work-item per index (launch() in
+   opencl.c rounds up, never caps), so there it is a guard, not a loop: PoCL
+   vectorises a work-group across its work-items only when the work-item loop
+   it builds is the innermost loop, and a grid-stride loop inside every
+   work-item kept all of these kernels scalar (objdump of its cache). */
+#if defined(__OPENCL_VERSION__)
+#define KV_FOR_ITEMS(i, n)                                                                                          \
+    kv_u64 i = KV_GLOBAL_ID();                                                                                     \
+    if (i < (kv_u64)(n))
+#else
 #define KV_FOR_ITEMS(i, n) for (kv_u64 i = KV_GLOBAL_ID(); i < (kv_u64)(n); i += KV_GLOBAL_SIZE())
+#endif
 #define KV_FOR_GROUPS(g, n) for (kv_u64 g = KV_GROUP_ID(); g < (kv_u64)(n); g += KV_NUM_GROUPS())
 
 #define KV_PTR(type, base, off) ((KV_GLOBAL type *)((KV_GLOBAL kv_u8 *)(base) + (off)))
@@ -152,16 +165,16 @@ KV_KERNEL kv_pack(KV_GLOBAL const kv_u8 *cb, kv_u64 co, KV_GLOBAL kv_u8 *pb, kv_
 }
 
 /* Code i (b bits) of the stream of `nbytes` bytes at s. */
-KV_FN kv_u32 kv_dev_stream_code(KV_GLOBAL const kv_u8 *s, kv_u64 nbytes, kv_u32 bits, kv_u32 i)
+KV_FN_INLINE kv_u32 kv_dev_stream_code(KV_GLOBAL const kv_u8 *s, kv_u64 nbytes, kv_u32 bits, kv_u32 i)
 {
     kv_u64 pos = (kv_u64)i * bits;
     kv_u64 b0 = pos / 8;
     kv_u32 sh = (kv_u32)(pos % 8);
-    kv_u32 w = s[b0];
-    if (b0 + 1 < nbytes)
-        w |= (kv_u32)s[b0 + 1] << 8;
-    if (b0 + 2 < nbytes)
-        w |= (kv_u32)s[b0 + 2] << 16;
+    /* The loads are unconditional (at a clamped index) so that a loop of
+       these vectorises: a load under a condition does not. */
+    kv_u64 b1 = b0 + 1 < nbytes ? b0 + 1 : b0, b2 = b0 + 2 < nbytes ? b0 + 2 : b0;
+    kv_u32 w1 = s[b1], w2 = s[b2];
+    kv_u32 w = (kv_u32)s[b0] | (b0 + 1 < nbytes ? w1 << 8 : 0u) | (b0 + 2 < nbytes ? w2 << 16 : 0u);
     return (w >> sh) & kv_dev_code_max(bits);
 }
 
@@ -503,6 +516,16 @@ KV_FN int kv_dev_ff_gt(kv_dev_ff a, kv_dev_ff b)
     return a.hi > b.hi || (a.hi == b.hi && a.lo > b.lo);
 }
 
+/* scale * (hi + lo), the float-float dot product of kv_dev_logit. */
+KV_FN kv_dev_ff kv_dev_logit_end(float hi, float lo, float scale)
+{
+    kv_dev_ff dot = kv_dev_two_sum(hi, lo);
+    kv_dev_ff r;
+    r.hi = dot.hi * scale;
+    r.lo = KV_FMA(dot.hi, scale, -r.hi) + dot.lo * scale;
+    return kv_dev_two_sum(r.hi, r.lo);
+}
+
 /* scale * dot(q, K_t), as float-float. */
 KV_FN kv_dev_ff kv_dev_logit(KV_GLOBAL const float *q, KV_GLOBAL const kv_u8 *data, int aligned,
                              const kv_dev_store *k, kv_u32 t, kv_u32 head_dim, float scale)
@@ -520,23 +543,168 @@ KV_FN kv_dev_ff kv_dev_logit(KV_GLOBAL const float *q, KV_GLOBAL const kv_u8 *da
             lo += s.lo + pe;
         }
     }
-    kv_dev_ff dot = kv_dev_two_sum(hi, lo);
-    kv_dev_ff r;
-    r.hi = dot.hi * scale;
-    r.lo = KV_FMA(dot.hi, scale, -r.hi) + dot.lo * scale;
-    return kv_dev_two_sum(r.hi, r.lo);
+    return kv_dev_logit_end(hi, lo, scale);
 }
 
-/* acc[d] += p * V_t[d] for every d < head_dim. */
-KV_FN void kv_dev_axpy(float *acc, float p, KV_GLOBAL const kv_u8 *data, int aligned, const kv_dev_store *v, kv_u32 t,
-                       kv_u32 head_dim)
+/* Attention's shape (kv_attention below says what each means). */
+#ifndef KV_MAX_HEAD_DIM
+#define KV_MAX_HEAD_DIM 256
+#endif
+#ifndef KV_LANES
+#define KV_LANES 1
+#endif
+#ifndef KV_ATTN_WG
+#define KV_ATTN_WG KV_WG
+#endif
+#define KV_ATTN_TILE (KV_ATTN_WG * KV_LANES)
+#define KV_DIMS_PER_ITEM ((KV_MAX_HEAD_DIM + KV_ATTN_WG - 1) / KV_ATTN_WG)
+#if KV_LANES > 1
+#define KV_ITEM_DIM(lid, j, per) ((lid) * (per) + (j)) /* a CPU thread's dimensions are contiguous */
+#else
+#define KV_ITEM_DIM(lid, j, per) ((lid) + (j) * KV_ATTN_WG) /* a warp's are */
+#endif
+
+/* One column of a page's K or V, read token by token: the per-page and
+   per-column constants of element (t, d) worked out once (kv_dev_col_get),
+   so that each element costs a few loads, shifts and one fma. */
+typedef struct kv_dev_col {
+    kv_u64 base;   /* TOKEN: byte offset of the column's group in row 0; CHANNEL: of the column's stream in block 0 */
+    kv_u64 stride; /* TOKEN: bytes per row; CHANNEL: bytes per block of group_size rows */
+    kv_u64 gbase;  /* metadata index of the column's group in row (TOKEN) or block (CHANNEL) 0 */
+    kv_u64 gstep;  /* metadata indices per row (TOKEN) or per block (CHANNEL) */
+    kv_u32 i;      /* TOKEN: the element's place in its group */
+    kv_u32 sbytes; /* TOKEN: bytes of the column's group stream; CHANNEL: of a full block's streams */
+    kv_u32 last_sbytes, last_block; /* CHANNEL: the stream bytes of the last (short) block, and its index */
+} kv_dev_col;
+
+KV_FN kv_dev_col kv_dev_col_get(const kv_dev_store *st, kv_u32 d)
 {
-    float row[KV_CHUNK];
-    for (kv_u32 d0 = 0; d0 < head_dim; d0 += KV_CHUNK) {
-        kv_u32 n = head_dim - d0 < KV_CHUNK ? head_dim - d0 : KV_CHUNK;
-        kv_dev_row_chunk(data, aligned, v, t, d0, n, row);
-        for (kv_u32 j = 0; j < n; j++)
-            acc[d0 + j] += p * row[j];
+    kv_dev_col c;
+    kv_u32 pb = st->plane_bits;
+    kv_dev_layout l = st->l;
+    c.i = 0;
+    c.sbytes = c.last_sbytes = c.last_block = 0;
+    if (st->kind != 2) {
+        c.base = c.stride = c.gbase = c.gstep = 0;
+        return c;
+    }
+    if (l.grouping == 0) {
+        kv_u64 gcol = d / l.group_size;
+        c.i = d % l.group_size;
+        c.gstep = kv_dev_ceil_div(l.cols, l.group_size);
+        c.gbase = gcol;
+        c.base = kv_dev_group_offset(l, pb, gcol);
+        c.stride = l.rows > 1 ? kv_dev_group_offset(l, pb, c.gstep) : 0; /* bytes of one row */
+        c.sbytes = (kv_u32)kv_dev_stream_bytes(kv_dev_group_len(l, gcol), pb);
+        return c;
+    }
+    c.gstep = l.cols;
+    c.gbase = d;
+    c.sbytes = (kv_u32)kv_dev_stream_bytes(l.group_size, pb);
+    c.stride = (kv_u64)l.cols * c.sbytes;
+    c.base = (kv_u64)d * c.sbytes;
+    c.last_block = (l.rows - 1) / l.group_size;
+    c.last_sbytes = (kv_u32)kv_dev_stream_bytes(kv_dev_group_len(l, (kv_u64)c.last_block * l.cols), pb);
+    return c;
+}
+
+/* Code q of a quantized element with its group's metadata index g, as f32. */
+KV_FN_INLINE float kv_dev_quant_value(KV_GLOBAL const kv_u8 *data, const kv_dev_store *st, kv_u32 q, kv_u64 g)
+{
+    KV_GLOBAL const kv_u8 *meta = data + st->meta;
+    float s = kv_dev_f16_to_f32(kv_dev_load_u16(meta + 2 * g));
+    float z = kv_dev_f16_to_f32(kv_dev_load_u16(meta + 2 * (st->groups + g)));
+    float va = kv_dev_dequant_anchor(q, st->bits - st->anchor_bits, s, z), vf = kv_dev_dequant(q, s, z);
+    return st->anchor_bits ? va : vf;
+}
+
+/* Element (t, d) of a page's quantized K or V with TOKEN groups (c from kv_dev_col_get(st, d)). */
+KV_FN_INLINE float kv_dev_quant_elem_token(KV_GLOBAL const kv_u8 *data, const kv_dev_store *st, const kv_dev_col *c,
+                                           kv_u32 t)
+{
+    kv_u32 q = kv_dev_stream_code(data + st->data + c->base + (kv_u64)t * c->stride, c->sbytes, st->plane_bits, c->i);
+    return kv_dev_quant_value(data, st, q, c->gbase + (kv_u64)t * c->gstep);
+}
+
+/* Likewise with CHANNEL groups. */
+KV_FN_INLINE float kv_dev_quant_elem_channel(KV_GLOBAL const kv_u8 *data, const kv_dev_store *st,
+                                             const kv_dev_col *c, kv_u32 t, kv_u32 d)
+{
+    kv_u32 block = t / st->l.group_size, i = t % st->l.group_size;
+    kv_u32 nbytes = block == c->last_block ? c->last_sbytes : c->sbytes;
+    kv_u64 off = (kv_u64)block * c->stride + (kv_u64)d * nbytes;
+    kv_u32 q = kv_dev_stream_code(data + st->data + off, nbytes, st->plane_bits, i);
+    return kv_dev_quant_value(data, st, q, c->gbase + (kv_u64)block * c->gstep);
+}
+
+/* out[e] = element (tt[e], d) for e < KV_LANES (c from kv_dev_col_get(st, d)).
+   One loop per storage kind, each with a branch-free body, so that a CPU
+   compiler can vectorise it across the tokens. */
+KV_FN_INLINE void kv_dev_lanes_elem(KV_GLOBAL const kv_u8 *data, int aligned, const kv_dev_store *st,
+                                    const kv_dev_col *c, const kv_u32 *tt, kv_u32 d, float *out)
+{
+    kv_u64 cols = st->l.cols;
+    if (st->kind == 0 && aligned) {
+        KV_GLOBAL const float *x = KV_CPTR(float, data, st->data);
+        for (kv_u32 e = 0; e < KV_LANES; e++)
+            out[e] = x[(kv_u64)tt[e] * cols + d];
+    } else if (st->kind == 0) {
+        for (kv_u32 e = 0; e < KV_LANES; e++)
+            out[e] = kv_dev_load_f32(data + st->data + 4 * ((kv_u64)tt[e] * cols + d));
+    } else if (st->kind == 1 && aligned) {
+        KV_GLOBAL const kv_u16 *x = KV_CPTR(kv_u16, data, st->data);
+        for (kv_u32 e = 0; e < KV_LANES; e++)
+            out[e] = kv_dev_bf16_to_f32(x[(kv_u64)tt[e] * cols + d]);
+    } else if (st->kind == 1) {
+        for (kv_u32 e = 0; e < KV_LANES; e++)
+            out[e] = kv_dev_bf16_to_f32(kv_dev_load_u16(data + st->data + 2 * ((kv_u64)tt[e] * cols + d)));
+    } else if (st->l.grouping == 0) {
+        for (kv_u32 e = 0; e < KV_LANES; e++)
+            out[e] = kv_dev_quant_elem_token(data, st, c, tt[e]);
+    } else {
+        for (kv_u32 e = 0; e < KV_LANES; e++)
+            out[e] = kv_dev_quant_elem_channel(data, st, c, tt[e], d);
+    }
+}
+
+/* out[j] = element (t, dim j of this work-item) for j < per (cols[j] from
+   kv_dev_col_get for that dimension, dims clamped to head_dim - 1). As
+   kv_dev_lanes_elem, one branch-free loop per storage kind. */
+KV_FN_INLINE void kv_dev_dims_elem(KV_GLOBAL const kv_u8 *data, int aligned, const kv_dev_store *st,
+                                   const kv_dev_col *cols, kv_u32 lid, kv_u32 per, kv_u32 head_dim, kv_u32 t,
+                                   float *out)
+{
+    kv_u64 e0 = (kv_u64)t * st->l.cols;
+    if (st->kind == 0 && aligned) {
+        KV_GLOBAL const float *x = KV_CPTR(float, data, st->data) + e0;
+        for (kv_u32 j = 0; j < per; j++) {
+            kv_u32 d = KV_ITEM_DIM(lid, j, per);
+            out[j] = x[d < head_dim ? d : head_dim - 1];
+        }
+    } else if (st->kind == 0) {
+        for (kv_u32 j = 0; j < per; j++) {
+            kv_u32 d = KV_ITEM_DIM(lid, j, per);
+            out[j] = kv_dev_load_f32(data + st->data + 4 * (e0 + (d < head_dim ? d : head_dim - 1)));
+        }
+    } else if (st->kind == 1 && aligned) {
+        KV_GLOBAL const kv_u16 *x = KV_CPTR(kv_u16, data, st->data) + e0;
+        for (kv_u32 j = 0; j < per; j++) {
+            kv_u32 d = KV_ITEM_DIM(lid, j, per);
+            out[j] = kv_dev_bf16_to_f32(x[d < head_dim ? d : head_dim - 1]);
+        }
+    } else if (st->kind == 1) {
+        for (kv_u32 j = 0; j < per; j++) {
+            kv_u32 d = KV_ITEM_DIM(lid, j, per);
+            out[j] = kv_dev_bf16_to_f32(kv_dev_load_u16(data + st->data + 2 * (e0 + (d < head_dim ? d : head_dim - 1))));
+        }
+    } else if (st->l.grouping == 0) {
+        for (kv_u32 j = 0; j < per; j++)
+            out[j] = kv_dev_quant_elem_token(data, st, &cols[j], t);
+    } else {
+        for (kv_u32 j = 0; j < per; j++) {
+            kv_u32 d = KV_ITEM_DIM(lid, j, per);
+            out[j] = kv_dev_quant_elem_channel(data, st, &cols[j], t, d < head_dim ? d : head_dim - 1);
+        }
     }
 }
 
@@ -553,120 +721,254 @@ KV_FN void kv_dev_head_range(KV_GLOBAL const kv_u32 *head_pages, kv_u32 kh, kv_u
     *count = c;
 }
 
-/* Attention, split-K inside a work-group. One work-group of KV_WG per (query,
-   head) (grid-stride over them). Work-item w takes the head's pages w, w +
-   KV_WG, ... and runs an online softmax over their visible tokens: running max
-   m_w, normaliser l_w and a private output acc_w (rescaled when the max
-   grows). The work-group then combines: M = max m_w, L = sum l_w e^(m_w - M),
-   out = sum acc_w e^(m_w - M) / L, the sums over w taken in work-item order
-   (KV_TILE dimensions at a time through local memory). Pages of 16..64 tokens
-   keep every work-item busy, and the partial sums keep fp32 rounding far below
-   the 1e-5 tolerance even at 32K tokens. head_dim <= KV_MAX_HEAD_DIM (the host
-   checks). ml (optional) receives (M.hi, M.lo, L) per (query, head) for the scores. */
-#ifndef KV_MAX_HEAD_DIM
-#define KV_MAX_HEAD_DIM 256
-#endif
-#define KV_TILE KV_WG
-
+/* Attention, split over the context as flash-decoding does. The host cuts
+   each KV head's page list into n_split chunks of ceil(pages / n_split)
+   pages (kv_dev_attn_splits); one work-group of KV_ATTN_WG per (query, head,
+   chunk) (grid-stride over them). The work-group walks its chunk's pages a
+   tile of KV_ATTN_WG * KV_LANES tokens at a time:
+     1. work-item w takes the KV_LANES tokens from t0 + w * KV_LANES: their
+        logits (float-float, above; tokens past the page's end compute the
+        last token's and are masked, as are the causally hidden ones) into
+        local memory;
+     2. every work-item forms the tile's max in the same order; the running
+        max M grows to it (the partial sums are rescaled by e^(M_old - M_new),
+        exactly 1 when M does not move); p_t = e^(logit_t - M) into local
+        memory; the running normaliser l = l f + sum p_t (t in order);
+     3. work-item w owns ceil(head_dim / KV_ATTN_WG) dimensions of the output
+        (KV_ITEM_DIM): acc[d] += p_t V_t[d] over the tile's tokens in order.
+   KV_LANES (host-chosen at build time) is 1 on GPUs: one token per thread,
+   and a thread's dimensions interleaved, so that a warp reads consecutive
+   bytes of a row. A CPU device gets KV_LANES 16 and a small work-group: a
+   work-item's inner loops (its tokens for one dimension in 1., its
+   dimensions for one token in 3.) then run across independent values, which
+   the CPU compiler turns into SIMD instructions (fp32 sums are never
+   reassociated, so only loops over independent values can be vectorised).
+   n_split == 1: the work-group writes out = acc / l (and ml) itself. Else it
+   writes its chunk's (M.hi, M.lo, l, acc[0..head_dim)) to part, and
+   kv_attention_merge combines the chunks. Every sum runs in a fixed order,
+   so a run is deterministic for given KV_ATTN_WG, KV_LANES and n_split; the
+   partial sums keep fp32 rounding far below the 1e-5 tolerance even at 32K
+   tokens. head_dim <= KV_MAX_HEAD_DIM (the host checks). ml (optional)
+   receives (M.hi, M.lo, L) per (query, head) for the scores. */
 KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_u8 *qpb, kv_u64 qpo,
                        KV_GLOBAL const kv_u8 *pgb, kv_u64 pgo, KV_GLOBAL const kv_u8 *hpb, kv_u64 hpo,
                        KV_GLOBAL const kv_u8 *posb, kv_u64 poso, kv_u64 n_positions, KV_GLOBAL const kv_u8 *datab,
                        kv_u64 datao, kv_u64 data_bytes, KV_GLOBAL kv_u8 *ob, kv_u64 oo, KV_GLOBAL float *ml,
-                       kv_u32 n_queries, kv_u32 n_heads, kv_u32 n_kv_heads, kv_u32 head_dim, kv_u32 n_pages,
-                       float scale)
+                       KV_GLOBAL float *part, kv_u32 n_queries, kv_u32 n_heads, kv_u32 n_kv_heads, kv_u32 head_dim,
+                       kv_u32 n_pages, kv_u32 n_split, float scale)
 {
-    KV_LOCAL float red[KV_WG];
-    KV_LOCAL float red_lo[KV_WG];
-    KV_LOCAL float tile[KV_WG * KV_TILE];
-    KV_LOCAL kv_u32 seen_any[KV_WG];
-    float acc[KV_MAX_HEAD_DIM];
+    KV_LOCAL float lg_hi[KV_ATTN_TILE];
+    KV_LOCAL float lg_lo[KV_ATTN_TILE];
+    KV_LOCAL float pr[KV_ATTN_TILE];
+    KV_LOCAL kv_u32 vis[KV_ATTN_TILE];
+    float acc[KV_DIMS_PER_ITEM], tacc[KV_DIMS_PER_ITEM];
+    kv_dev_col vcol[KV_DIMS_PER_ITEM];
+    float hi[KV_LANES], lo[KV_LANES], kk[KV_LANES], vv[KV_DIMS_PER_ITEM];
+    kv_u32 tt[KV_LANES];
+
     KV_GLOBAL const kv_u8 *data = datab + datao;
     int aligned = (datao % 4) == 0;
     kv_u32 lid = KV_LOCAL_ID();
+    kv_u32 per = (kv_u32)kv_dev_ceil_div(head_dim, KV_ATTN_WG); /* dimensions per work-item */
     KV_GLOBAL const kv_u32 *pages = KV_CPTR(kv_u32, pgb, pgo);
     KV_GLOBAL const kv_u32 *positions = KV_CPTR(kv_u32, posb, poso);
-    KV_FOR_GROUPS(wg, (kv_u64)n_queries * n_heads) {
-        kv_u32 h = (kv_u32)(wg % n_heads);
-        kv_u64 qi = wg / n_heads;
+    KV_FOR_GROUPS(wg, (kv_u64)n_queries * n_heads * n_split) {
+        kv_u32 split = (kv_u32)(wg % n_split);
+        kv_u64 row = wg / n_split; /* qi * n_heads + h */
+        kv_u32 h = (kv_u32)(row % n_heads);
+        kv_u64 qi = row / n_heads;
         kv_u32 kh = h / (n_heads / n_kv_heads);
-        KV_GLOBAL const float *q = KV_CPTR(float, qb, qo) + (qi * n_heads + h) * head_dim;
-        KV_GLOBAL float *out = KV_PTR(float, ob, oo) + (qi * n_heads + h) * head_dim;
+        KV_GLOBAL const float *q = KV_CPTR(float, qb, qo) + row * head_dim;
         kv_u32 qpos = KV_CPTR(kv_u32, qpb, qpo)[qi];
         kv_u32 first, count;
         kv_dev_head_range(KV_CPTR(kv_u32, hpb, hpo), kh, n_pages, &first, &count);
+        kv_u32 chunk = (kv_u32)kv_dev_ceil_div(count, n_split);
+        kv_u32 p0 = first + (split * chunk < count ? split * chunk : count);
+        kv_u32 p1 = first + ((split + 1) * chunk < count ? (split + 1) * chunk : count);
 
-        /* This work-item's pages: online softmax. */
-        for (kv_u32 d = 0; d < head_dim; d++)
-            acc[d] = 0.0f;
+        for (kv_u32 j = 0; j < per; j++)
+            acc[j] = 0.0f;
         kv_dev_ff m = {0.0f, 0.0f};
         float l = 0.0f;
         int seen = 0;
-        for (kv_u32 p = first + lid; p < first + count; p += KV_WG) {
+        for (kv_u32 p = p0; p < p1; p++) {
             kv_dev_page pg = kv_dev_page_get(pages, p, head_dim, data_bytes, n_positions);
             if (!pg.ok)
-                continue;
-            for (kv_u32 t = 0; t < pg.ntok; t++) {
-                if (positions[pg.pos_index + t] > qpos)
-                    continue;
-                kv_dev_ff lg = kv_dev_logit(q, data, aligned, &pg.k, t, head_dim, scale);
-                if (!seen) {
-                    m = lg;
-                    seen = 1;
-                } else if (kv_dev_ff_gt(lg, m)) {
-                    float f = KV_EXP(kv_dev_ff_sub(m, lg));
-                    l *= f;
-                    for (kv_u32 d = 0; d < head_dim; d++)
-                        acc[d] *= f;
-                    m = lg;
+                continue; /* the same for the whole work-group */
+            for (kv_u32 j = 0; j < per; j++) {
+                kv_u32 d = KV_ITEM_DIM(lid, j, per);
+                vcol[j] = kv_dev_col_get(&pg.v, d < head_dim ? d : head_dim - 1);
+            }
+
+            for (kv_u32 t0 = 0; t0 < pg.ntok; t0 += KV_ATTN_TILE) {
+                /* 1. This work-item's tokens: their logits. */
+                kv_u32 tb = t0 + lid * KV_LANES;
+                for (kv_u32 e = 0; e < KV_LANES; e++) {
+                    tt[e] = tb + e < pg.ntok ? tb + e : pg.ntok - 1;
+                    hi[e] = 0.0f;
+                    lo[e] = 0.0f;
                 }
-                float pr = KV_EXP(kv_dev_ff_sub(lg, m));
-                l += pr;
-                kv_dev_axpy(acc, pr, data, aligned, &pg.v, t, head_dim);
+#if KV_LANES > 1
+                /* CPU: each token's K row decoded a chunk at a time (one
+                   metadata lookup per group), then its dot product. */
+                for (kv_u32 e = 0; e < KV_LANES; e++) {
+                    kv_dev_ff lg = kv_dev_logit(q, data, aligned, &pg.k, tt[e], head_dim, scale);
+                    hi[e] = lg.hi;
+                    lo[e] = lg.lo;
+                }
+#else
+                /* GPU: one token per thread, a dimension at a time. */
+                for (kv_u32 d = 0; d < head_dim; d++) {
+                    kv_dev_col c = kv_dev_col_get(&pg.k, d);
+                    float qd = q[d];
+                    kv_dev_lanes_elem(data, aligned, &pg.k, &c, tt, d, kk);
+                    for (kv_u32 e = 0; e < KV_LANES; e++) {
+                        float k = kk[e];
+                        float pp = qd * k;
+                        float pe = KV_FMA(qd, k, -pp); /* pp + pe = the exact product */
+                        kv_dev_ff sum = kv_dev_two_sum(hi[e], pp);
+                        hi[e] = sum.hi;
+                        lo[e] += sum.lo + pe;
+                    }
+                }
+#endif
+                for (kv_u32 e = 0; e < KV_LANES; e++) {
+#if KV_LANES > 1
+                    kv_dev_ff lg = {hi[e], lo[e]};
+#else
+                    kv_dev_ff lg = kv_dev_logit_end(hi[e], lo[e], scale);
+#endif
+                    lg_hi[lid * KV_LANES + e] = lg.hi;
+                    lg_lo[lid * KV_LANES + e] = lg.lo;
+                    vis[lid * KV_LANES + e] = tb + e < pg.ntok && positions[pg.pos_index + tt[e]] <= qpos;
+                }
+                KV_BARRIER();
+                /* 2. The tile's max, the running max, the probabilities. */
+                kv_dev_ff tm = m;
+                int tseen = seen;
+                for (kv_u32 w = 0; w < KV_ATTN_TILE; w++) {
+                    kv_dev_ff x = {lg_hi[w], lg_lo[w]};
+                    if (vis[w] && (!tseen || kv_dev_ff_gt(x, tm))) {
+                        tm = x;
+                        tseen = 1;
+                    }
+                }
+                float f = seen ? KV_EXP(kv_dev_ff_sub(m, tm)) : 1.0f;
+                m = tm;
+                seen = tseen;
+                for (kv_u32 e = 0; e < KV_LANES; e++) {
+                    kv_u32 w = lid * KV_LANES + e;
+                    kv_dev_ff x = {lg_hi[w], lg_lo[w]};
+                    pr[w] = vis[w] ? KV_EXP(kv_dev_ff_sub(x, m)) : 0.0f;
+                }
+                KV_BARRIER();
+                float tl = 0.0f;
+                for (kv_u32 w = 0; w < KV_ATTN_TILE; w++)
+                    tl += pr[w];
+                l = l * f + tl;
+                /* 3. The weighted V of this work-item's dimensions: the
+                   tile's sum, then acc = acc f + it (short sums in fp32). */
+                for (kv_u32 j = 0; j < per; j++)
+                    tacc[j] = 0.0f;
+                kv_u32 nt = pg.ntok - t0 < KV_ATTN_TILE ? pg.ntok - t0 : KV_ATTN_TILE;
+                for (kv_u32 w = 0; w < nt; w++) {
+                    if (!vis[w])
+                        continue;
+                    float pw = pr[w];
+#if KV_LANES > 1
+                    /* CPU: this work-item's contiguous dimensions, a chunk at a time. */
+                    for (kv_u32 j0 = 0; j0 < per && lid * per + j0 < head_dim; j0 += KV_CHUNK) {
+                        kv_u32 n = per - j0 < KV_CHUNK ? per - j0 : KV_CHUNK;
+                        if (n > head_dim - (lid * per + j0))
+                            n = head_dim - (lid * per + j0);
+                        kv_dev_row_chunk(data, aligned, &pg.v, t0 + w, lid * per + j0, n, vv);
+                        for (kv_u32 j = 0; j < n; j++)
+                            tacc[j0 + j] += pw * vv[j];
+                    }
+#else
+                    kv_dev_dims_elem(data, aligned, &pg.v, vcol, lid, per, head_dim, t0 + w, vv);
+                    for (kv_u32 j = 0; j < per; j++)
+                        tacc[j] += pw * vv[j];
+#endif
+                }
+                for (kv_u32 j = 0; j < per; j++)
+                    acc[j] = acc[j] * f + tacc[j];
+                KV_BARRIER(); /* the tile's local memory is reused */
             }
         }
 
-        /* Combine the work-items: the common max, then the weighted sums. */
-        red[lid] = m.hi;
-        red_lo[lid] = m.lo;
-        seen_any[lid] = (kv_u32)seen;
-        KV_BARRIER();
+        if (n_split == 1) {
+            KV_GLOBAL float *out = KV_PTR(float, ob, oo) + row * head_dim;
+            for (kv_u32 j = 0; j < per; j++) {
+                kv_u32 d = KV_ITEM_DIM(lid, j, per);
+                if (d < head_dim)
+                    out[d] = seen ? acc[j] / l : 0.0f;
+            }
+            if (ml && lid == 0) {
+                ml[3 * row] = seen ? m.hi : 0.0f;
+                ml[3 * row + 1] = seen ? m.lo : 0.0f;
+                ml[3 * row + 2] = seen ? l : 0.0f;
+            }
+        } else {
+            KV_GLOBAL float *pp = part + wg * ((kv_u64)head_dim + 3);
+            for (kv_u32 j = 0; j < per; j++) {
+                kv_u32 d = KV_ITEM_DIM(lid, j, per);
+                if (d < head_dim)
+                    pp[3 + d] = seen ? acc[j] : 0.0f;
+            }
+            if (lid == 0) {
+                pp[0] = seen ? m.hi : 0.0f;
+                pp[1] = seen ? m.lo : 0.0f;
+                pp[2] = seen ? l : 0.0f; /* a chunk that saw a token has l >= 1 */
+            }
+        }
+    }
+    KV_KERNEL_END();
+}
+
+/* Merges the n_split chunks of kv_attention (flash-decoding's log-sum-exp
+   merge): M = max M_s over the chunks that saw a token, L = sum l_s e^(M_s -
+   M), out = sum acc_s e^(M_s - M) / L, s in order. One work-group per
+   (query, head) (grid-stride), work-items over the dimensions. */
+KV_KERNEL kv_attention_merge(KV_GLOBAL const float *part, KV_GLOBAL kv_u8 *ob, kv_u64 oo, KV_GLOBAL float *ml,
+                             kv_u64 rows, kv_u32 head_dim, kv_u32 n_split)
+{
+    kv_u32 lid = KV_LOCAL_ID();
+    KV_FOR_GROUPS(row, rows) {
+        KV_GLOBAL const float *pr = part + row * n_split * ((kv_u64)head_dim + 3);
         kv_dev_ff gm = {0.0f, 0.0f};
         int any = 0;
-        for (kv_u32 w = 0; w < KV_WG; w++) {
-            kv_dev_ff mw = {red[w], red_lo[w]};
-            if (seen_any[w] && (!any || kv_dev_ff_gt(mw, gm))) {
-                gm = mw;
+        for (kv_u32 s = 0; s < n_split; s++) {
+            KV_GLOBAL const float *ps = pr + (kv_u64)s * (head_dim + 3);
+            kv_dev_ff ms = {ps[0], ps[1]};
+            if (ps[2] > 0.0f && (!any || kv_dev_ff_gt(ms, gm))) {
+                gm = ms;
                 any = 1;
             }
         }
-        float f = seen ? KV_EXP(kv_dev_ff_sub(m, gm)) : 0.0f;
-        KV_BARRIER();
-        red[lid] = l * f;
-        KV_BARRIER();
         float gl = 0.0f;
-        for (kv_u32 w = 0; w < KV_WG; w++)
-            gl += red[w];
-        for (kv_u32 d0 = 0; d0 < head_dim; d0 += KV_TILE) {
-            for (kv_u32 j = 0; j < KV_TILE; j++)
-                tile[lid * KV_TILE + j] = d0 + j < head_dim ? acc[d0 + j] * f : 0.0f;
-            KV_BARRIER();
-            for (kv_u32 j0 = 0; j0 < KV_TILE; j0 += KV_WG) { /* the same trip count for every work-item */
-                kv_u32 j = j0 + lid;
-                if (j < KV_TILE && d0 + j < head_dim) {
-                    float sum = 0.0f;
-                    for (kv_u32 w = 0; w < KV_WG; w++)
-                        sum += tile[w * KV_TILE + j];
-                    out[d0 + j] = any ? sum / gl : 0.0f;
-                }
+        for (kv_u32 s = 0; s < n_split; s++) {
+            KV_GLOBAL const float *ps = pr + (kv_u64)s * (head_dim + 3);
+            kv_dev_ff ms = {ps[0], ps[1]};
+            if (ps[2] > 0.0f)
+                gl += ps[2] * KV_EXP(kv_dev_ff_sub(ms, gm));
+        }
+        KV_GLOBAL float *out = KV_PTR(float, ob, oo) + row * head_dim;
+        for (kv_u32 d = lid; d < head_dim; d += KV_WG) {
+            float sum = 0.0f;
+            for (kv_u32 s = 0; s < n_split; s++) {
+                KV_GLOBAL const float *ps = pr + (kv_u64)s * (head_dim + 3);
+                kv_dev_ff ms = {ps[0], ps[1]};
+                if (ps[2] > 0.0f)
+                    sum += ps[3 + d] * KV_EXP(kv_dev_ff_sub(ms, gm));
             }
-            KV_BARRIER();
+            out[d] = any ? sum / gl : 0.0f;
         }
         if (ml && lid == 0) {
-            ml[3 * (qi * n_heads + h)] = any ? gm.hi : 0.0f;
-            ml[3 * (qi * n_heads + h) + 1] = any ? gm.lo : 0.0f;
-            ml[3 * (qi * n_heads + h) + 2] = any ? gl : 0.0f;
+            ml[3 * row] = any ? gm.hi : 0.0f;
+            ml[3 * row + 1] = any ? gm.lo : 0.0f;
+            ml[3 * row + 2] = any ? gl : 0.0f;
         }
-        KV_BARRIER(); /* local memory is reused by the next (query, head) */
     }
     KV_KERNEL_END();
 }

@@ -8,7 +8,8 @@
  * dialect maps a handful of names: fixed-width integer types (kv_u8 ...),
  * kernel and address-space qualifiers, work-item indices, barriers, bit casts
  * and the few math functions the kernels use. KV_FN marks device functions,
- * KV_HD_FN the integer layout helpers that CUDA/HIP host code calls as well.
+ * KV_FN_INLINE those that must be inlined (inner-loop bodies), KV_HD_FN the
+ * integer layout helpers that CUDA/HIP host code calls as well.
  *
  * The scalar functions below are a transcription of backends/numerics.h
  * (the normative CPU numerics, choices N1..N6) into that common subset; any
@@ -45,6 +46,7 @@ typedef ulong kv_u64;
 #define KV_GLOBAL __global
 #define KV_LOCAL __local
 #define KV_FN static inline
+#define KV_FN_INLINE static inline __attribute__((always_inline)) /* inner-loop bodies: a call there stops vectorisation */
 #define KV_HD_FN static inline
 #define KV_GLOBAL_ID() ((kv_u64)get_global_id(0))
 #define KV_LOCAL_ID() ((kv_u32)get_local_id(0))
@@ -74,6 +76,7 @@ typedef unsigned long long kv_u64;
 #define KV_GLOBAL
 #define KV_LOCAL __shared__
 #define KV_FN static __device__ __forceinline__
+#define KV_FN_INLINE KV_FN
 #define KV_HD_FN static __host__ __device__ __forceinline__ /* also used by the host code */
 #define KV_GLOBAL_ID() ((kv_u64)blockIdx.x * (kv_u64)blockDim.x + (kv_u64)threadIdx.x)
 #define KV_LOCAL_ID() ((kv_u32)threadIdx.x)
@@ -113,6 +116,7 @@ typedef uint64_t kv_u64;
 #define KV_GLOBAL __gm__
 #define KV_LOCAL
 #define KV_FN static __aicore__ inline
+#define KV_FN_INLINE KV_FN
 #define KV_HD_FN static __aicore__ inline
 #define KV_GLOBAL_ID() ((kv_u64)AscendC::GetBlockIdx())
 #define KV_LOCAL_ID() 0u
@@ -168,6 +172,7 @@ typedef int32_t kv_i32;
 typedef uint64_t kv_u64;
 #define KV_GLOBAL
 #define KV_FN static inline
+#define KV_FN_INLINE static inline
 #define KV_HD_FN static inline
 static inline uint32_t kv_dev_f32_bits(float f)
 {
@@ -455,15 +460,15 @@ KV_FN kv_u16 kv_dev_f16_from_f32(float f)
 
 KV_FN float kv_dev_f16_to_f32(kv_u32 h)
 {
+    /* Branch-free (every case computed, one selected), so that loops of
+       conversions vectorise. */
     kv_u32 sign = (h & 0x8000u) << 16;
     kv_u32 exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-    if (exp == 0) {
-        float v = (float)man * 5.9604644775390625e-8f; /* 2^-24; exact */
-        return KV_F32_FROM_BITS(KV_F32_BITS(v) | sign);
-    }
-    if (exp == 31)
-        return KV_F32_FROM_BITS(sign | 0x7f800000u | (man << 13));
-    return KV_F32_FROM_BITS(sign | ((exp + 112u) << 23) | (man << 13));
+    float sub = (float)man * 5.9604644775390625e-8f; /* 2^-24; exact */
+    kv_u32 subnormal = KV_F32_BITS(sub) | sign;
+    kv_u32 special = sign | 0x7f800000u | (man << 13);
+    kv_u32 normal = sign | ((exp + 112u) << 23) | (man << 13);
+    return KV_F32_FROM_BITS(exp == 0 ? subnormal : exp == 31 ? special : normal);
 }
 
 /* Metadata: ±Inf saturates to ±65504 (N2). */
@@ -593,6 +598,20 @@ KV_HD_FN kv_u64 kv_dev_group_elem(kv_dev_layout l, kv_u64 g, kv_u32 i)
         return (g / per_row) * l.cols + (g % per_row) * l.group_size + i;
     }
     return ((g / l.cols) * l.group_size + i) * l.cols + g % l.cols;
+}
+
+/* Attention's split over the context (kernels.cl, kv_attention): how many
+   chunks each KV head's page list is cut into. It depends on the launch's
+   shape only, never on the device, so every backend splits alike: chunks of
+   at least KV_SPLIT_PAGES pages (a chunk's partial result costs head_dim + 3
+   floats and the merge reads them all), at most KV_MAX_SPLITS chunks. */
+#define KV_SPLIT_PAGES 16u
+#define KV_MAX_SPLITS 32u
+KV_HD_FN kv_u32 kv_dev_attn_splits(kv_u32 n_pages, kv_u32 n_kv_heads)
+{
+    kv_u32 per_head = n_kv_heads ? n_pages / n_kv_heads : 0;
+    kv_u32 s = per_head / KV_SPLIT_PAGES;
+    return s < 1 ? 1 : s > KV_MAX_SPLITS ? KV_MAX_SPLITS : s;
 }
 
 /* Group and position in the group of element (row, col): returns g, sets *i. */

@@ -19,7 +19,10 @@
  *    a mode (tests use it to run the fallbacks on PoCL).
  *  - Work-groups: KV_WG = the largest power of two <= min(64, the device's
  *    maximum); KVSIM_OPENCL_WG_MAX=n caps it (tests check that results do not
- *    depend on it).
+ *    depend on it). Attention's shape: GPUs KV_LANES 1 and KV_ATTN_WG =
+ *    KV_WG, CPU devices 16 lanes in work-groups of 2 (choose_lanes);
+ *    KVSIM_OPENCL_LANES=n forces the lanes. Its split over the context is
+ *    kv_dev_attn_splits (kv_device.h), as on CUDA and HIP.
  *  - Asynchrony: kernels are enqueued on one in-order queue and return at
  *    once; buffer writes and reads are blocking (the host's memory is free to
  *    reuse on return, and a read sees every kernel enqueued before it);
@@ -40,6 +43,7 @@
 
 #include "backends/backend.h"
 #include "backends/backend_impl.h"
+#include "backends/kernels/kv_device.h" /* kv_dev_attn_splits: the split every backend makes */
 #include "core/base/alloc.h"
 #include "kv_opencl_source.h" /* generated: kv_opencl_source[] */
 
@@ -139,6 +143,7 @@ typedef enum kernel_id {
     K_DECODE,
     K_BF16,
     K_ATTENTION,
+    K_ATTN_MERGE,
     K_SCORES,
     K_COMPACT,
     K_COUNT
@@ -146,7 +151,7 @@ typedef enum kernel_id {
 
 static const char *const kernel_names[K_COUNT] = {
     "kv_quantize", "kv_dequantize", "kv_pack",      "kv_unpack",           "kv_split",  "kv_merge",
-    "kv_encode",   "kv_decode",     "kv_bf16_round", "kv_attention", "kv_attention_scores", "kv_compact",
+    "kv_encode",   "kv_decode",     "kv_bf16_round", "kv_attention", "kv_attention_merge", "kv_attention_scores", "kv_compact",
 };
 
 typedef struct cl_ctx {
@@ -155,7 +160,9 @@ typedef struct cl_ctx {
     cl_command_queue queue; /* in-order */
     cl_program program;
     cl_kernel kernels[K_COUNT]; /* created on first use */
-    size_t wg;                  /* KV_WG: work-group size of every launch (power of two) */
+    size_t wg;                  /* KV_WG: work-group size of every launch but attention's (power of two) */
+    size_t attn_wg;             /* KV_ATTN_WG: attention's work-group size (<= wg) */
+    int lanes;                  /* KV_LANES: tokens per attention work-item (1 on GPUs) */
     int div_mode;               /* KV_DIV_MODE the program was built with */
     kv_backend_props props;
 } cl_ctx;
@@ -223,6 +230,28 @@ static int choose_div_mode(cl_device_id dev, int *mode, kv_error *err)
     return KV_OK;
 }
 
+/* Attention's shape on a CPU device (kernels.cl, kv_attention): 16 tokens per
+   work-item, the CPU compiler's SIMD width for fp32 on AVX-512, in
+   work-groups of 2 (a 32-token tile, the usual page). */
+enum { CPU_LANES = 16, CPU_ATTN_WG = 2 };
+
+/* KV_LANES for a device: CPU devices CPU_LANES, others 1 (the GPU shape);
+   KVSIM_OPENCL_LANES=n forces n (1, 2, 4, 8 or 16: tests run the GPU shape on PoCL). */
+static int choose_lanes(cl_device_id dev, int *lanes, kv_error *err)
+{
+    cl_device_type t = 0;
+    clGetDeviceInfo(dev, CL_DEVICE_TYPE, sizeof t, &t, NULL);
+    *lanes = (t & CL_DEVICE_TYPE_CPU) ? CPU_LANES : 1;
+    const char *force = getenv("KVSIM_OPENCL_LANES");
+    if (force && *force) {
+        int n = atoi(force);
+        if (n != 1 && n != 2 && n != 4 && n != 8 && n != 16)
+            return kv_error_set(err, KV_EINPUT, "KVSIM_OPENCL_LANES=%s: want 1, 2, 4, 8 or 16", force);
+        *lanes = n;
+    }
+    return KV_OK;
+}
+
 static int build_program(cl_ctx *c, kv_error *err)
 {
     const char *src = kv_opencl_source;
@@ -231,7 +260,9 @@ static int build_program(cl_ctx *c, kv_error *err)
     if (e != CL_SUCCESS)
         return cl_fail(err, e, "clCreateProgramWithSource");
     char options[256];
-    snprintf(options, sizeof options, "-cl-std=CL1.2 -DKV_WG=%zu -DKV_DIV_MODE=%d%s", c->wg, c->div_mode,
+    c->attn_wg = c->lanes > 1 && c->wg > CPU_ATTN_WG ? CPU_ATTN_WG : c->wg;
+    snprintf(options, sizeof options, "-cl-std=CL1.2 -DKV_WG=%zu -DKV_ATTN_WG=%zu -DKV_LANES=%d -DKV_DIV_MODE=%d%s",
+             c->wg, c->attn_wg, c->lanes, c->div_mode,
              c->div_mode == 0 ? " -cl-fp32-correctly-rounded-divide-sqrt" : "");
     e = clBuildProgram(c->program, 1, &c->device, options, NULL, NULL);
     if (e != CL_SUCCESS) {
@@ -277,6 +308,8 @@ static int opencl_open(int index, const kv_backend_i **iface, void **out, kv_err
     while (c->wg * 2 <= max_wg && c->wg * 2 <= wg_cap)
         c->wg *= 2;
     rc = choose_div_mode(c->device, &c->div_mode, err);
+    if (!rc)
+        rc = choose_lanes(c->device, &c->lanes, err);
     if (rc)
         goto fail;
     rc = build_program(c, err);
@@ -742,6 +775,18 @@ static int opencl_attention(void *vctx, const kv_attention_args *q, kv_error *er
         if (e != CL_SUCCESS)
             return cl_fail(err, e, "attention scratch allocation");
     }
+    uint32_t n_split = kv_dev_attn_splits(q->n_pages, q->n_kv_heads);
+    cl_mem part = NULL; /* each chunk's (max hi, lo, normaliser, weighted V) when the context is split */
+    if (n_split > 1 && qh) {
+        cl_int e = CL_SUCCESS;
+        part = clCreateBuffer(c->context, CL_MEM_READ_WRITE, qh * n_split * ((size_t)q->head_dim + 3) * sizeof(float),
+                              NULL, &e);
+        if (e != CL_SUCCESS) {
+            if (ml)
+                clReleaseMemObject(ml);
+            return cl_fail(err, e, "attention split scratch allocation");
+        }
+    }
     args a;
     rc = begin(c, K_ATTENTION, &a, err);
     if (!rc) {
@@ -755,13 +800,26 @@ static int opencl_attention(void *vctx, const kv_attention_args *q, kv_error *er
         arg_u64(&a, data_bytes);
         arg_ref(&a, q->out);
         arg_mem(&a, ml);
+        arg_mem(&a, part);
         arg_u32(&a, q->n_queries);
         arg_u32(&a, q->n_heads);
         arg_u32(&a, q->n_kv_heads);
         arg_u32(&a, q->head_dim);
         arg_u32(&a, q->n_pages);
+        arg_u32(&a, n_split);
         arg_f32(&a, q->scale);
-        rc = launch(c, K_ATTENTION, &a, qh * c->wg, c->wg, err);
+        rc = launch(c, K_ATTENTION, &a, qh * n_split * c->attn_wg, c->attn_wg, err);
+    }
+    if (!rc && part)
+        rc = begin(c, K_ATTN_MERGE, &a, err);
+    if (!rc && part) {
+        arg_mem(&a, part);
+        arg_ref(&a, q->out);
+        arg_mem(&a, ml);
+        arg_u64(&a, qh);
+        arg_u32(&a, q->head_dim);
+        arg_u32(&a, n_split);
+        rc = launch(c, K_ATTN_MERGE, &a, qh * c->wg, c->wg, err);
     }
     if (!rc && q->scores.buf)
         rc = begin(c, K_SCORES, &a, err);
@@ -787,6 +845,8 @@ static int opencl_attention(void *vctx, const kv_attention_args *q, kv_error *er
     }
     if (ml)
         clReleaseMemObject(ml); /* freed once the enqueued kernels are done with it */
+    if (part)
+        clReleaseMemObject(part);
     return rc;
 }
 
