@@ -623,6 +623,116 @@ KV_AVX512 static void v_pass_any(const src *p, uint32_t ntok, uint32_t hd, const
 #undef V_CALL
 }
 
+/* ---- Two row groups at once (verification: k queries x GQA heads) ---------------- */
+
+/* k_pass() for the 8 rows of two row groups (q8: [8][hd], L: [2][T][4]
+   through Lb = La + 4 T): each token's chunk is read and dequantized once
+   for the 8 rows instead of once per row group. Two tokens at a time (16
+   dot products, one reduce16), the odd last token alone. */
+KV_AVX512 static KV_INLINE void k_pass8(const src *p, int kind, int anchor, uint32_t ntok, uint32_t hd,
+                                        const float *q8, float scale, const uint32_t *pos, __m128i qpa,
+                                        __m128i qpb, __mmask8 va, __mmask8 vb, float *La, float *Lb, pf_cursor *pf)
+{
+    const uint32_t step = (uint32_t)step_of(kind), nv = step / 16;
+    const __m512 ninf16 = _mm512_set1_ps(-INFINITY), vscale16 = _mm512_set1_ps(scale);
+    /* lane i: row group i / 8, token (i / 4) % 2, row i % 4 */
+    const __m512i spread = _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
+    const __m512i qpos16 = _mm512_inserti32x8(_mm512_castsi256_si512(_mm256_broadcast_i32x4(qpa)),
+                                              _mm256_broadcast_i32x4(qpb), 1);
+    const __mmask16 valid16 = (__mmask16)((va & 15u) * 0x11u | (vb & 15u) * 0x1100u);
+    uint32_t t = 0;
+    for (; t + 2 <= ntok; t += 2) {
+        __m512 acc[16], S = _mm512_setzero_ps(), Z = S, v[2][4];
+        for (int i = 0; i < 16; i++)
+            acc[i] = _mm512_setzero_ps();
+        for (uint32_t e = 0; e < hd; e += step) {
+            prefetch_step(pf);
+            for (uint32_t k = 0; k < 2; k++) {
+                tables(p, kind, t + k, e, &S, &Z);
+                load_values(p, kind, anchor, (size_t)(t + k) * hd + e, S, Z, v[k]);
+            }
+            for (uint32_t j = 0; j < nv; j++)
+                for (uint32_t r = 0; r < 8; r++) {
+                    __m512 qv = _mm512_loadu_ps(q8 + (size_t)r * hd + e + 16 * j);
+                    for (uint32_t k = 0; k < 2; k++)
+                        acc[(r / 4) * 8 + k * 4 + r % 4] = _mm512_fmadd_ps(qv, v[k][j], acc[(r / 4) * 8 + k * 4 + r % 4]);
+                }
+        }
+        __m512 l = _mm512_mul_ps(reduce16(acc), vscale16);
+        __m512i pos16 = _mm512_permutexvar_epi32(spread, _mm512_castsi128_si512(_mm_loadl_epi64((const __m128i *)(pos + t))));
+        __mmask16 see = _mm512_mask_cmple_epu32_mask(valid16, pos16, qpos16);
+        l = _mm512_mask_blend_ps(see, ninf16, l);
+        _mm256_storeu_ps(La + 4 * (size_t)t, _mm512_castps512_ps256(l));
+        _mm256_storeu_ps(Lb + 4 * (size_t)t, _mm512_extractf32x8_ps(l, 1));
+    }
+    if (t < ntok) {
+        __m512 a[8], S = _mm512_setzero_ps(), Z = S, v[4];
+        for (int r = 0; r < 8; r++)
+            a[r] = _mm512_setzero_ps();
+        for (uint32_t e = 0; e < hd; e += step) {
+            prefetch_step(pf);
+            tables(p, kind, t, e, &S, &Z);
+            load_values(p, kind, anchor, (size_t)t * hd + e, S, Z, v);
+            for (uint32_t j = 0; j < nv; j++)
+                for (uint32_t r = 0; r < 8; r++)
+                    a[r] = _mm512_fmadd_ps(_mm512_loadu_ps(q8 + (size_t)r * hd + e + 16 * j), v[j], a[r]);
+        }
+        const __m128 ninf = _mm_set1_ps(-INFINITY), vscale = _mm_set1_ps(scale);
+        __m128i pt = _mm_set1_epi32((int)pos[t]);
+        __m128 la = _mm_mul_ps(reduce4(a[0], a[1], a[2], a[3]), vscale);
+        __m128 lb = _mm_mul_ps(reduce4(a[4], a[5], a[6], a[7]), vscale);
+        _mm_storeu_ps(La + 4 * (size_t)t, _mm_mask_blend_ps(_mm_mask_cmple_epu32_mask(va, pt, qpa), ninf, la));
+        _mm_storeu_ps(Lb + 4 * (size_t)t, _mm_mask_blend_ps(_mm_mask_cmple_epu32_mask(vb, pt, qpb), ninf, lb));
+    }
+}
+
+/* v_pass() for two row groups (Pb = Pa + 4 T, accb = acca + 4 hd): each
+   token's chunk dequantized once for the 8 rows. Readers of up to 32
+   elements per load only (8 rows x 2 vectors of accumulators). */
+KV_AVX512 static KV_INLINE void v_pass8(const src *p, int kind, int anchor, uint32_t ntok, uint32_t hd,
+                                        const float *Pa, const float *Pb, double *acca, double *accb, pf_cursor *pf)
+{
+    const uint32_t step = (uint32_t)step_of(kind), nv = step / 16;
+    for (uint32_t e = 0; e < hd; e += step) {
+        __m512 o[8][2], S = _mm512_setzero_ps(), Z = S, v[4];
+        for (uint32_t r = 0; r < 8; r++)
+            o[r][0] = o[r][1] = _mm512_setzero_ps();
+        for (uint32_t t = 0; t < ntok; t++) {
+            prefetch_step(pf);
+            tables(p, kind, t, e, &S, &Z);
+            load_values(p, kind, anchor, (size_t)t * hd + e, S, Z, v);
+            for (uint32_t r = 0; r < 8; r++) {
+                __m512 pr = _mm512_set1_ps((r < 4 ? Pa : Pb)[4 * (size_t)t + r % 4]);
+                for (uint32_t j = 0; j < nv && j < 2; j++)
+                    o[r][j] = _mm512_fmadd_ps(pr, v[j], o[r][j]);
+            }
+        }
+        for (uint32_t r = 0; r < 8; r++)
+            for (uint32_t j = 0; j < nv && j < 2; j++)
+                acc_add((r < 4 ? acca : accb) + (size_t)(r % 4) * hd + e + 16 * j, o[r][j]);
+    }
+}
+
+KV_AVX512 static void k_pass8_any(const src *p, uint32_t ntok, uint32_t hd, const float *q8, float scale,
+                                  const uint32_t *pos, __m128i qpa, __m128i qpb, __mmask8 va, __mmask8 vb, float *La,
+                                  float *Lb, pf_cursor *pf)
+{
+#define K8_CALL(kind, anchor) k_pass8(p, kind, anchor, ntok, hd, q8, scale, pos, qpa, qpb, va, vb, La, Lb, pf)
+    KV_SRC_SWITCH(K8_CALL)
+#undef K8_CALL
+}
+
+/* Not for SRC_Q2Q (64 elements per load) nor SRC_CH. */
+KV_AVX512 static void v_pass8_any(const src *p, uint32_t ntok, uint32_t hd, const float *Pa, const float *Pb,
+                                  double *acca, double *accb, pf_cursor *pf)
+{
+#define V8_CALL(kind, anchor)                                                                                   \
+    if (kind != SRC_Q2Q)                                                                                       \
+        v_pass8(p, kind, anchor, ntok, hd, Pa, Pb, acca, accb, pf);
+    KV_SRC_SWITCH(V8_CALL)
+#undef V8_CALL
+}
+
 /* e^x for x <= 0 (Cephes-style: x = n ln2 + r, degree-6 polynomial in r,
    about 2 ulp); 0 where x is -Inf or below -87.3. */
 KV_AVX512 static KV_INLINE __m512 exp512(__m512 x)
@@ -771,6 +881,17 @@ KV_AVX512 void kv_cpu_attention_item_avx512(void *arg, size_t i0, size_t i1, int
                 src_prepare(t, w, pg, 0, &ks);
                 for (uint32_t g4 = 0; g4 < groups4; g4++) {
                     uint32_t live = nq - g4 * 4 >= 4 ? 4 : nq - g4 * 4;
+                    if (g4 + 1 < groups4 && ks.kind != SRC_CH) { /* two row groups share each chunk */
+                        uint32_t live2 = nq - (g4 + 1) * 4 >= 4 ? 4 : nq - (g4 + 1) * 4;
+                        float *La = w->logits + (size_t)g4 * 4 * T + 4 * base;
+                        k_pass8_any(&ks, pg->ntokens, hd, qord[order_of(ks.kind)] + (size_t)g4 * 4 * hd, a->scale,
+                                    t->positions + pg->pos_index, _mm_loadu_si128((const __m128i *)(qpos + g4 * 4)),
+                                    _mm_loadu_si128((const __m128i *)(qpos + g4 * 4 + 4)),
+                                    (__mmask8)((1u << live) - 1u), (__mmask8)((1u << live2) - 1u), La, La + 4 * T,
+                                    &pf);
+                        g4++;
+                        continue;
+                    }
                     k_pass_any(&ks, pg->ntokens, hd, qord[order_of(ks.kind)] + (size_t)g4 * 4 * hd, a->scale,
                                t->positions + pg->pos_index, _mm_loadu_si128((const __m128i *)(qpos + g4 * 4)),
                                (__mmask8)((1u << live) - 1u), w->logits + (size_t)g4 * 4 * T + 4 * base, &pf);
@@ -801,9 +922,16 @@ KV_AVX512 void kv_cpu_attention_item_avx512(void *arg, size_t i0, size_t i1, int
                 if (!pg->ntokens)
                     continue;
                 src_prepare(t, w, pg, 1, &vs);
-                for (uint32_t g4 = 0; g4 < groups4; g4++)
-                    v_pass_any(&vs, pg->ntokens, hd, w->logits + (size_t)g4 * 4 * T + 4 * base,
-                               acc[order_of(vs.kind)] + (size_t)g4 * 4 * hd, &pf);
+                for (uint32_t g4 = 0; g4 < groups4; g4++) {
+                    const float *Pa = w->logits + (size_t)g4 * 4 * T + 4 * base;
+                    double *acca = acc[order_of(vs.kind)] + (size_t)g4 * 4 * hd;
+                    if (g4 + 1 < groups4 && vs.kind != SRC_Q2Q) { /* two row groups share each chunk */
+                        v_pass8_any(&vs, pg->ntokens, hd, Pa, Pa + 4 * T, acca, acca + 4 * hd, &pf);
+                        g4++;
+                        continue;
+                    }
+                    v_pass_any(&vs, pg->ntokens, hd, Pa, acca, &pf);
+                }
                 base += pg->ntokens;
             }
             for (uint32_t r = 0; r < nq; r++) {
