@@ -14,9 +14,16 @@
  *  - V pass: chunk by chunk, each token's V chunk is dequantized and added to
  *    four row accumulators with its probabilities; each page's partial sums
  *    go into a double accumulator.
- * Quantized pages whose layout is not "token groups of a multiple of 16 that
- * tile head_dim" (KIVI channel groups, odd group sizes) are decoded to an f32
- * tile first with the fused decode and then read like f32 pages.
+ * K pages of channel groups (KIVI keys) with G % 16 == 0 are read channel by
+ * channel instead (k_pass_ch): 16 tokens of one channel are 2w bytes of one
+ * group's stream, expanded in registers, dequantized with the channel's
+ * scale and zero and multiplied into 16 token logits of each row.
+ * With more than one row group (verification: k queries x GQA heads) the K
+ * and V passes take two row groups (8 rows) per read of the page.
+ * Other quantized pages whose layout is not "token groups of a multiple of 16
+ * that tile head_dim" (odd group sizes; channel-grouped V; channel groups of
+ * G % 16 != 0) are decoded to an f32 tile first with the fused decode and then
+ * read like f32 pages.
  * The item needs head_dim % 32 == 0 (the even/odd order works in 32s). */
 #include <math.h>
 #include <string.h>
