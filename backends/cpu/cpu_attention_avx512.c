@@ -14,9 +14,16 @@
  *  - V pass: chunk by chunk, each token's V chunk is dequantized and added to
  *    four row accumulators with its probabilities; each page's partial sums
  *    go into a double accumulator.
- * Quantized pages whose layout is not "token groups of a multiple of 16 that
- * tile head_dim" (KIVI channel groups, odd group sizes) are decoded to an f32
- * tile first with the fused decode and then read like f32 pages.
+ * K pages of channel groups (KIVI keys) with G % 16 == 0 are read channel by
+ * channel instead (k_pass_ch): 16 tokens of one channel are 2w bytes of one
+ * group's stream, expanded in registers, dequantized with the channel's
+ * scale and zero and multiplied into 16 token logits of each row.
+ * With more than one row group (verification: k queries x GQA heads) the K
+ * and V passes take two row groups (8 rows) per read of the page.
+ * Other quantized pages whose layout is not "token groups of a multiple of 16
+ * that tile head_dim" (odd group sizes; channel-grouped V; channel groups of
+ * G % 16 != 0) are decoded to an f32 tile first with the fused decode and then
+ * read like f32 pages.
  * The item needs head_dim % 32 == 0 (the even/odd order works in 32s). */
 #include <math.h>
 #include <string.h>
@@ -40,7 +47,13 @@
    - SRC_Q2Q: 2-bit codes, 64 at a time: vector j holds elements 4k + j
      (order 2); the two halves of 64 may belong to two groups of 32, so the
      lookup is a two-table vpermt2ps. */
-enum { SRC_F32, SRC_BF16, SRC_Q8, SRC_Q16, SRC_Q4P, SRC_Q2Q, SRC_QANY };
+enum { SRC_F32, SRC_BF16, SRC_Q8, SRC_Q16, SRC_Q4P, SRC_Q2Q, SRC_QANY, SRC_CH };
+
+/* SRC_CH: K pages of channel groups (KIVI) with G % 16 == 0, read channel by
+   channel for 16 tokens at once (k_pass_ch); how 16 codes of one channel are
+   turned into values: by table lookup on a periodic table (1, 2, 4 bits), by
+   widening bytes or halves (8, 16 bits), or by pdep (any width). */
+enum { CH_T1, CH_T2, CH_T4, CH_8, CH_16, CH_ANY };
 
 static int step_of(int kind) /* elements per load */
 {
@@ -75,6 +88,10 @@ typedef struct src {
     float lut_base[16];      /* table lookups: the reconstruction point of each code before
                                 scaling: i, or (i << r) + mid for anchors */
     uint16_t chunk_group[256]; /* quantized: group within the token of elements [16c, 16c + 16) */
+    int ch;                  /* SRC_CH: CH_* */
+    uint32_t ntok;           /* SRC_CH: tokens of the page */
+    float lut_rep[16];       /* SRC_CH tables: lut_base[k % 2^w], so that vpermps may read the
+                                bits of the following codes above a code's own w bits */
 } src;
 
 static int is_quant(int kind)
@@ -150,7 +167,9 @@ KV_AVX512 static void src_prepare(const attn *t, fast_ws *w, const kv_page_desc 
         o->kind = f->kind == KV_STORE_F32 ? SRC_F32 : SRC_BF16;
         return;
     }
-    if (f->grouping != KV_GROUP_TOKEN || f->group_size % 16 != 0 || hd % f->group_size != 0 || hd / 16 > 256) {
+    int channel = !value && f->grouping == KV_GROUP_CHANNEL && f->group_size % 16 == 0;
+    if (!channel &&
+        (f->grouping != KV_GROUP_TOKEN || f->group_size % 16 != 0 || hd % f->group_size != 0 || hd / 16 > 256)) {
         kv_cpu_page_tile(t, pg, value, w->tile, NULL, &w->dec);
         o->kind = SRC_F32;
         o->data = (const uint8_t *)w->tile;
@@ -166,12 +185,20 @@ KV_AVX512 static void src_prepare(const attn *t, fast_ws *w, const kv_page_desc 
     o->r = f->anchor_bits ? (unsigned)(f->bits - f->anchor_bits) : 0;
     o->mid = o->anchor_only ? (float)kv_code_max(o->r) / 2.0f : 0.0f;
     o->G = f->group_size;
-    o->gpt = hd / f->group_size;
-    for (uint32_t c = 0; c < hd / 16; c++)
+    o->gpt = channel ? 0 : hd / f->group_size;
+    for (uint32_t c = 0; c < hd / 16 && !channel; c++)
         o->chunk_group[c] = (uint16_t)(c * 16 / f->group_size);
     for (uint32_t i = 0; i < 16; i++) /* (float)(i << r) + mid is exact, as in dequant() */
         o->lut_base[i] = o->anchor_only ? (float)(i << o->r) + o->mid : (float)i;
     size_t groups = (size_t)pg->ntokens * o->gpt;
+    if (channel) {
+        o->kind = SRC_CH;
+        o->ch = o->w == 1 ? CH_T1 : o->w == 2 ? CH_T2 : o->w == 4 ? CH_T4 : o->w == 8 ? CH_8 : o->w == 16 ? CH_16 : CH_ANY;
+        o->ntok = pg->ntokens;
+        for (uint32_t k = 0; k < 16; k++)
+            o->lut_rep[k] = o->lut_base[k % (o->w < 4 ? 1u << o->w : 16u)];
+        groups = (size_t)(pg->ntokens + f->group_size - 1) / f->group_size * hd;
+    }
     const uint16_t *meta = (const uint16_t *)(t->kv + (value ? pg->value_meta : pg->key_meta));
     float *s = w->sz, *z = w->sz + groups;
     for (size_t i = 0; i < groups; i += 16) {
@@ -311,6 +338,225 @@ KV_AVX512 static KV_INLINE void k_pass(const src *p, int kind, int anchor, uint3
     }
 }
 
+/* ---- Channel-grouped K pages (KIVI keys) ----------------------------------------- */
+
+/* 16 tokens of a channel-grouped page, t .. t + n: a group holds G tokens of
+   one channel (G % 16 == 0), so the 16 lie in one group of every channel,
+   and their codes are 2w consecutive bytes of its stream. */
+typedef struct ch_vec {
+    const uint8_t *at;  /* channel 0's codes of these tokens */
+    size_t cstride;     /* bytes between the streams of consecutive channels */
+    const float *s, *z; /* scale and zero of channel 0's group; channel c at [c] */
+    __mmask32 bytes;    /* the bytes to read: ceil(n w / 8) */
+    uint32_t t, n;      /* first token (page-relative), tokens (1..16) */
+} ch_vec;
+
+static void ch_setup(const src *p, uint32_t hd, uint32_t t, ch_vec *v)
+{
+    uint32_t G = p->G, blk = t / G, off = t % G, glen = p->ntok - blk * G < G ? p->ntok - blk * G : G;
+    size_t full = ((size_t)G * p->w + 7) / 8;
+    v->t = t;
+    v->n = p->ntok - t < 16 ? p->ntok - t : 16;
+    v->at = p->data + (size_t)blk * hd * full + (size_t)off / 16 * 2 * p->w;
+    v->cstride = ((size_t)glen * p->w + 7) / 8;
+    v->s = p->s + (size_t)blk * hd;
+    v->z = p->z + (size_t)blk * hd;
+    uint32_t nb = (v->n * p->w + 7) / 8;
+    v->bytes = nb >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << nb) - 1u);
+}
+
+/* A channel group's table (1, 2, 4 bits: its reconstruction values,
+   repeated with period 2^w), or its scale in *S and zero in *Z. */
+KV_AVX512 static KV_INLINE __m512 ch_table(const src *p, int cls, float s, float z, __m512 *S, __m512 *Z)
+{
+    *S = _mm512_set1_ps(s);
+    *Z = _mm512_set1_ps(z);
+    return cls <= CH_T4 ? _mm512_fmadd_ps(_mm512_loadu_ps(p->lut_rep), *S, *Z) : *S;
+}
+
+/* The values of 16 tokens of one channel whose codes start at `at`
+   (masked: only the bytes in `bytes` are read; tokens past them get any
+   finite value), dequantized exactly as dequant() does. */
+KV_AVX512 static KV_INLINE __m512 ch_values(const src *p, int cls, int anchor, int masked, const uint8_t *at,
+                                            __mmask32 bytes, __m512 tab, __m512 S, __m512 Z)
+{
+    if (cls <= CH_T4) {
+        /* lane i gets the stream shifted right by w i: its code in bits 0..w-1, the
+           next codes above, which the periodic table ignores */
+        __m512i x, sh;
+        if (cls == CH_T4) {
+            __m128i raw = masked ? _mm_maskz_loadu_epi8((__mmask16)bytes, at) : _mm_loadl_epi64((const __m128i *)at);
+            x = _mm512_permutexvar_epi32(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+                                         _mm512_castsi128_si512(raw));
+            sh = _mm512_set_epi32(28, 24, 20, 16, 12, 8, 4, 0, 28, 24, 20, 16, 12, 8, 4, 0);
+        } else {
+            uint32_t u = 0;
+            if (masked)
+                x = _mm512_broadcastd_epi32(_mm_maskz_loadu_epi8((__mmask16)bytes, at));
+            else if (cls == CH_T2)
+                memcpy(&u, at, 4), x = _mm512_set1_epi32((int)u);
+            else {
+                uint16_t h;
+                memcpy(&h, at, 2);
+                x = _mm512_set1_epi32((int)h);
+            }
+            sh = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+            if (cls == CH_T2)
+                sh = _mm512_add_epi32(sh, sh);
+        }
+        return _mm512_permutexvar_ps(_mm512_srlv_epi32(x, sh), tab);
+    }
+    __m512i q;
+    if (cls == CH_8) {
+        q = _mm512_cvtepu8_epi32(masked ? _mm_maskz_loadu_epi8((__mmask16)bytes, at)
+                                        : _mm_loadu_si128((const __m128i *)at));
+    } else if (cls == CH_16) {
+        q = _mm512_cvtepu16_epi32(masked ? _mm256_maskz_loadu_epi8(bytes, at)
+                                         : _mm256_loadu_si256((const __m256i *)at));
+    } else { /* any width: two runs of 8 codes in w bytes each, spread by pdep */
+        uint64_t lanes[4], m = kv_code_max(p->w);
+        m |= m << 16 | m << 32 | m << 48;
+        uint64_t low = (1ull << (4 * p->w)) - 1; /* w < 16 here */
+        for (int h = 0; h < 2; h++) {
+            uint64_t part[2];
+            __mmask16 keep = (__mmask16)(((1u << p->w) - 1u) & (bytes >> (h * p->w)));
+            _mm_storeu_si128((__m128i *)part, _mm_maskz_loadu_epi8(keep, at + h * p->w));
+            unsigned __int128 b = (unsigned __int128)part[1] << 64 | part[0];
+            lanes[2 * h] = _pdep_u64((uint64_t)b & low, m);
+            lanes[2 * h + 1] = _pdep_u64((uint64_t)(b >> (4 * p->w)) & low, m);
+        }
+        q = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)lanes));
+    }
+    return dequant(q, anchor, p, S, Z);
+}
+
+/* tot[j][r]: row r's dot products with the vectors of 16 tokens in v.
+   PAIR: v[0] and v[1] are the two full halves of 32 tokens of one group, so
+   they share each channel's table and need no masked loads; otherwise nv
+   (1 or 2) vectors, each with its own group and masked loads. Blocked: 16
+   channels at a time into one chain per row and vector (8 independent FMAs
+   per channel), each block's sum then added to the total, so that no float
+   chain is longer than 16 terms (the token-major reader's lanes sum 8). */
+KV_AVX512 static KV_INLINE void ch_dots(const src *p, int cls, int anchor, int PAIR, uint32_t hd, const float *q4,
+                                        const ch_vec *v, int nv, __m512 tot[2][4], pf_cursor *pf)
+{
+    const int NV = PAIR ? 2 : nv;
+    const uint8_t *at[2] = {v[0].at, v[PAIR ? 0 : nv - 1].at + (PAIR ? 2 * p->w : 0)};
+    const float *s[2] = {v[0].s, v[nv - 1].s}, *z[2] = {v[0].z, v[nv - 1].z};
+    const size_t cs[2] = {v[0].cstride, v[nv - 1].cstride};
+    const __mmask32 bytes[2] = {v[0].bytes, v[nv - 1].bytes};
+    for (int j = 0; j < 2; j++)
+        for (int r = 0; r < 4; r++)
+            tot[j][r] = _mm512_setzero_ps();
+    for (uint32_t c0 = 0; c0 < hd; c0 += 16) {
+        __m512 acc[2][4];
+        for (int j = 0; j < 2; j++)
+            for (int r = 0; r < 4; r++)
+                acc[j][r] = _mm512_setzero_ps();
+        for (uint32_t c = c0; c < c0 + 16; c++) {
+            if (c % 2 == 0)
+                prefetch_step(pf);
+            __m512 k[2], S, Z, tab = ch_table(p, cls, s[0][c], z[0][c], &S, &Z);
+            if (PAIR) {
+                k[0] = ch_values(p, cls, anchor, 0, at[0], bytes[0], tab, S, Z);
+                k[1] = ch_values(p, cls, anchor, 0, at[1], bytes[1], tab, S, Z);
+                at[0] += cs[0];
+                at[1] += cs[0];
+            } else {
+                k[0] = ch_values(p, cls, anchor, 1, at[0], bytes[0], tab, S, Z);
+                at[0] += cs[0];
+                if (NV == 2) {
+                    tab = ch_table(p, cls, s[1][c], z[1][c], &S, &Z);
+                    k[1] = ch_values(p, cls, anchor, 1, at[1], bytes[1], tab, S, Z);
+                    at[1] += cs[1];
+                }
+            }
+            for (uint32_t r = 0; r < 4; r++) {
+                __m512 qb = _mm512_set1_ps(q4[(size_t)r * hd + c]);
+                acc[0][r] = _mm512_fmadd_ps(qb, k[0], acc[0][r]);
+                if (NV == 2)
+                    acc[1][r] = _mm512_fmadd_ps(qb, k[1], acc[1][r]);
+            }
+        }
+        for (int j = 0; j < NV; j++)
+            for (int r = 0; r < 4; r++)
+                tot[j][r] = _mm512_add_ps(tot[j][r], acc[j][r]);
+    }
+}
+
+/* Row-major a[r][token] (4 rows x 16 tokens, scaled) → L[token][4] for the
+   n tokens of *v, -Inf where a row does not see the token. */
+KV_AVX512 static KV_INLINE void ch_store(const ch_vec *v, const __m512 *a, const uint32_t *pos, __m128i qpos,
+                                         __mmask8 valid, float *L)
+{
+    /* 4 x 4 transposes within each 128-bit block, then of the blocks */
+    __m512 t0 = _mm512_unpacklo_ps(a[0], a[1]), t1 = _mm512_unpackhi_ps(a[0], a[1]);
+    __m512 t2 = _mm512_unpacklo_ps(a[2], a[3]), t3 = _mm512_unpackhi_ps(a[2], a[3]);
+    __m512 u0 = _mm512_shuffle_ps(t0, t2, 0x44), u1 = _mm512_shuffle_ps(t0, t2, 0xEE);
+    __m512 u2 = _mm512_shuffle_ps(t1, t3, 0x44), u3 = _mm512_shuffle_ps(t1, t3, 0xEE);
+    __m512 v0 = _mm512_shuffle_f32x4(u0, u1, 0x44), v1 = _mm512_shuffle_f32x4(u0, u1, 0xEE);
+    __m512 v2 = _mm512_shuffle_f32x4(u2, u3, 0x44), v3 = _mm512_shuffle_f32x4(u2, u3, 0xEE);
+    __m512 out[4] = {_mm512_shuffle_f32x4(v0, v2, 0x88), _mm512_shuffle_f32x4(v0, v2, 0xDD),
+                     _mm512_shuffle_f32x4(v1, v3, 0x88), _mm512_shuffle_f32x4(v1, v3, 0xDD)};
+    const __m512 ninf16 = _mm512_set1_ps(-INFINITY);
+    const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    const __m512i qpos16 = _mm512_broadcast_i32x4(qpos);
+    const __mmask16 valid16 = (__mmask16)(valid * 0x1111u);
+    for (uint32_t k = 0; k < 4 && 4 * k < v->n; k++) { /* out[k]: tokens 4k .. 4k + 3, 4 rows each */
+        uint32_t left = v->n - 4 * k < 4 ? v->n - 4 * k : 4;
+        __m128i p4 = _mm_maskz_loadu_epi32((__mmask8)((1u << left) - 1u), pos + v->t + 4 * k);
+        __m512i pos16 = _mm512_permutexvar_epi32(spread, _mm512_castsi128_si512(p4));
+        __mmask16 see = _mm512_mask_cmple_epu32_mask(valid16, pos16, qpos16);
+        _mm512_mask_storeu_ps(L + 4 * ((size_t)v->t + 4 * k), (__mmask16)((1u << (4 * left)) - 1u),
+                              _mm512_mask_blend_ps(see, ninf16, out[k]));
+    }
+}
+
+/* k_pass() for SRC_CH pages: 32 tokens at a time (16 when fewer are left),
+   channel by channel, each channel's codes dequantized once for 16 tokens
+   and fed to the four rows' dot products; no f32 tile. */
+KV_AVX512 static KV_INLINE void k_pass_ch(const src *p, int cls, int anchor, uint32_t hd, const float *q4,
+                                          float scale, const uint32_t *pos, __m128i qpos, __mmask8 valid, float *L,
+                                          pf_cursor *pf)
+{
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (uint32_t t = 0; t < p->ntok; t += 32) {
+        ch_vec v[2];
+        int nv = p->ntok - t > 16 ? 2 : 1;
+        __m512 tot[2][4];
+        for (int j = 0; j < nv; j++)
+            ch_setup(p, hd, t + 16 * (uint32_t)j, &v[j]);
+        if (nv == 2 && v[1].n == 16 && v[0].s == v[1].s) /* 32 tokens of one group */
+            ch_dots(p, cls, anchor, 1, hd, q4, v, 2, tot, pf);
+        else
+            ch_dots(p, cls, anchor, 0, hd, q4, v, nv, tot, pf);
+        for (int j = 0; j < nv; j++) {
+            __m512 a[4];
+            for (int r = 0; r < 4; r++)
+                a[r] = _mm512_mul_ps(tot[j][r], vscale);
+            ch_store(&v[j], a, pos, qpos, valid, L);
+        }
+    }
+}
+
+KV_AVX512 static void k_pass_ch_any(const src *p, uint32_t hd, const float *q4, float scale, const uint32_t *pos,
+                                    __m128i qpos, __mmask8 valid, float *L, pf_cursor *pf)
+{
+#define CH_CALL(cls, anchor) k_pass_ch(p, cls, anchor, hd, q4, scale, pos, qpos, valid, L, pf)
+    switch (p->ch * 2 + p->anchor_only) { /* the tables hold the anchor midpoints already */
+    case CH_T1 * 2: case CH_T1 * 2 + 1: CH_CALL(CH_T1, 0); break;
+    case CH_T2 * 2: case CH_T2 * 2 + 1: CH_CALL(CH_T2, 0); break;
+    case CH_T4 * 2: case CH_T4 * 2 + 1: CH_CALL(CH_T4, 0); break;
+    case CH_8 * 2: CH_CALL(CH_8, 0); break;
+    case CH_8 * 2 + 1: CH_CALL(CH_8, 1); break;
+    case CH_16 * 2: CH_CALL(CH_16, 0); break;
+    case CH_16 * 2 + 1: CH_CALL(CH_16, 1); break;
+    case CH_ANY * 2: CH_CALL(CH_ANY, 0); break;
+    default: CH_CALL(CH_ANY, 1); break;
+    }
+#undef CH_CALL
+}
+
 KV_AVX512 static KV_INLINE void acc_add(double *d, __m512 v)
 {
     _mm512_storeu_pd(d, _mm512_add_pd(_mm512_loadu_pd(d), _mm512_cvtps_pd(_mm512_castps512_ps256(v))));
@@ -367,6 +613,10 @@ KV_AVX512 static KV_INLINE void v_pass(const src *p, int kind, int anchor, uint3
 KV_AVX512 static void k_pass_any(const src *p, uint32_t ntok, uint32_t hd, const float *q4, float scale,
                                  const uint32_t *pos, __m128i qpos, __mmask8 valid, float *L, pf_cursor *pf)
 {
+    if (p->kind == SRC_CH) {
+        k_pass_ch_any(p, hd, q4, scale, pos, qpos, valid, L, pf);
+        return;
+    }
 #define K_CALL(kind, anchor) k_pass(p, kind, anchor, ntok, hd, q4, scale, pos, qpos, valid, L, pf)
     KV_SRC_SWITCH(K_CALL)
 #undef K_CALL
@@ -378,6 +628,116 @@ KV_AVX512 static void v_pass_any(const src *p, uint32_t ntok, uint32_t hd, const
 #define V_CALL(kind, anchor) v_pass(p, kind, anchor, ntok, hd, P, acc, pf)
     KV_SRC_SWITCH(V_CALL)
 #undef V_CALL
+}
+
+/* ---- Two row groups at once (verification: k queries x GQA heads) ---------------- */
+
+/* k_pass() for the 8 rows of two row groups (q8: [8][hd], L: [2][T][4]
+   through Lb = La + 4 T): each token's chunk is read and dequantized once
+   for the 8 rows instead of once per row group. Two tokens at a time (16
+   dot products, one reduce16), the odd last token alone. */
+KV_AVX512 static KV_INLINE void k_pass8(const src *p, int kind, int anchor, uint32_t ntok, uint32_t hd,
+                                        const float *q8, float scale, const uint32_t *pos, __m128i qpa,
+                                        __m128i qpb, __mmask8 va, __mmask8 vb, float *La, float *Lb, pf_cursor *pf)
+{
+    const uint32_t step = (uint32_t)step_of(kind), nv = step / 16;
+    const __m512 ninf16 = _mm512_set1_ps(-INFINITY), vscale16 = _mm512_set1_ps(scale);
+    /* lane i: row group i / 8, token (i / 4) % 2, row i % 4 */
+    const __m512i spread = _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
+    const __m512i qpos16 = _mm512_inserti32x8(_mm512_castsi256_si512(_mm256_broadcast_i32x4(qpa)),
+                                              _mm256_broadcast_i32x4(qpb), 1);
+    const __mmask16 valid16 = (__mmask16)((va & 15u) * 0x11u | (vb & 15u) * 0x1100u);
+    uint32_t t = 0;
+    for (; t + 2 <= ntok; t += 2) {
+        __m512 acc[16], S = _mm512_setzero_ps(), Z = S, v[2][4];
+        for (int i = 0; i < 16; i++)
+            acc[i] = _mm512_setzero_ps();
+        for (uint32_t e = 0; e < hd; e += step) {
+            prefetch_step(pf);
+            for (uint32_t k = 0; k < 2; k++) {
+                tables(p, kind, t + k, e, &S, &Z);
+                load_values(p, kind, anchor, (size_t)(t + k) * hd + e, S, Z, v[k]);
+            }
+            for (uint32_t j = 0; j < nv; j++)
+                for (uint32_t r = 0; r < 8; r++) {
+                    __m512 qv = _mm512_loadu_ps(q8 + (size_t)r * hd + e + 16 * j);
+                    for (uint32_t k = 0; k < 2; k++)
+                        acc[(r / 4) * 8 + k * 4 + r % 4] = _mm512_fmadd_ps(qv, v[k][j], acc[(r / 4) * 8 + k * 4 + r % 4]);
+                }
+        }
+        __m512 l = _mm512_mul_ps(reduce16(acc), vscale16);
+        __m512i pos16 = _mm512_permutexvar_epi32(spread, _mm512_castsi128_si512(_mm_loadl_epi64((const __m128i *)(pos + t))));
+        __mmask16 see = _mm512_mask_cmple_epu32_mask(valid16, pos16, qpos16);
+        l = _mm512_mask_blend_ps(see, ninf16, l);
+        _mm256_storeu_ps(La + 4 * (size_t)t, _mm512_castps512_ps256(l));
+        _mm256_storeu_ps(Lb + 4 * (size_t)t, _mm512_extractf32x8_ps(l, 1));
+    }
+    if (t < ntok) {
+        __m512 a[8], S = _mm512_setzero_ps(), Z = S, v[4];
+        for (int r = 0; r < 8; r++)
+            a[r] = _mm512_setzero_ps();
+        for (uint32_t e = 0; e < hd; e += step) {
+            prefetch_step(pf);
+            tables(p, kind, t, e, &S, &Z);
+            load_values(p, kind, anchor, (size_t)t * hd + e, S, Z, v);
+            for (uint32_t j = 0; j < nv; j++)
+                for (uint32_t r = 0; r < 8; r++)
+                    a[r] = _mm512_fmadd_ps(_mm512_loadu_ps(q8 + (size_t)r * hd + e + 16 * j), v[j], a[r]);
+        }
+        const __m128 ninf = _mm_set1_ps(-INFINITY), vscale = _mm_set1_ps(scale);
+        __m128i pt = _mm_set1_epi32((int)pos[t]);
+        __m128 la = _mm_mul_ps(reduce4(a[0], a[1], a[2], a[3]), vscale);
+        __m128 lb = _mm_mul_ps(reduce4(a[4], a[5], a[6], a[7]), vscale);
+        _mm_storeu_ps(La + 4 * (size_t)t, _mm_mask_blend_ps(_mm_mask_cmple_epu32_mask(va, pt, qpa), ninf, la));
+        _mm_storeu_ps(Lb + 4 * (size_t)t, _mm_mask_blend_ps(_mm_mask_cmple_epu32_mask(vb, pt, qpb), ninf, lb));
+    }
+}
+
+/* v_pass() for two row groups (Pb = Pa + 4 T, accb = acca + 4 hd): each
+   token's chunk dequantized once for the 8 rows. Readers of up to 32
+   elements per load only (8 rows x 2 vectors of accumulators). */
+KV_AVX512 static KV_INLINE void v_pass8(const src *p, int kind, int anchor, uint32_t ntok, uint32_t hd,
+                                        const float *Pa, const float *Pb, double *acca, double *accb, pf_cursor *pf)
+{
+    const uint32_t step = (uint32_t)step_of(kind), nv = step / 16;
+    for (uint32_t e = 0; e < hd; e += step) {
+        __m512 o[8][2], S = _mm512_setzero_ps(), Z = S, v[4];
+        for (uint32_t r = 0; r < 8; r++)
+            o[r][0] = o[r][1] = _mm512_setzero_ps();
+        for (uint32_t t = 0; t < ntok; t++) {
+            prefetch_step(pf);
+            tables(p, kind, t, e, &S, &Z);
+            load_values(p, kind, anchor, (size_t)t * hd + e, S, Z, v);
+            for (uint32_t r = 0; r < 8; r++) {
+                __m512 pr = _mm512_set1_ps((r < 4 ? Pa : Pb)[4 * (size_t)t + r % 4]);
+                for (uint32_t j = 0; j < nv && j < 2; j++)
+                    o[r][j] = _mm512_fmadd_ps(pr, v[j], o[r][j]);
+            }
+        }
+        for (uint32_t r = 0; r < 8; r++)
+            for (uint32_t j = 0; j < nv && j < 2; j++)
+                acc_add((r < 4 ? acca : accb) + (size_t)(r % 4) * hd + e + 16 * j, o[r][j]);
+    }
+}
+
+KV_AVX512 static void k_pass8_any(const src *p, uint32_t ntok, uint32_t hd, const float *q8, float scale,
+                                  const uint32_t *pos, __m128i qpa, __m128i qpb, __mmask8 va, __mmask8 vb, float *La,
+                                  float *Lb, pf_cursor *pf)
+{
+#define K8_CALL(kind, anchor) k_pass8(p, kind, anchor, ntok, hd, q8, scale, pos, qpa, qpb, va, vb, La, Lb, pf)
+    KV_SRC_SWITCH(K8_CALL)
+#undef K8_CALL
+}
+
+/* Not for SRC_Q2Q (64 elements per load) nor SRC_CH. */
+KV_AVX512 static void v_pass8_any(const src *p, uint32_t ntok, uint32_t hd, const float *Pa, const float *Pb,
+                                  double *acca, double *accb, pf_cursor *pf)
+{
+#define V8_CALL(kind, anchor)                                                                                   \
+    if (kind != SRC_Q2Q)                                                                                       \
+        v_pass8(p, kind, anchor, ntok, hd, Pa, Pb, acca, accb, pf);
+    KV_SRC_SWITCH(V8_CALL)
+#undef V8_CALL
 }
 
 /* e^x for x <= 0 (Cephes-style: x = n ln2 + r, degree-6 polynomial in r,
@@ -528,6 +888,17 @@ KV_AVX512 void kv_cpu_attention_item_avx512(void *arg, size_t i0, size_t i1, int
                 src_prepare(t, w, pg, 0, &ks);
                 for (uint32_t g4 = 0; g4 < groups4; g4++) {
                     uint32_t live = nq - g4 * 4 >= 4 ? 4 : nq - g4 * 4;
+                    if (g4 + 1 < groups4 && ks.kind != SRC_CH) { /* two row groups share each chunk */
+                        uint32_t live2 = nq - (g4 + 1) * 4 >= 4 ? 4 : nq - (g4 + 1) * 4;
+                        float *La = w->logits + (size_t)g4 * 4 * T + 4 * base;
+                        k_pass8_any(&ks, pg->ntokens, hd, qord[order_of(ks.kind)] + (size_t)g4 * 4 * hd, a->scale,
+                                    t->positions + pg->pos_index, _mm_loadu_si128((const __m128i *)(qpos + g4 * 4)),
+                                    _mm_loadu_si128((const __m128i *)(qpos + g4 * 4 + 4)),
+                                    (__mmask8)((1u << live) - 1u), (__mmask8)((1u << live2) - 1u), La, La + 4 * T,
+                                    &pf);
+                        g4++;
+                        continue;
+                    }
                     k_pass_any(&ks, pg->ntokens, hd, qord[order_of(ks.kind)] + (size_t)g4 * 4 * hd, a->scale,
                                t->positions + pg->pos_index, _mm_loadu_si128((const __m128i *)(qpos + g4 * 4)),
                                (__mmask8)((1u << live) - 1u), w->logits + (size_t)g4 * 4 * T + 4 * base, &pf);
@@ -558,9 +929,16 @@ KV_AVX512 void kv_cpu_attention_item_avx512(void *arg, size_t i0, size_t i1, int
                 if (!pg->ntokens)
                     continue;
                 src_prepare(t, w, pg, 1, &vs);
-                for (uint32_t g4 = 0; g4 < groups4; g4++)
-                    v_pass_any(&vs, pg->ntokens, hd, w->logits + (size_t)g4 * 4 * T + 4 * base,
-                               acc[order_of(vs.kind)] + (size_t)g4 * 4 * hd, &pf);
+                for (uint32_t g4 = 0; g4 < groups4; g4++) {
+                    const float *Pa = w->logits + (size_t)g4 * 4 * T + 4 * base;
+                    double *acca = acc[order_of(vs.kind)] + (size_t)g4 * 4 * hd;
+                    if (g4 + 1 < groups4 && vs.kind != SRC_Q2Q) { /* two row groups share each chunk */
+                        v_pass8_any(&vs, pg->ntokens, hd, Pa, Pa + 4 * T, acca, acca + 4 * hd, &pf);
+                        g4++;
+                        continue;
+                    }
+                    v_pass_any(&vs, pg->ntokens, hd, Pa, acca, &pf);
+                }
                 base += pg->ntokens;
             }
             for (uint32_t r = 0; r < nq; r++) {
