@@ -338,3 +338,15 @@ double kv_attn_rel_error(const float *got, const float *want, size_t rows, size_
     }
     return worst;
 }
+
+int kv_attn_solve(const kv_attn_problem *p, kv_backend *be, float *out, float *scores, kv_error *err)
+{
+    kv_attn_device *d = NULL;
+    int rc = kv_attn_device_create(p, be, &d, err);
+    if (!rc)
+        rc = kv_attn_device_run(d, err);
+    if (!rc)
+        rc = kv_attn_device_read(d, out, scores, err);
+    kv_attn_device_destroy(d);
+    return rc;
+}

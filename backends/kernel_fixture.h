@@ -47,6 +47,8 @@ void kv_attn_device_destroy(kv_attn_device *d); /* NULL is fine */
 int kv_attn_device_run(kv_attn_device *d, kv_error *err);
 /* Synchronises and copies out (and scores, when asked for and non-NULL). */
 int kv_attn_device_read(kv_attn_device *d, float *out, float *scores, kv_error *err);
+/* The four steps at once: create, run, read into out (and scores), destroy. */
+int kv_attn_solve(const kv_attn_problem *p, kv_backend *be, float *out, float *scores, kv_error *err);
 
 /* The conformance measure for attention: the largest |got − want| of a row
    (one query and head) divided by the largest |want| of that row (1e-30 if

@@ -287,11 +287,7 @@ static void attention_vs_reference(kv_backend *be, kv_backend *ref, const kv_att
     for (int k = 0; k < 2; k++) {
         o[k] = malloc(no * 4);
         sc[k] = malloc(ns * 4 + 4);
-        kv_attn_device *d = NULL;
-        cr_assert_eq(kv_attn_device_create(prob, bes[k], &d, &err), KV_OK, "%s", err.msg);
-        cr_assert_eq(kv_attn_device_run(d, &err), KV_OK, "%s", err.msg);
-        cr_assert_eq(kv_attn_device_read(d, o[k], sc[k], &err), KV_OK, "%s", err.msg);
-        kv_attn_device_destroy(d);
+        cr_assert_eq(kv_attn_solve(prob, bes[k], o[k], sc[k], &err), KV_OK, "%s", err.msg);
     }
     double e = kv_attn_rel_error(o[0], o[1], (size_t)spec->n_queries * spec->n_heads, spec->head_dim);
     cr_assert(e <= 1e-5, "%s: attention differs from the reference by %.3g", what, e);

@@ -32,11 +32,7 @@ static double attention_error(kv_backend *be, kv_backend *ref, const kv_attn_spe
     float *o[2] = {malloc(no * 4 + 4), malloc(no * 4 + 4)}, *sc[2] = {malloc(ns * 4 + 4), malloc(ns * 4 + 4)};
     kv_backend *bes[2] = {be, ref};
     for (int i = 0; i < 2; i++) {
-        kv_attn_device *d = NULL;
-        cr_assert_eq(kv_attn_device_create(prob, bes[i], &d, &err), KV_OK, "%s", err.msg);
-        cr_assert_eq(kv_attn_device_run(d, &err), KV_OK, "%s", err.msg);
-        cr_assert_eq(kv_attn_device_read(d, o[i], sc[i], &err), KV_OK, "%s", err.msg);
-        kv_attn_device_destroy(d);
+        cr_assert_eq(kv_attn_solve(prob, bes[i], o[i], sc[i], &err), KV_OK, "%s", err.msg);
     }
     double e = kv_attn_rel_error(o[0], o[1], (size_t)spec->n_queries * spec->n_heads, spec->head_dim);
     if (spec->scores) {

@@ -46,12 +46,8 @@ static kv_backend *open_shape(const char *lanes)
 
 static void run(kv_backend *be, const kv_attn_problem *prob, float *out, float *scores)
 {
-    kv_attn_device *d = NULL;
     kv_error err = {0};
-    cr_assert_eq(kv_attn_device_create(prob, be, &d, &err), KV_OK, "%s", err.msg);
-    cr_assert_eq(kv_attn_device_run(d, &err), KV_OK, "%s", err.msg);
-    cr_assert_eq(kv_attn_device_read(d, out, scores, &err), KV_OK, "%s", err.msg);
-    kv_attn_device_destroy(d);
+    cr_assert_eq(kv_attn_solve(prob, be, out, scores, &err), KV_OK, "%s", err.msg);
 }
 
 #define Q8 {KV_STORE_QUANT, 8, 0, KV_GROUP_TOKEN, 32}
