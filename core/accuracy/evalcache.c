@@ -317,6 +317,7 @@ int kv_evalcache_lookup(const kv_evalcache *c, int i, const kv_model_stats *stat
         memcpy(out->needle_ci95, a->needle_recall_ci95, sizeof out->needle_ci95);
         out->accept = a->accepted_share; /* NaN where the entry has none */
         memcpy(out->accept_ci95, a->accepted_share_ci95, sizeof out->accept_ci95);
+        out->spec_k = isfinite(a->accepted_share) ? c->speculate[i] : 0;
         return KV_OK;
     }
     if (!c->key_base)

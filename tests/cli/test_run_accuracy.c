@@ -171,6 +171,7 @@ Test(run_accuracy, eval_stats_merges_accuracy_entries)
         cr_assert_eq(n, 3, "bf16, int4 and lynx, pass %d:\n%s", pass, json);
         cr_assert(strstr(json, "\"encodings\": [\"k=int4"), "%s", json);
         cr_assert(strstr(json, "\"scored_tokens\": 64"), "%s", json);
+        cr_assert(strstr(json, "\"accepted_share\": "), "lynx's entry carries its accepted share:\n%s", json);
         /* producer.command says what wrote the accuracy entries, each pass once more */
         char step[600];
         snprintf(step, sizeof step, "; then kvsim eval %s --quiet --stats %s", f.scenario, stats);
@@ -194,6 +195,10 @@ Test(run_accuracy, eval_stats_merges_accuracy_entries)
     row_after(run, "accuracy     ttft ms", "int4", line, sizeof line);
     cr_assert(strstr(line, "\u00b1"), "int4 from the file: '%s'\n%s", line, run);
     cr_assert(strstr(run, "; from the stats file ") && !strstr(run, "accuracy: not measured"), "%s", run);
+    /* lynx's accept% comes from the file too (it showed '-' for a stats file's figures) */
+    row_after(run, "accuracy     ttft ms", "lynx", line, sizeof line);
+    size_t len = strlen(line);
+    cr_assert(len > 0 && line[len - 1] != '-', "lynx's accept%% from the file: '%s'\n%s", line, run);
     free(run);
     /* Without the model file the run still shows the file's figures (the shape comes from the file). */
     char moved[700];
