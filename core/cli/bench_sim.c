@@ -104,10 +104,16 @@ static int bench_once(const char *network, int requests, const char *write_dir, 
     return rc;
 }
 
-/* Simulated requests per CPU-second, kvsim's and its children's CPU time together. */
+/* CPU seconds of the run, kvsim's and its children's together. */
+static double all_cpu_s(const bench_run *b)
+{
+    return b->self_user + b->self_sys + b->child_user + b->child_sys;
+}
+
+/* Simulated requests per CPU-second, children included. */
 static double per_cpu(const bench_run *b)
 {
-    double cpu = b->self_user + b->self_sys + b->child_user + b->child_sys;
+    double cpu = all_cpu_s(b);
     return cpu > 0 ? (double)b->simulated / cpu : 0.0;
 }
 
@@ -147,7 +153,7 @@ int kv_cmd_bench_sim(int argc, char **argv)
         fprintf(stderr, "kvsim bench sim: %s\n", err.msg);
         return rc;
     }
-    double all_cpu = b.self_user + b.self_sys + b.child_user + b.child_sys;
+    double all_cpu = all_cpu_s(&b);
     printf("kvsim bench sim: Azure code trace tiled to %zu requests, %d prefill + %d decode nodes, %s network, "
            "%zu policies\n", b.requests, b.prefill_nodes, b.decode_nodes, network, b.policies);
     printf("  wall time            %.3f s (one core), CPU time %.3f s\n", b.wall_s, b.cpu_s);

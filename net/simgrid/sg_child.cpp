@@ -205,8 +205,10 @@ public:
         headroom_ = (c_hi > 0 ? c_lo / c_hi : 1.0) * w_min / (precision_ * kSafety);
         weight_s_ = simgrid::config::get_value<double>("network/weight-S");
         /* Flows paying their latency get their penalty (classes or levels) when it is paid. */
-        sg4::Engine::on_time_advance_cb([this](double) { apply_pending_penalties(); });
-        sg4::Engine::on_time_advance_cb([this](double) { note_latency_paid(); });
+        sg4::Engine::on_time_advance_cb([this](double) {
+            apply_pending_penalties();
+            note_latency_paid();
+        });
         if (cfg_->priority == KV_PRIO_NONE)
             return KV_OK;
         if (!lmm_ok_) {
