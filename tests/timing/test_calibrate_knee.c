@@ -147,8 +147,9 @@ Test(calibrate_knee, written_knee_reads_back_and_is_applied)
         kv_timing_fit_phase_knee(roof, tokens, table, n, &k);
         const kv_device_roofline *r = kv_device_roofline_find(&fitted, tp);
         cr_assert(r);
-        cr_expect(r->floor_s[0] == k.floor_s && r->efficiency[0] == k.efficiency && r->knee_tokens[0] == k.knee_tokens &&
-                      fabs(r->token_s[0] - k.token_s) <= 1e-15 && fabs(r->knee_token_s[0] - k.knee_token_s) <= 1e-15,
+        cr_expect(r->floor_s[0] == k.floor_s && r->efficiency[0] == k.efficiency &&
+                      r->knee_tokens[0] == k.knee_tokens && fabs(r->token_s[0] - k.token_s) <= 1e-15 &&
+                      fabs(r->knee_token_s[0] - k.knee_token_s) <= 1e-15,
                   "tp %d: knee %g / %g against %g / %g", tp, r->knee_tokens[0], r->knee_token_s[0], k.knee_tokens,
                   k.knee_token_s);
         cr_expect(r->knee_tokens[1] == 0 && r->knee_token_s[1] == 0, "no decode knee");
@@ -179,8 +180,8 @@ Test(calibrate_knee, written_knee_reads_back_and_is_applied)
         cr_expect(fabs(printed(bench, cal, "median error ") - printed(out, fit, "median error ")) < 1e-9, "%s", bench);
         cr_expect(fabs(printed(bench, cal, "worst ") - printed(out, fit, "worst ")) < 1e-9, "%s", bench);
     }
-    cr_expect(strstr(bench, "tp 8 prefill calibrated") && strstr(strstr(bench, "tp 8 prefill calibrated"), "above 2048 tokens"),
-              "%s", bench);
+    const char *tp8 = strstr(bench, "tp 8 prefill calibrated");
+    cr_expect(tp8 && strstr(tp8, "above 2048 tokens"), "%s", bench);
     free(bench);
     kv_device_profile_free(&fitted);
     kv_device_profile_free(&stock);
@@ -301,8 +302,8 @@ Test(calibrate_knee, bad_knee_values_exit_2_naming_file_line_and_key)
         snprintf(key, sizeof key, "  %s:", cases[i].key);
         free(kvt_write(dir, "h100-tp8-no-knee.yaml", text));
         snprintf(needle, sizeof needle, "h100-tp8-no-knee.yaml:%d:", line_of(text, key));
-        snprintf(args, sizeof args, "bench roofline " TABLE_ARGS "--hardware h100-80gb --tp 8 --calibrated %s/h100-tp8-no-knee.yaml",
-                 dir);
+        snprintf(args, sizeof args,
+                 "bench roofline " TABLE_ARGS "--hardware h100-80gb --tp 8 --calibrated %s/h100-tp8-no-knee.yaml", dir);
         int rc = kvt_kvsim(args, &out);
         cr_expect_eq(rc, 2, "case %zu: rc %d\n%s", i, rc, out);
         cr_expect(strstr(out, needle) && strstr(out, cases[i].key) && strstr(out, cases[i].message),
