@@ -25,7 +25,7 @@ static void usage(FILE *out)
                  "  timing.roofline's floor and efficiency fitted to the table (kv_timing_fit_phase) and the\n"
                  "  ratios profiled / calibrated roofline that remain: median and worst. --calibrated FILE (a\n"
                  "  kvsim calibrate output) also prints, per tp and phase, the median and worst error of the\n"
-                 "  roofline with FILE's knobs (its device figures too) against the table.\n");
+                 "  roofline with FILE's knobs (its device figures too, and its prefill knee) against the table.\n");
 }
 
 /* The stock roofline's seconds for a profiled point (whatever knobs the device profile carries). */
@@ -56,12 +56,16 @@ static void print_calibrated(const kv_profile *p, const kv_model_card *m, const 
             roof[i] = kv_timing_point_stock_seconds(&t, decode, batch, x, &tokens[i], NULL);
         }
         double median, worst, worst_ratio;
-        kv_timing_fit_errors(roof, tokens, table, n, r->floor_s[decode], r->efficiency[decode], r->token_s[decode],
-                             &median, &worst, &worst_ratio);
-        printf("tp %d %-7s calibrated (%s: floor %.4g ms, efficiency %.4g, %.4g us/token): median error %.1f%%, "
+        kv_timing_knobs k = {r->floor_s[decode], r->efficiency[decode], r->token_s[decode], r->knee_tokens[decode],
+                             r->knee_token_s[decode]};
+        kv_timing_knobs_errors(roof, tokens, table, n, &k, &median, &worst, &worst_ratio);
+        char knee[96] = "";
+        if (k.knee_token_s > 0)
+            snprintf(knee, sizeof knee, ", above %.0f tokens +%.4g us/token", k.knee_tokens, k.knee_token_s * 1e6);
+        printf("tp %d %-7s calibrated (%s: floor %.4g ms, efficiency %.4g, %.4g us/token%s): median error %.1f%%, "
                "worst %.1f%% (ratio %.3f) over %zu points\n",
                tp, decode ? "decode" : "prefill", cal_path, r->floor_s[decode] * 1e3, r->efficiency[decode],
-               r->token_s[decode] * 1e6, 100 * median, 100 * worst, worst_ratio, n);
+               r->token_s[decode] * 1e6, knee, 100 * median, 100 * worst, worst_ratio, n);
         kv_free(roof);
         kv_free(tokens);
         kv_free(table);

@@ -23,8 +23,9 @@ static void usage(FILE *out)
             "usage: kvsim calibrate --profile FILE --profile-model NAME --hardware NAME --out FILE\n"
             "                       [--model CARD] [--device PROFILE] [--tp N]...\n"
             "  Fits, per tp degree and phase (prefill, decode), the roofline's floor, efficiency and per-token\n"
-            "  overhead to the profiled table's points (kv_timing_fit_phase_tokens: least squares in log\n"
-            "  error), prints the error before and after, and writes FILE: a copy of the device profile with\n"
+            "  overhead, and for prefill a knee (step tokens above which a second per-token cost is added), to\n"
+            "  the profiled table's points (kv_timing_fit_phase_tokens, kv_timing_fit_phase_knee: least squares\n"
+            "  in log error), prints the error before and after, and writes FILE: a copy of the device profile with\n"
             "  a `roofline` section holding the fitted knobs per tp (written atomically). A scenario whose\n"
             "  pool uses FILE as its device (cluster.<pool>.device: FILE) and has a listed tp gets them.\n"
             "  Defaults: --model llama-2-70b --device h100-sxm; --tp: every tp 1-64 the table has.\n");
@@ -35,6 +36,7 @@ typedef struct fit_result {
     int tp;
     size_t n[2];
     double floor_s[2], efficiency[2], token_s[2];
+    double knee_tokens, knee_token_s; /* prefill's knee (knee_token_s 0: none) */
     double median_before[2], worst_before[2], median_after[2], worst_after[2];
 } fit_result;
 
@@ -62,9 +64,19 @@ static void fit_one(const kv_profile *p, const kv_timing *t, fit_result *r)
         size_t n = phase_points(p, t, ph, &roof, &tokens, &table);
         r->n[ph] = n;
         kv_timing_fit_errors(roof, tokens, table, n, 0, 1, 0, &r->median_before[ph], &r->worst_before[ph], &ratio);
-        kv_timing_fit_phase_tokens(roof, tokens, table, n, &r->floor_s[ph], &r->efficiency[ph], &r->token_s[ph]);
-        kv_timing_fit_errors(roof, tokens, table, n, r->floor_s[ph], r->efficiency[ph], r->token_s[ph],
-                             &r->median_after[ph], &r->worst_after[ph], &ratio);
+        kv_timing_knobs k = {0, 1, 0, 0, 0};
+        if (ph == 0) /* prefill: with the knee; decode: without (its fit meets the goal, docs/timing.md) */
+            kv_timing_fit_phase_knee(roof, tokens, table, n, &k);
+        else
+            kv_timing_fit_phase_tokens(roof, tokens, table, n, &k.floor_s, &k.efficiency, &k.token_s);
+        r->floor_s[ph] = k.floor_s;
+        r->efficiency[ph] = k.efficiency;
+        r->token_s[ph] = k.token_s;
+        if (ph == 0) {
+            r->knee_tokens = k.knee_tokens;
+            r->knee_token_s = k.knee_token_s;
+        }
+        kv_timing_knobs_errors(roof, tokens, table, n, &k, &r->median_after[ph], &r->worst_after[ph], &ratio);
         kv_free(roof);
         kv_free(tokens);
         kv_free(table);
@@ -75,7 +87,11 @@ static void list(FILE *f, const char *key, const fit_result *r, int n, int ph, i
 {
     fprintf(f, "  %s: [", key);
     for (int i = 0; i < n; i++) {
-        double v = what == 0 ? r[i].floor_s[ph] * 1e3 : what == 1 ? r[i].efficiency[ph] : r[i].token_s[ph] * 1e6;
+        double v = what == 0   ? r[i].floor_s[ph] * 1e3
+                   : what == 1 ? r[i].efficiency[ph]
+                   : what == 2 ? r[i].token_s[ph] * 1e6
+                   : what == 3 ? r[i].knee_tokens
+                               : r[i].knee_token_s * 1e6;
         if (i)
             fprintf(f, ", ");
         kv_json_number(f, v);
@@ -130,6 +146,8 @@ static void write_profile(FILE *f, const kv_device_profile *d, const char *devic
     list(f, "decode_floor_ms", r, n, 1, 0);
     list(f, "decode_efficiency", r, n, 1, 1);
     list(f, "decode_token_us", r, n, 1, 2);
+    list(f, "prefill_knee_tokens", r, n, 0, 3);
+    list(f, "prefill_knee_token_us", r, n, 0, 4);
 }
 
 /* Writes the profile atomically, then reads the temporary back as a device profile before publishing it. */
@@ -213,9 +231,13 @@ int kv_cmd_calibrate(int argc, char **argv)
         fit_one(p, &t, &r[n]);
         for (int ph = 0; ph < 2; ph++) {
             const char *name = ph ? "decode" : "prefill";
-            printf("tp %d %-7s floor %.4g ms, efficiency %.4g, %.4g us/token: median error %.1f%% (before %.1f%%), "
+            char knee[96] = "";
+            if (ph == 0 && r[n].knee_token_s > 0)
+                snprintf(knee, sizeof knee, ", above %.0f tokens +%.4g us/token", r[n].knee_tokens,
+                         r[n].knee_token_s * 1e6);
+            printf("tp %d %-7s floor %.4g ms, efficiency %.4g, %.4g us/token%s: median error %.1f%% (before %.1f%%), "
                    "worst %.1f%% (before %.1f%%) over %zu points\n",
-                   tps[i], name, r[n].floor_s[ph] * 1e3, r[n].efficiency[ph], r[n].token_s[ph] * 1e6,
+                   tps[i], name, r[n].floor_s[ph] * 1e3, r[n].efficiency[ph], r[n].token_s[ph] * 1e6, knee,
                    100 * r[n].median_after[ph], 100 * r[n].median_before[ph], 100 * r[n].worst_after[ph],
                    100 * r[n].worst_before[ph], r[n].n[ph]);
         }

@@ -67,6 +67,10 @@ static const kv_key_spec device_keys[] = {
      "a decode step costs its roofline time / this"},
     {"roofline.decode_token_us", KV_KEY_DOUBLELIST, D(roofline_lists[5]), "[]", 0, 1e6, NULL,
      "plus this per decode token, microseconds"},
+    {"roofline.prefill_knee_tokens", KV_KEY_DOUBLELIST, D(roofline_lists[6]), "[]", 0, 1e9, NULL,
+     "step tokens above which prefill_knee_token_us is added per token (absent: no knee)"},
+    {"roofline.prefill_knee_token_us", KV_KEY_DOUBLELIST, D(roofline_lists[7]), "[]", 0, 1e6, NULL,
+     "plus this per prompt token above the knee, microseconds (0: no knee)"},
 };
 #undef D
 static const kv_schema device_schema = {"device profile", device_keys, sizeof device_keys / sizeof device_keys[0]};
@@ -95,22 +99,31 @@ static int resolve(const char *name, const char *sub, const char *const *dirs, i
                         sub, name, n_dirs ? dirs[0] : ".", n_dirs > 1 ? " and the kvsim data folder" : "");
 }
 
-/* Checks the device profile's roofline lists (one item per tp, no tp twice) and builds its entries. */
+/* Checks the device profile's roofline lists (one item per tp, no tp twice; the knee lists may be absent)
+   and builds its entries. */
 static int device_roofline(const kv_ynode *tree, kv_device_profile *d, kv_error *err)
 {
     static const char *const names[KV_DEVICE_ROOFLINE_LISTS] = {
         "prefill_floor_ms", "prefill_efficiency", "prefill_token_us",
-        "decode_floor_ms",  "decode_efficiency",  "decode_token_us"};
+        "decode_floor_ms",  "decode_efficiency",  "decode_token_us",
+        "prefill_knee_tokens", "prefill_knee_token_us"};
     char key[64], w[512];
     size_t n = d->roofline_tp.count;
     for (int j = 0; j < KV_DEVICE_ROOFLINE_LISTS; j++) {
-        if (d->roofline_lists[j].count == n)
-            continue;
         snprintf(key, sizeof key, "roofline.%s", names[j]);
         const kv_ynode *at = kv_ytree_path(tree, key);
+        if (d->roofline_lists[j].count == n || (j >= 6 && !at))
+            continue;
         return kv_error_set(err, KV_EINPUT, "%s: %s: %zu items, but roofline.tp has %zu (one per tp)",
                             kv_ytree_where(at ? at : tree, w, sizeof w), key, d->roofline_lists[j].count, n);
     }
+    const kv_ynode *knee = kv_ytree_path(tree, "roofline.prefill_knee_tokens");
+    const kv_ynode *knee_us = kv_ytree_path(tree, "roofline.prefill_knee_token_us");
+    if (!knee != !knee_us) /* a knee is its token count and its cost: both or neither */
+        return kv_error_set(err, KV_EINPUT, "%s: roofline.%s is given without roofline.%s (both or neither)",
+                            kv_ytree_where(knee ? knee : knee_us, w, sizeof w),
+                            knee ? "prefill_knee_tokens" : "prefill_knee_token_us",
+                            knee ? "prefill_knee_token_us" : "prefill_knee_tokens");
     for (size_t i = 0; i < n; i++)
         for (size_t k = 0; k < i; k++)
             if (d->roofline_tp.items[i] == d->roofline_tp.items[k]) {
@@ -129,6 +142,10 @@ static int device_roofline(const kv_ynode *tree, kv_device_profile *d, kv_error 
             r->floor_s[ph] = d->roofline_lists[3 * ph].items[i] * 1e-3;
             r->efficiency[ph] = d->roofline_lists[3 * ph + 1].items[i];
             r->token_s[ph] = d->roofline_lists[3 * ph + 2].items[i] * 1e-6;
+        }
+        if (d->roofline_lists[6].count == n && d->roofline_lists[7].count == n) {
+            r->knee_tokens[0] = d->roofline_lists[6].items[i];
+            r->knee_token_s[0] = d->roofline_lists[7].items[i] * 1e-6;
         }
     }
     return KV_OK;

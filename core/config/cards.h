@@ -26,16 +26,20 @@ typedef struct kv_model_card {
 
 /* A device profile's roofline calibration for one tensor-parallel degree (written by `kvsim calibrate`;
    docs/timing.md): per phase [0] prefill, [1] decode, a step costs
-   max(floor, roofline / efficiency + token x tokens). */
+   max(floor, roofline / efficiency + token x tokens + knee_token x max(0, tokens - knee_tokens)); the knee
+   is a prefill knob (knee_token_s[1] is always 0), and knee_token_s 0 turns it off. */
 typedef struct kv_device_roofline {
     int tp;
     double floor_s[2];
     double efficiency[2];
     double token_s[2];
+    double knee_tokens[2];  /* step tokens above which knee_token_s is added per token */
+    double knee_token_s[2];
 } kv_device_roofline;
 
-/* The lists of the `roofline` section as read: tp, then per phase floor_ms, efficiency, token_us. */
-#define KV_DEVICE_ROOFLINE_LISTS 6
+/* The lists of the `roofline` section as read: per phase floor_ms, efficiency, token_us, then
+   prefill_knee_tokens and prefill_knee_token_us (these two may be absent: the knee is off). */
+#define KV_DEVICE_ROOFLINE_LISTS 8
 
 /* An accelerator, as the roofline sees it. */
 typedef struct kv_device_profile {

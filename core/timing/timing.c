@@ -19,6 +19,8 @@ void kv_timing_init(kv_timing *t, const kv_model_card *m, const kv_device_profil
         t->step_floor_s[ph] = r ? r->floor_s[ph] : 0;
         t->step_efficiency[ph] = r ? r->efficiency[ph] : 1;
         t->step_token_s[ph] = r ? r->token_s[ph] : 0;
+        t->step_knee_tokens[ph] = r ? r->knee_tokens[ph] : 0;
+        t->step_knee_token_s[ph] = r ? r->knee_token_s[ph] : 0;
     }
 }
 
@@ -114,6 +116,8 @@ double kv_step_roofline_seconds(const kv_timing *t, const kv_step_work *w)
     double base = (compute > memory ? compute : memory) + kv_step_allreduce_seconds(t, w) + d->kernel_overhead_s;
     int ph = w->prefill_requests > 0 ? 0 : 1;
     base = base / t->step_efficiency[ph] + t->step_token_s[ph] * w->tokens;
+    if (t->step_knee_token_s[ph] > 0) /* off by default: the sum stays what it was */
+        base += t->step_knee_token_s[ph] * fmax(0, w->tokens - t->step_knee_tokens[ph]);
     return (base > t->step_floor_s[ph] ? base : t->step_floor_s[ph]) + w->kernel_s;
 }
 
@@ -235,6 +239,150 @@ void kv_timing_fit_phase_tokens(const double *roofline, const double *tokens, co
     }
 }
 
+static int compare_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double kv_timing_knobs_seconds(const kv_timing_knobs *k, double roofline, double tokens)
+{
+    double m = roofline / k->efficiency + k->token_s * tokens;
+    if (k->knee_token_s > 0)
+        m += k->knee_token_s * fmax(0, tokens - k->knee_tokens);
+    return fmax(k->floor_s, m);
+}
+
+static double knobs_cost(const double *roofline, const double *tokens, const double *table, size_t n,
+                         const kv_timing_knobs *k)
+{
+    double c = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = log(kv_timing_knobs_seconds(k, roofline[i], tokens[i]) / table[i]);
+        c += e * e;
+    }
+    return c;
+}
+
+/* Solves the m x m system a x = y (m <= 3) by elimination with partial pivoting, in place. Returns 0 when a
+   pivot falls below 1e-12 of its row's diagonal as given (the bases are (nearly) dependent). */
+static int solve_small(double a[3][3], double y[3], int m, double x[3])
+{
+    double diag[3];
+    for (int i = 0; i < m; i++)
+        diag[i] = fabs(a[i][i]);
+    for (int c = 0; c < m; c++) {
+        int p = c;
+        for (int i = c + 1; i < m; i++)
+            if (fabs(a[i][c]) > fabs(a[p][c]))
+                p = i;
+        if (p != c) {
+            for (int j = 0; j < m; j++) {
+                double s = a[c][j];
+                a[c][j] = a[p][j];
+                a[p][j] = s;
+            }
+            double s = y[c], d = diag[c];
+            y[c] = y[p];
+            y[p] = s;
+            diag[c] = diag[p];
+            diag[p] = d;
+        }
+        if (!(fabs(a[c][c]) > 1e-12 * diag[c]))
+            return 0;
+        for (int i = c + 1; i < m; i++) {
+            double f = a[i][c] / a[c][c];
+            for (int j = c; j < m; j++)
+                a[i][j] -= f * a[c][j];
+            y[i] -= f * y[c];
+        }
+    }
+    for (int i = m - 1; i >= 0; i--) {
+        double s = y[i];
+        for (int j = i + 1; j < m; j++)
+            s -= a[i][j] * x[j];
+        x[i] = s / a[i][i];
+    }
+    return 1;
+}
+
+/* One Gauss-Newton step as fit3_step's for m = c0 r + c1 k + c2 max(0, k - knee) over the bases use[] names
+   (the others stay 0). Returns 0 when the solution leaves the ranges (the caller keeps its values). */
+static int knee_step(const double *r, const double *k, const double *t, size_t n, double floor_s, double knee,
+                     const int use[3], double c[3])
+{
+    double a[3][3] = {{0}}, y[3] = {0}, x[3] = {0};
+    int idx[3], m = 0;
+    for (int j = 0; j < 3; j++)
+        if (use[j])
+            idx[m++] = j;
+    for (size_t i = 0; i < n; i++) {
+        double b[3] = {r[i], k[i], fmax(0, k[i] - knee)};
+        double m0 = c[0] * b[0] + c[1] * b[1] + c[2] * b[2];
+        if (!(m0 > floor_s) || !(m0 > 0))
+            continue; /* the floor holds this point */
+        double yy = m0 * (1 - log(m0 / t[i])), w = 1 / (m0 * m0);
+        for (int p = 0; p < m; p++) {
+            for (int q = 0; q < m; q++)
+                a[p][q] += w * b[idx[p]] * b[idx[q]];
+            y[p] += w * b[idx[p]] * yy;
+        }
+    }
+    if (m == 0 || !solve_small(a, y, m, x))
+        return 0;
+    double nc[3] = {0, 0, 0};
+    for (int p = 0; p < m; p++)
+        nc[idx[p]] = x[p];
+    /* The ranges of fit3_step; the knee's cost as token_s's. */
+    if (!(nc[0] >= 0.01 && nc[0] <= 1e6) || !(nc[1] >= 0 && nc[1] <= 1) || !(nc[2] >= 0 && nc[2] <= 1))
+        return 0;
+    for (int j = 0; j < 3; j++)
+        c[j] = nc[j];
+    return 1;
+}
+
+void kv_timing_fit_phase_knee(const double *roofline, const double *tokens, const double *table, size_t n,
+                              kv_timing_knobs *out)
+{
+    kv_timing_knobs k = {0, 1, 0, 0, 0};
+    kv_timing_fit_phase_tokens(roofline, tokens, table, n, &k.floor_s, &k.efficiency, &k.token_s);
+    *out = k;
+    if (n < 2)
+        return;
+    double best = knobs_cost(roofline, tokens, table, n, out), lo = table[0];
+    for (size_t i = 1; i < n; i++)
+        lo = fmin(lo, table[i]);
+    /* The distinct token counts, increasing. */
+    double *u = kv_calloc(n, sizeof *u);
+    for (size_t i = 0; i < n; i++)
+        u[i] = tokens[i];
+    qsort(u, n, sizeof *u, compare_double);
+    size_t nu = 0;
+    for (size_t i = 0; i < n; i++)
+        if (nu == 0 || u[i] != u[nu - 1])
+            u[nu++] = u[i];
+    for (size_t q = 0; q + 2 < nu; q++) /* two token counts or more above the knee: one alone it would fit exactly */
+        for (int mid = 0; mid < 2; mid++) {
+            double knee = mid ? round(sqrt(u[q] * u[q + 1])) : u[q];
+            for (int f = 0; f <= 150; f++) {
+                double fl = lo * 0.01 * f;
+                for (int with_b = 0; with_b < 2; with_b++) {
+                    const int use[3] = {1, with_b, 1};
+                    double c[3] = {1, 0, 0};
+                    for (int it = 0; it < 40 && knee_step(roofline, tokens, table, n, fl, knee, use, c); it++)
+                        ;
+                    kv_timing_knobs cand = {fl, 1 / c[0], c[1], knee, c[2]};
+                    double cost = knobs_cost(roofline, tokens, table, n, &cand);
+                    if (c[2] > 0 && cost < best) {
+                        best = cost;
+                        *out = cand;
+                    }
+                }
+            }
+        }
+    kv_free(u);
+}
+
 double kv_timing_point_stock_seconds(const kv_timing *t, int decode, double batch, double x, double *tokens,
                                      double *no_comm_s)
 {
@@ -243,6 +391,8 @@ double kv_timing_point_stock_seconds(const kv_timing *t, int decode, double batc
         stock.step_floor_s[ph] = 0;
         stock.step_efficiency[ph] = 1;
         stock.step_token_s[ph] = 0;
+        stock.step_knee_tokens[ph] = 0;
+        stock.step_knee_token_s[ph] = 0;
     }
     kv_step_work w = {0};
     for (int i = 0; i < (int)batch; i++) {
@@ -258,14 +408,16 @@ double kv_timing_point_stock_seconds(const kv_timing *t, int decode, double batc
     return s;
 }
 
-static int compare_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 void kv_timing_fit_errors(const double *roofline, const double *tokens, const double *table, size_t n,
                           double floor_s, double efficiency, double token_s, double *median, double *worst, double *worst_ratio)
+{
+    kv_timing_knobs k = {floor_s, efficiency, token_s, 0, 0};
+    kv_timing_knobs_errors(roofline, tokens, table, n, &k, median, worst, worst_ratio);
+}
+
+void kv_timing_knobs_errors(const double *roofline, const double *tokens, const double *table, size_t n,
+                            const kv_timing_knobs *k, double *median, double *worst, double *worst_ratio)
 {
     *median = *worst = 0;
     *worst_ratio = 1;
@@ -273,7 +425,7 @@ void kv_timing_fit_errors(const double *roofline, const double *tokens, const do
         return;
     double *e = kv_calloc(n, sizeof *e), far = -1;
     for (size_t i = 0; i < n; i++) {
-        double m = kv_timing_fit_model(roofline[i], tokens[i], floor_s, efficiency, token_s);
+        double m = kv_timing_knobs_seconds(k, roofline[i], tokens[i]);
         e[i] = fabs(m / table[i] - 1);
         *worst = fmax(*worst, e[i]);
         if (fabs(log(table[i] / m)) > far) {

@@ -47,11 +47,13 @@ typedef struct kv_timing {
     const kv_profile *profile;   /* step times from a profiled table; NULL: the roofline */
     /* Roofline calibration (timing.roofline.*, or a device profile's roofline entry for this tp), per phase
        [0] prefill (a step with prompts), [1] decode: a step costs
-       max(floor, roofline / efficiency + token_s x tokens) + its known kernel time. Defaults 0, 1 and 0
-       leave the roofline unchanged. */
+       max(floor, roofline / efficiency + token_s x tokens + knee_token_s x max(0, tokens - knee_tokens))
+       + its known kernel time. Defaults 0, 1, 0 and knee_token_s 0 leave the roofline unchanged. */
     double step_floor_s[2];
     double step_efficiency[2];
     double step_token_s[2];
+    double step_knee_tokens[2];  /* the knee: only a device profile's roofline entry sets it (prefill) */
+    double step_knee_token_s[2];
 } kv_timing;
 
 /* A roofline timing (profile NULL); the knobs come from d's roofline entry for tp when it has one
@@ -105,6 +107,30 @@ void kv_timing_fit_phase_tokens(const double *roofline, const double *tokens, co
                                 double *floor_s, double *efficiency, double *token_s);
 /* The fitted step time of a point: max(floor, roofline / efficiency + token_s x tokens). */
 double kv_timing_fit_model(double roofline, double tokens, double floor_s, double efficiency, double token_s);
+
+/* One phase's calibration knobs (docs/timing.md, "`kvsim calibrate`"): a step of `tokens` tokens whose stock
+   roofline is `roofline` seconds costs max(floor_s, roofline / efficiency + token_s x tokens + knee_token_s x
+   max(0, tokens - knee_tokens)). knee_token_s 0 is no knee (then the model is kv_timing_fit_model's). */
+typedef struct kv_timing_knobs {
+    double floor_s;
+    double efficiency;
+    double token_s;
+    double knee_tokens;
+    double knee_token_s;
+} kv_timing_knobs;
+
+/* The step time of a point under k (above). */
+double kv_timing_knobs_seconds(const kv_timing_knobs *k, double roofline, double tokens);
+/* kv_timing_fit_phase_tokens with a knee: starts from that fit (knee off), then for each knee candidate (each
+   distinct token count of the points but the largest, and the rounded geometric mean of each pair of
+   neighbours) and each floor of the grid, Gauss-Newton steps as above for 1 / efficiency and knee_token_s, with
+   and without token_s; keeps the smallest sum of squared log errors (the knee-off fit unless a knee lowers
+   it). Deterministic: no randomness, a fixed order. */
+void kv_timing_fit_phase_knee(const double *roofline, const double *tokens, const double *table, size_t n,
+                              kv_timing_knobs *out);
+/* kv_timing_fit_errors under k. */
+void kv_timing_knobs_errors(const double *roofline, const double *tokens, const double *table, size_t n,
+                            const kv_timing_knobs *k, double *median, double *worst, double *worst_ratio);
 
 /* The stock roofline's seconds (floor 0, efficiency 1, no per-token term, whatever t's knobs) for a profiled
    point of the table (decode 0: `batch` prompts of x tokens; 1: `batch` decode tokens over x tokens of bf16

@@ -123,7 +123,12 @@ Test(calibrate, writes_a_profile_that_round_trips)
         for (int decode = 0; decode < 2; decode++) {
             double roof[64], tokens[64], table[64], fl, eff, tok, med, worst, ratio;
             size_t n = points("h100-80gb", tp, &m, &stock, decode, roof, tokens, table, 64);
-            kv_timing_fit_phase_tokens(roof, tokens, table, n, &fl, &eff, &tok);
+            kv_timing_knobs k = {0, 1, 0, 0, 0}; /* prefill is fitted with its knee (test_calibrate_knee.c) */
+            if (decode)
+                kv_timing_fit_phase_tokens(roof, tokens, table, n, &k.floor_s, &k.efficiency, &k.token_s);
+            else
+                kv_timing_fit_phase_knee(roof, tokens, table, n, &k);
+            fl = k.floor_s, eff = k.efficiency, tok = k.token_s;
             const kv_device_roofline *r = kv_device_roofline_find(&fitted, tp);
             cr_assert(r);
             cr_expect(r->floor_s[decode] == fl && r->efficiency[decode] == eff && fabs(r->token_s[decode] - tok) <= 1e-15,
@@ -131,8 +136,7 @@ Test(calibrate, writes_a_profile_that_round_trips)
             /* The timing a scenario builds on the file (not the stock knobs) gives the fitted times. */
             kv_timing t;
             kv_timing_init(&t, &m, &fitted, tp);
-            kv_timing_fit_errors(roof, tokens, table, n, r->floor_s[decode], r->efficiency[decode],
-                                 r->token_s[decode], &med, &worst, &ratio);
+            kv_timing_knobs_errors(roof, tokens, table, n, &k, &med, &worst, &ratio);
             char line[64];
             snprintf(line, sizeof line, "tp %d %-7s floor", tp, decode ? "decode" : "prefill");
             cr_expect(med <= printed(out, line, "median error ") + 0.0005, "%s median %.4f", line, med);
