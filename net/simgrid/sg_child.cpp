@@ -54,6 +54,7 @@
 #include <simgrid/s4u.hpp>
 #include <simgrid/simix.hpp>
 #include <xbt/config.hpp>
+#include <xbt/log.h>
 
 #include <signal.h>
 #include <unistd.h>
@@ -186,10 +187,16 @@ public:
     /* Connects the watchdog and the priority hook and checks that SimGrid can give what cfg asks. */
     int prepare(kvsg::Error* err)
     {
+        prepare_base();
+        return prepare_priority(err);
+    }
+
+    /* What does not depend on the priority mode: the hooks, the model, the links' bandwidths. */
+    void prepare_base()
+    {
         sg4::Engine::on_time_advance_cb([this](double) { count_step(); });
         model_ = dynamic_cast<Model*>(sg4::Engine::get_instance()->get_netzone_root()->get_network_model());
         lmm_ok_ = model_ != nullptr && model_->get_maxmin_system() != nullptr && model_->is_update_lazy();
-        precision_ = simgrid::config::get_value<double>("maxmin/precision");
         try {
             precision_timing_ = simgrid::config::get_value<double>("surf/precision"); /* sg_precision_timing */
         } catch (const std::exception&) {
@@ -202,13 +209,24 @@ public:
             c_hi = std::max(c_hi, c);
         }
         double w_min = simgrid::config::get_value<bool>("network/crosstraffic") ? 0.05 : 1.0;
-        headroom_ = (c_hi > 0 ? c_lo / c_hi : 1.0) * w_min / (precision_ * kSafety);
         weight_s_ = simgrid::config::get_value<double>("network/weight-S");
         /* Flows paying their latency get their penalty (classes or levels) when it is paid. */
         sg4::Engine::on_time_advance_cb([this](double) {
             apply_pending_penalties();
             note_latency_paid();
         });
+        c_lo_ = c_lo;
+        c_hi_ = c_hi;
+        w_min_ = w_min;
+    }
+
+
+    /* The priority mode's checks and bounds (cfg_->priority), before any flow starts. */
+    int prepare_priority(kvsg::Error* err)
+    {
+        double w_min = w_min_;
+        precision_ = simgrid::config::get_value<double>("maxmin/precision");
+        headroom_ = (c_hi_ > 0 ? c_lo_ / c_hi_ : 1.0) * w_min / (precision_ * kSafety);
         if (cfg_->priority == KV_PRIO_NONE)
             return KV_OK;
         if (!lmm_ok_) {
@@ -228,10 +246,35 @@ public:
         return KV_OK;
     }
 
+    void send_ready();
     void serve();
+    void dispatch(const kv_sg_request& rq);
+
+    /* In-child mode (kv_sg_child_run): answers go to `local` instead of the socket. */
+    void set_local(std::vector<char>* local) { local_ = local; }
+
+    /* In-child mode: the network the run asks for (its priority mode and class weights; the
+       platform was built from the same config without them). */
+    int configure(const kv_net_config* cfg, kvsg::Error* err)
+    {
+        run_cfg_ = *cfg;
+        cfg_ = &run_cfg_;
+        bool own_precision = false;
+        for (int i = 0; i < cfg->n_options; i++)
+            own_precision = own_precision || std::strcmp(cfg->option_key[i], "maxmin/precision") == 0;
+        if (cfg->priority != KV_PRIO_NONE && !own_precision)
+            sg4::Engine::set_config("maxmin/precision:1e-10"); /* as kvsg::build_platform does */
+        return prepare_priority(err);
+    }
+
+    uint32_t link_count() const { return (uint32_t)platform_.links.size(); }
+    int socket() const { return fd_; }
 
 private:
     const kv_net_config* cfg_;
+    kv_net_config run_cfg_{};                 /* in-child mode: the run's network config (configure) */
+    std::vector<char>* local_ = nullptr;      /* in-child mode: where answers go (else the socket) */
+    double c_lo_ = 0, c_hi_ = 0, w_min_ = 1;  /* slowest, fastest link bandwidth; smallest consumption weight */
     int fd_;
     kvsg::Platform platform_;
     std::vector<LinkUse> uses_;
@@ -282,6 +325,7 @@ private:
         h.code = KV_EFAIL;
         h.flags = KV_SG_STUCK;
         h.t_now_s = now_;
+        local_ = nullptr; /* in-child mode too: the stuck answer goes to kvsim on the socket */
         reply(h, nullptr, 0, msg);
         _exit(0);
     }
@@ -305,7 +349,10 @@ private:
             std::memcpy(out_.data() + sizeof h, items, item_bytes);
         if (!msg.empty())
             std::memcpy(out_.data() + sizeof h + item_bytes, msg.data(), msg.size());
-        write_all(fd_, out_.data(), out_.size());
+        if (local_ != nullptr)
+            local_->insert(local_->end(), out_.begin(), out_.end());
+        else
+            write_all(fd_, out_.data(), out_.size());
     }
 
     /* Answers with the pending error (if any) and clears it. */
@@ -986,42 +1033,54 @@ void Driver::stats()
     reply_status((uint32_t)out.size(), out.data(), out.size() * sizeof(kv_link_stats));
 }
 
-void Driver::serve()
+void Driver::send_ready()
 {
     kv_sg_reply ready{};
     ready.code = KV_OK;
     ready.count = (uint32_t)platform_.links.size();
     reply(ready, nullptr, 0, "");
+}
+
+void Driver::serve()
+{
+    send_ready();
     for (;;) {
         kv_sg_request rq;
         read_buffered(fd_, &in_, &rq, sizeof rq);
-        switch (rq.op) {
-        case KV_SG_START:
-            start(rq);
-            break;
-        case KV_SG_SYNC:
-            if (error_code_ == KV_OK && !wait_until(rq.t_s))
-                fail(KV_EFAIL, "net simgrid: a flow completed before the time kvsim moved to without asking "
-                               "(t_next_s was wrong)");
-            break;
-        case KV_SG_CANCEL:
-            cancel(rq);
-            break;
-        case KV_SG_ADVANCE:
-            advance(rq.t_s);
-            break;
-        case KV_SG_STATS:
-            stats();
-            break;
-        case KV_SG_ROUTE:
-            route(rq);
-            break;
-        case KV_SG_LINKSTATE:
-            link_state();
-            break;
-        default:
-            _exit(3);
-        }
+        dispatch(rq);
+    }
+}
+
+/* One request, from the socket (serve) or from kvsim in this process (kv_sg_local_send): the same
+   code computes both, so both give the same bytes. */
+void Driver::dispatch(const kv_sg_request& rq)
+{
+    switch (rq.op) {
+    case KV_SG_START:
+        start(rq);
+        break;
+    case KV_SG_SYNC:
+        if (error_code_ == KV_OK && !wait_until(rq.t_s))
+            fail(KV_EFAIL, "net simgrid: a flow completed before the time kvsim moved to without asking "
+                           "(t_next_s was wrong)");
+        break;
+    case KV_SG_CANCEL:
+        cancel(rq);
+        break;
+    case KV_SG_ADVANCE:
+        advance(rq.t_s);
+        break;
+    case KV_SG_STATS:
+        stats();
+        break;
+    case KV_SG_ROUTE:
+        route(rq);
+        break;
+    case KV_SG_LINKSTATE:
+        link_state();
+        break;
+    default:
+        _exit(3);
     }
 }
 
@@ -1124,7 +1183,17 @@ int check_routes(const kv_net_config* cfg, const std::vector<sg4::Host*>& hosts,
 
 } // namespace
 
-extern "C" void kv_sg_child_main(const kv_net_config* cfg, int fd)
+/* In-child mode: the driver seen from kvsim's C side in the same process (sg_proto.h). */
+struct kv_sg_local {
+    Driver* driver;
+    std::vector<char> replies; /* answers not yet read by sg_net.c: [pos, size) */
+    size_t pos = 0;
+};
+
+namespace {
+
+/* The child's life in both modes (kv_sg_child_main: body NULL, serve the socket; kv_sg_child_run). */
+void child(const kv_net_config* cfg, int fd, int log_fd, kv_sg_body_fn body, void* arg)
 {
     int argc = 1;
     char name[] = "kvsim-net";
@@ -1147,10 +1216,74 @@ extern "C" void kv_sg_child_main(const kv_net_config* cfg, int fd)
             send_error(fd, rc, err);
             _exit(0);
         }
-        sg4::Actor::create("kvsim-driver", home, [&driver] { driver.serve(); });
+        kv_sg_local local;
+        local.driver = &driver;
+        if (body == nullptr) {
+            sg4::Actor::create("kvsim-driver", home, [&driver] { driver.serve(); });
+        } else {
+            /* The whole run is this actor's body: Lua and the engine need more than SimGrid's 8 MiB
+               default stack (mapped lazily, so only what is used costs memory). */
+            sg4::Engine::set_config("contexts/stack-size:" + std::to_string(KV_SG_BODY_STACK_KIB));
+            if (log_fd >= 0) /* SimGrid's words stay in the file kvsim reads when the child fails */
+                xbt_log_control_set(("root.app:file:/proc/self/fd/" + std::to_string(log_fd)).c_str());
+            sg4::Actor::create("kvsim-driver", home, [&driver, &local, body, arg] {
+                driver.send_ready();
+                driver.set_local(&local.replies);
+                body(arg, &local);
+                _exit(0); /* body ends the process; never get back into SimGrid */
+            });
+        }
         engine.run();
     } catch (const std::exception& e) {
         send_error(fd, KV_EFAIL, kvsg::Error{"", std::string("net simgrid: ") + e.what()});
     }
     _exit(0);
+}
+
+} // namespace
+
+extern "C" void kv_sg_child_main(const kv_net_config* cfg, int fd)
+{
+    child(cfg, fd, -1, nullptr, nullptr);
+}
+
+extern "C" void kv_sg_child_run(const kv_net_config* cfg, int fd, int log_fd, kv_sg_body_fn body, void* arg)
+{
+    child(cfg, fd, log_fd, body, arg);
+}
+
+extern "C" int kv_sg_local_configure(kv_sg_local* l, const kv_net_config* cfg, uint32_t* links, char* key,
+                                     size_t key_size, char* msg, size_t msg_size)
+{
+    kvsg::Error err;
+    int rc = l->driver->configure(cfg, &err);
+    *links = l->driver->link_count();
+    std::snprintf(key, key_size, "%s", rc == KV_OK ? "" : err.key.c_str());
+    std::snprintf(msg, msg_size, "%s", rc == KV_OK ? "" : err.msg.c_str());
+    return rc;
+}
+
+extern "C" void kv_sg_local_send(kv_sg_local* l, const kv_sg_request* rq, size_t n)
+{
+    try {
+        for (size_t i = 0; i < n; i++)
+            l->driver->dispatch(rq[i]);
+    } catch (const std::exception& e) {
+        /* Nothing may unwind through kvsim's C frames: the run ends here, as a crash of the child would. */
+        send_error(l->driver->socket(), KV_EFAIL, kvsg::Error{"", std::string("net simgrid: ") + e.what()});
+        _exit(0);
+    }
+}
+
+extern "C" int kv_sg_local_read(kv_sg_local* l, void* buf, size_t n)
+{
+    if (l->replies.size() - l->pos < n)
+        return -1;
+    std::memcpy(buf, l->replies.data() + l->pos, n);
+    l->pos += n;
+    if (l->pos == l->replies.size()) {
+        l->replies.clear();
+        l->pos = 0;
+    }
+    return 0;
 }
