@@ -91,6 +91,20 @@ constexpr int kMaxFlowsPerLink = 2048;   /* with classes: flows crossing one lin
 constexpr double kLevelEps = 1e-9;       /* levels: a link with less left than this x its bandwidth is full */
 constexpr double kMinLevelRange = 2;     /* levels: least penalty range between the highest and lowest level */
 
+#define KV_SG_STR2(x) #x
+#define KV_SG_STR(x) KV_SG_STR2(x)
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAsan = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kAsan = true;
+#else
+constexpr bool kAsan = false;
+#endif
+#else
+constexpr bool kAsan = false;
+#endif
+
 /* Requests come in batches (sg_net.c buffers them): one read takes as many as are there. */
 struct InBuf {
     char data[64 * 1024];
@@ -1195,9 +1209,20 @@ namespace {
 /* The child's life in both modes (kv_sg_child_main: body NULL, serve the socket; kv_sg_child_run). */
 void child(const kv_net_config* cfg, int fd, int log_fd, kv_sg_body_fn body, void* arg)
 {
-    int argc = 1;
     char name[] = "kvsim-net";
-    char* argv[] = {name, nullptr};
+    /* In-child mode the whole run is the driver actor's body: Lua and the engine need more than
+       SimGrid's 8 MiB default stack (mapped lazily: only what is used costs memory). Under
+       AddressSanitizer the actor runs on a thread of its own (SimGrid's thread contexts): ASan does
+       not know the stacks raw contexts switch to, and Lua's longjmp there would make it warn and
+       report false positives (docs/network.md "How it runs"). */
+    char stack[] = "--cfg=contexts/stack-size:" KV_SG_STR(KV_SG_BODY_STACK_KIB);
+    char threads[] = "--cfg=contexts/factory:thread";
+    char* argv[] = {name, stack, threads, nullptr};
+    int argc = body == nullptr ? 1 : kAsan ? 3 : 2;
+    if (body == nullptr)
+        argv[1] = nullptr;
+    else if (!kAsan)
+        argv[2] = nullptr;
     try {
         sg4::Engine engine(&argc, argv);
         kvsg::Platform platform;
@@ -1221,9 +1246,6 @@ void child(const kv_net_config* cfg, int fd, int log_fd, kv_sg_body_fn body, voi
         if (body == nullptr) {
             sg4::Actor::create("kvsim-driver", home, [&driver] { driver.serve(); });
         } else {
-            /* The whole run is this actor's body: Lua and the engine need more than SimGrid's 8 MiB
-               default stack (mapped lazily, so only what is used costs memory). */
-            sg4::Engine::set_config("contexts/stack-size:" + std::to_string(KV_SG_BODY_STACK_KIB));
             if (log_fd >= 0) /* SimGrid's words stay in the file kvsim reads when the child fails */
                 xbt_log_control_set(("root.app:file:/proc/self/fd/" + std::to_string(log_fd)).c_str());
             sg4::Actor::create("kvsim-driver", home, [&driver, &local, body, arg] {

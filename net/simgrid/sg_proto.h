@@ -51,7 +51,7 @@ enum kv_sg_op {
 #define KV_SG_RESULT 2u /* in-child mode: the run's end; a kv_error follows, then (code KV_OK) the results */
 
 /* In-child mode: the driver actor's stack (KiB; SimGrid's default is 8 MiB), for Lua and the engine. */
-#define KV_SG_BODY_STACK_KIB (64 * 1024)
+#define KV_SG_BODY_STACK_KIB 65536
 
 /* The child gives up when SimGrid takes this many solver steps, plus this many per
    flow in flight, without waking the driver (no event it waits for ever comes). */
