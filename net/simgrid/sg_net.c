@@ -628,6 +628,8 @@ static void child_body(void *arg, kv_sg_local *local)
     kv_error err;
     kv_error_clear(&err);
     int rc = cr->body->run(cr->body->arg, &host, &err);
+    fflush(stdout); /* _exit below flushes nothing */
+    fflush(stderr);
     cr->out = kv_malloc(SG_OUT_BYTES);
     kv_stream out = {.io = child_put, .ctx = cr};
     kv_sg_reply head = {.code = rc, .flags = KV_SG_RESULT, .msg_len = (uint32_t)sizeof err};
