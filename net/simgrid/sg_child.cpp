@@ -5,6 +5,9 @@
  *   and platform in process-wide state: an Engine can be deleted and built again,
  *   but the clock carries over and the platform stays sealed, so a fresh network
  *   needs a fresh process. sg_net.c forks this child; it never returns to kvsim.
+ * - In-child mode (kv_sg_child_run): the driver actor's body is a whole kvsim run, whose network sends
+ *   its requests to Driver::dispatch by a function call (kv_sg_local_send) instead of the socket;
+ *   answers go to a buffer kvsim's side reads (kv_sg_local_read). One code path serves both modes.
  * - Exact time. A single "driver" actor reads requests from the socket. Waiting
  *   for an ADVANCE happens inside the simulation (Comm::wait_any_for with the
  *   timeout that lands exactly on the limit), so the actor wakes at SimGrid's own

@@ -25,6 +25,9 @@
  *   stops the child at its start time, starts it there, and goes on.
  * - After any failure of the child the network is broken: every later call
  *   returns the same error.
+ * - In-child mode (kv_net_run_body, the bottom of this file): a whole run happens in the child and its
+ *   network is an sg_net whose "socket" is the driver in the same process (net->local): every request
+ *   above is a function call, the same code computes the same bytes, no round trip is counted.
  */
 #include <errno.h>
 #include <math.h>
