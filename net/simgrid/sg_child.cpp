@@ -1249,8 +1249,15 @@ void child(const kv_net_config* cfg, int fd, int log_fd, kv_sg_body_fn body, voi
         if (body == nullptr) {
             sg4::Actor::create("kvsim-driver", home, [&driver] { driver.serve(); });
         } else {
-            if (log_fd >= 0) /* SimGrid's words stay in the file kvsim reads when the child fails */
-                xbt_log_control_set(("root.app:file:/proc/self/fd/" + std::to_string(log_fd)).c_str());
+            if (log_fd >= 0) {
+                /* SimGrid's words stay in the file kvsim reads when the child fails (body gives the
+                   run kvsim's own stderr back); unbuffered, so an abort loses none of them. */
+                FILE* log = fdopen(dup(log_fd), "a");
+                if (log != nullptr) {
+                    setvbuf(log, nullptr, _IONBF, 0);
+                    xbt_log_appender_set(&_XBT_LOGV(XBT_LOG_ROOT_CAT), xbt_log_appender_stream(log));
+                }
+            }
             sg4::Actor::create("kvsim-driver", home, [&driver, &local, body, arg] {
                 driver.send_ready();
                 driver.set_local(&local.replies);

@@ -102,7 +102,8 @@ typedef void (*kv_sg_body_fn)(void *arg, kv_sg_local *local);
 
 /* Builds the platform and answers READY as kv_sg_child_main, then runs body(arg, local) as the driver
    actor (stack: KV_SG_BODY_STACK_KIB); body ends the process (_exit) after writing its results on fd.
-   log_fd >= 0: SimGrid's log goes on to that file (opened again: body may move the descriptor).
+   log_fd >= 0: SimGrid's log goes on to that file (through a descriptor of its own: body may move
+   log_fd).
    Never returns. */
 void kv_sg_child_run(const kv_net_config *cfg, int fd, int log_fd, kv_sg_body_fn body, void *arg);
 

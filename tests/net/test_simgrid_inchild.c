@@ -14,12 +14,20 @@
 #include "tests/net_support.h"
 #include "tests/support.h"
 
+#if __has_include(<xbt/asserts.h>)
+#include <xbt/asserts.h>
+#include <xbt/log.h>
+XBT_LOG_NEW_DEFAULT_CATEGORY(kvsim_test, "test_simgrid_inchild: a SimGrid abort inside the run");
+#define HAVE_XBT 1
+#endif
+
 /* One scripted run: what it saw goes in v (completions, advance stops, link states, routes, stats). */
 typedef struct script {
     kv_net_config base;    /* what kv_net_run_body builds the platform from */
     kv_net_config run;     /* what the run asks for (the policy's priority) */
     int levels;            /* flows with their own level and weight */
-    int fail;              /* 0: none; 1: raise SIGTERM mid-run; 2: return KV_EINPUT; 3: SIGSTOP mid-run */
+    int fail;              /* 0: none; 1: raise SIGTERM mid-run; 2: return KV_EINPUT; 3: SIGSTOP mid-run;
+                              4: xbt_die (SimGrid's abort, its last words in its log) */
     double v[20000];
     size_t n;
     size_t round_trips;    /* the run's network's count (not compared) */
@@ -126,6 +134,10 @@ static int script_run(void *arg, kv_net_host *host, kv_error *err)
             raise(SIGTERM);
         if (step == 4 && s->fail == 3)
             raise(SIGSTOP);
+#ifdef HAVE_XBT
+        if (step == 4 && s->fail == 4)
+            xbt_die("the network solver gave up at step %d", step);
+#endif
         if (step == 4 && s->fail == 2)
             rc = kv_error_set_key(err, KV_EINPUT, "policies", "run.yaml: the run's own bad input");
     }
@@ -248,6 +260,23 @@ Test(simgrid_inchild, a_child_that_dies_fails_the_run_and_is_reaped, .timeout = 
     cr_expect(strstr(err.msg, "SimGrid died of signal 15") && strstr(err.msg, "during the run"), "got: %s", err.msg);
     expect_no_child();
     kv_free(s);
+}
+
+Test(simgrid_inchild, a_simgrid_abort_in_the_run_comes_with_its_last_words, .timeout = 60)
+{
+#ifndef HAVE_XBT
+    cr_skip_test("skipped: no SimGrid headers");
+#else
+    script *s = script_new(KV_PRIO_NONE, 0);
+    s->fail = 4;
+    kv_error err;
+    int rc = script_go(s, 1, &err);
+    cr_expect_eq(rc, KV_EFAIL, "rc %d: %s", rc, err.msg);
+    cr_expect(strstr(err.msg, "SimGrid died of signal 6 (abort) during the run: the network solver gave up at step 4"),
+              "got: %s", err.msg);
+    expect_no_child();
+    kv_free(s);
+#endif
 }
 
 Test(simgrid_inchild, a_stopped_child_fails_the_run_within_watchdog_s, .timeout = 60)
