@@ -1218,14 +1218,12 @@ void child(const kv_net_config* cfg, int fd, int log_fd, kv_sg_body_fn body, voi
        AddressSanitizer the actor runs on a thread of its own (SimGrid's thread contexts): ASan does
        not know the stacks raw contexts switch to, and Lua's longjmp there would make it warn and
        report false positives (docs/network.md "How it runs"). */
+    char quiet[] = "--log=xbt_cfg.thres:warning"; /* no "Configuration change" line in SimGrid's log */
     char stack[] = "--cfg=contexts/stack-size:" KV_SG_STR(KV_SG_BODY_STACK_KIB);
     char threads[] = "--cfg=contexts/factory:thread";
-    char* argv[] = {name, stack, threads, nullptr};
-    int argc = body == nullptr ? 1 : kAsan ? 3 : 2;
-    if (body == nullptr)
-        argv[1] = nullptr;
-    else if (!kAsan)
-        argv[2] = nullptr;
+    char* argv[] = {name, quiet, stack, threads, nullptr};
+    int argc = body == nullptr ? 1 : kAsan ? 4 : 3;
+    argv[argc] = nullptr;
     try {
         sg4::Engine engine(&argc, argv);
         kvsg::Platform platform;

@@ -15,6 +15,7 @@
 #include "tests/support.h"
 
 #if __has_include(<xbt/asserts.h>)
+#include <simgrid/actor.h>
 #include <xbt/asserts.h>
 #include <xbt/log.h>
 XBT_LOG_NEW_DEFAULT_CATEGORY(kvsim_test, "test_simgrid_inchild: a SimGrid abort inside the run");
@@ -27,7 +28,8 @@ typedef struct script {
     kv_net_config run;     /* what the run asks for (the policy's priority) */
     int levels;            /* flows with their own level and weight */
     int fail;              /* 0: none; 1: raise SIGTERM mid-run; 2: return KV_EINPUT; 3: SIGSTOP mid-run;
-                              4: xbt_die (SimGrid's abort, its last words in its log) */
+                              4: xbt_die (SimGrid's abort, its last words in its log);
+                              5: SimGrid steps on without the driver waking (its step cap) */
     double v[20000];
     size_t n;
     size_t round_trips;    /* the run's network's count (not compared) */
@@ -137,6 +139,8 @@ static int script_run(void *arg, kv_net_host *host, kv_error *err)
 #ifdef HAVE_XBT
         if (step == 4 && s->fail == 4)
             xbt_die("the network solver gave up at step %d", step);
+        for (long k = 0; step == 4 && s->fail == 5 && k < 3000000; k++)
+            sg_actor_sleep_for(1e-9); /* this actor is the driver: SimGrid steps, the driver never wakes */
 #endif
         if (step == 4 && s->fail == 2)
             rc = kv_error_set_key(err, KV_EINPUT, "policies", "run.yaml: the run's own bad input");
@@ -273,6 +277,24 @@ Test(simgrid_inchild, a_simgrid_abort_in_the_run_comes_with_its_last_words, .tim
     int rc = script_go(s, 1, &err);
     cr_expect_eq(rc, KV_EFAIL, "rc %d: %s", rc, err.msg);
     cr_expect(strstr(err.msg, "SimGrid died of signal 6 (abort) during the run: the network solver gave up at step 4"),
+              "got: %s", err.msg);
+    expect_no_child();
+    kv_free(s);
+#endif
+}
+
+Test(simgrid_inchild, the_step_cap_still_stops_a_spinning_simgrid, .timeout = 60)
+{
+#ifndef HAVE_XBT
+    cr_skip_test("skipped: no SimGrid headers");
+#else
+    script *s = script_new(KV_PRIO_NONE, 0);
+    s->fail = 5;
+    kv_error err;
+    int rc = script_go(s, 1, &err);
+    cr_expect_eq(rc, KV_EFAIL, "rc %d: %s", rc, err.msg);
+    cr_expect(strstr(err.msg, "SimGrid made no progress during the run (SimGrid took") &&
+                  strstr(err.msg, "solver steps without reaching the next event"),
               "got: %s", err.msg);
     expect_no_child();
     kv_free(s);
