@@ -29,9 +29,9 @@ static const struct {
 #endif
 };
 
-int kv_net_create(const kv_net_config *cfg, kv_net_done_fn done, void *user, kv_net **out, kv_error *err)
+/* The checks every model shares. */
+static int net_check(const kv_net_config *cfg, kv_error *err)
 {
-    *out = NULL;
     const char *src = cfg->source ? cfg->source : "network";
     if (cfg->hosts < 2)
         return kv_error_set(err, KV_EINPUT, "%s: network: needs at least 2 hosts, got %d", src, cfg->hosts);
@@ -41,10 +41,20 @@ int kv_net_create(const kv_net_config *cfg, kv_net_done_fn done, void *user, kv_
     if (!(cfg->nic_latency_s >= 0) || !isfinite(cfg->nic_latency_s))
         return kv_error_set_key(err, KV_EINPUT, "network.nic_latency_us",
                                 "%s: network.nic_latency_us: must be >= 0", src);
+    return KV_OK;
+}
 
+/* The network from its model's constructor, or from host's when host is not NULL. */
+static int net_make(kv_net_host *host, const kv_net_config *cfg, kv_net_done_fn done, void *user, kv_net **out,
+                    kv_error *err)
+{
+    *out = NULL;
+    const char *src = cfg->source ? cfg->source : "network";
+    int rc = net_check(cfg, err);
+    if (rc != KV_OK)
+        return rc;
     const kv_net_i *iface = NULL;
     void *ctx = NULL;
-    int rc;
     size_t m = 0;
     while (m < sizeof net_models / sizeof net_models[0] && net_models[m].model != cfg->model)
         m++;
@@ -54,6 +64,8 @@ int kv_net_create(const kv_net_config *cfg, kv_net_done_fn done, void *user, kv_
     else if (!net_models[m].create)
         rc = kv_error_set_key(err, KV_EINPUT, "network.model",
                               "%s: network.model: %s is not built into this kvsim", src, net_models[m].name);
+    else if (host)
+        rc = host->create(host->ctx, cfg, done, user, &iface, &ctx, err);
     else
         rc = net_models[m].create(cfg, done, user, &iface, &ctx, err);
     if (rc != KV_OK)
@@ -66,6 +78,28 @@ int kv_net_create(const kv_net_config *cfg, kv_net_done_fn done, void *user, kv_
         net->class_weight[c] = cfg->class_weight[c] > 0 ? cfg->class_weight[c] : 1.0;
     *out = net;
     return KV_OK;
+}
+
+int kv_net_create(const kv_net_config *cfg, kv_net_done_fn done, void *user, kv_net **out, kv_error *err)
+{
+    return net_make(NULL, cfg, done, user, out, err);
+}
+
+int kv_net_host_create(kv_net_host *host, const kv_net_config *cfg, kv_net_done_fn done, void *user, kv_net **out,
+                       kv_error *err)
+{
+    return net_make(host, cfg, done, user, out, err);
+}
+
+int kv_net_run_body(const kv_net_config *cfg, const kv_net_body *body, kv_error *err)
+{
+#ifdef KV_HAVE_SIMGRID
+    if (cfg->model == KV_NET_SIMGRID && cfg->run_in_child) {
+        int rc = net_check(cfg, err);
+        return rc != KV_OK ? rc : kv_net_simgrid_run_body(cfg, body, err);
+    }
+#endif
+    return body->run(body->arg, NULL, err); /* its network, if any, from kv_net_create */
 }
 
 void kv_net_destroy(kv_net *net)

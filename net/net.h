@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "core/base/error.h"
+#include "core/base/stream.h"
 
 #define KV_NET_API_VERSION 2 /* 2: per-flow levels and weights, kv_net_route, kv_net_link_state */
 
@@ -88,6 +89,9 @@ typedef struct kv_net_config {
                                                     "--set KEY" (NULL: unknown); for error messages */
     int option_line[KV_NET_MAX_OPTIONS];         /* 1-based line of option i in option_file (0: unknown) */
     int option_col[KV_NET_MAX_OPTIONS];          /* 1-based column of option i */
+    int run_in_child;             /* simgrid, kv_net_run_body: 1 runs the body in the SimGrid child, its
+                                     network a function call away (no round trip); 0 runs it here, SimGrid
+                                     over its socket (the reference; kv_net_create ignores this field) */
 } kv_net_config;
 
 #define KV_NET_WATCHDOG_DEFAULT_S 60.0
@@ -177,11 +181,44 @@ int kv_net_link_stats(const kv_net *net, size_t link, kv_link_stats *out);
 int kv_net_route(const kv_net *net, int src, int dst, size_t *links, size_t max, size_t *n, kv_error *err);
 int kv_net_link_state(kv_net *net, size_t link, kv_link_state *out, kv_error *err);
 
+/* ---- A whole run with its network (docs/network.md "How it runs") ----
+   The caller's simulation is a body: run() simulates, taking its network from `host`; where run()
+   happened in another process, save() (there, after run succeeded) writes what the caller keeps of the
+   run and load() (here) reads it back. */
+typedef struct kv_net_host kv_net_host;
+typedef struct kv_net_body {
+    int (*run)(void *arg, kv_net_host *host, kv_error *err);
+    int (*save)(void *arg, kv_stream *out, kv_error *err);
+    int (*load)(void *arg, kv_stream *in, kv_error *err);
+    void *arg;
+} kv_net_body;
+
+/* Runs body with the network cfg asks for. In this process (host NULL: kv_net_host_create is then
+   kv_net_create), unless cfg is simgrid with run_in_child: then a forked child builds cfg's platform
+   (bad input is KV_EINPUT here, as from kv_net_create, before anything runs), runs body->run inside
+   its SimGrid driver, body->save there, and this process body->load. The result is body's: its code
+   and error (a KV_EINPUT with its key as run() set it), or KV_EFAIL when the child died, stalled
+   (network.watchdog_s, SimGrid's step cap) or its results came back short. The child is reaped. */
+int kv_net_run_body(const kv_net_config *cfg, const kv_net_body *body, kv_error *err);
+/* The run's network: at most one per host; cfg may differ from kv_net_run_body's only in its
+   priority mode and class weights (the policy's). */
+int kv_net_host_create(kv_net_host *host, const kv_net_config *cfg, kv_net_done_fn done, void *user, kv_net **out,
+                       kv_error *err);
+
+/* What a host provides (net.c and simgrid/ only). */
+struct kv_net_host {
+    int (*create)(void *ctx, const kv_net_config *cfg, kv_net_done_fn done, void *user, const kv_net_i **iface,
+                  void **impl, kv_error *err);
+    void *ctx;
+};
+
 /* Constructors of the implementations (net.c calls them only through its table of models). */
 int kv_net_ideal_create(const kv_net_config *cfg, kv_net_done_fn done, void *user,
                         const kv_net_i **iface, void **ctx, kv_error *err);
 int kv_net_simgrid_create(const kv_net_config *cfg, kv_net_done_fn done, void *user,
                           const kv_net_i **iface, void **ctx, kv_error *err);
+/* kv_net_run_body's child for simgrid with run_in_child (cfg checked by net.c). */
+int kv_net_simgrid_run_body(const kv_net_config *cfg, const kv_net_body *body, kv_error *err);
 
 /* Parses "star", "fat-tree", ...; returns -1 when unknown. */
 int kv_net_topology_parse(const char *s);

@@ -105,3 +105,42 @@ void kv_histogram_free(kv_histogram *h)
     kv_free(h->rows);
     memset(h, 0, sizeof *h);
 }
+
+int kv_histogram_save(const kv_histogram *h, kv_stream *out)
+{
+    kv_stream_put(out, &h->n, sizeof h->n);
+    kv_stream_put(out, &h->n_invalid, sizeof h->n_invalid);
+    for (uint32_t r = 0; h->rows && r < KV_HIST_EXPONENTS; r++) {
+        if (!h->rows[r])
+            continue;
+        kv_stream_put(out, &r, sizeof r);
+        kv_stream_put(out, h->rows[r], sizeof *h->rows[r]);
+    }
+    uint32_t end = UINT32_MAX;
+    kv_stream_put(out, &end, sizeof end);
+    return out->failed ? -1 : 0;
+}
+
+int kv_histogram_load(kv_histogram *h, kv_stream *in)
+{
+    memset(h, 0, sizeof *h);
+    if (kv_stream_get(in, &h->n, sizeof h->n) != 0 || kv_stream_get(in, &h->n_invalid, sizeof h->n_invalid) != 0)
+        goto fail;
+    for (;;) {
+        uint32_t r;
+        if (kv_stream_get(in, &r, sizeof r) != 0)
+            goto fail;
+        if (r == UINT32_MAX)
+            return 0;
+        if (r >= KV_HIST_EXPONENTS || (h->rows && h->rows[r]))
+            goto fail;
+        if (!h->rows)
+            h->rows = kv_calloc(KV_HIST_EXPONENTS, sizeof *h->rows);
+        h->rows[r] = kv_malloc(sizeof *h->rows[r]);
+        if (kv_stream_get(in, h->rows[r], sizeof *h->rows[r]) != 0)
+            goto fail;
+    }
+fail:
+    kv_histogram_free(h);
+    return -1;
+}

@@ -15,6 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/base/stream.h"
+
 #define KV_HIST_SUB_BITS 8
 #define KV_HIST_SUBS (1 << KV_HIST_SUB_BITS)
 #define KV_HIST_EXPONENTS 2048 /* of a double */
@@ -42,5 +44,9 @@ double kv_histogram_std(const kv_histogram *h);
    order statistic its bin's mean; NaN when empty. */
 double kv_histogram_percentile(const kv_histogram *h, double p);
 void kv_histogram_free(kv_histogram *h); /* leaves it empty and reusable */
+/* Writes h to a stream / reads one written so into an empty h (from another process, bit for bit).
+   0, or -1 when the stream failed or holds no histogram (h is then left empty). */
+int kv_histogram_save(const kv_histogram *h, kv_stream *out);
+int kv_histogram_load(kv_histogram *h, kv_stream *in);
 
 #endif

@@ -64,14 +64,20 @@ void kv_progress_update(kv_progress *p, double now_s, size_t done, uint64_t even
     p->drawn = 1;
 }
 
+void kv_progress_clear(kv_progress *p)
+{
+    if (!p || !p->drawn)
+        return;
+    fputs("\r\033[K", p->out);
+    fflush(p->out);
+    p->drawn = 0;
+}
+
 void kv_progress_finish(kv_progress *p)
 {
     if (!p)
         return;
-    if (p->drawn) {
-        fputs("\r\033[K", p->out);
-        fflush(p->out);
-    }
+    kv_progress_clear(p);
     kv_free(p->label);
     kv_free(p);
 }

@@ -23,6 +23,9 @@ kv_progress *kv_progress_create(FILE *out, int enabled, const char *label, size_
 void kv_progress_update(kv_progress *p, double now_s, size_t done, uint64_t events);
 /* Clears the line (if one was drawn) and frees. NULL is fine. */
 void kv_progress_finish(kv_progress *p);
+/* Clears the line (if one was drawn); later updates may draw again. NULL is fine. (A run in another
+   process, whose copy of p is the one that drew, ends with this.) */
+void kv_progress_clear(kv_progress *p);
 
 /* Whether out is a terminal (for callers that draw their own lines). */
 int kv_progress_is_terminal(FILE *out);

@@ -41,20 +41,21 @@ typedef struct bench_run {
     unsigned long long events, steps, round_trips;
 } bench_run;
 
-static int bench_once(const char *network, int requests, const char *write_dir, bench_run *b, kv_error *err)
+static int bench_once(const char *network, int requests, bool socket, const char *write_dir, bench_run *b,
+                      kv_error *err)
 {
     memset(b, 0, sizeof *b);
     char req_set[64], net_set[64];
     snprintf(req_set, sizeof req_set, "workload.requests=%d", requests);
     snprintf(net_set, sizeof net_set, "network.model=%s", network);
-    const char *sets[] = {req_set, net_set};
+    const char *sets[] = {req_set, net_set, "network.in_child=false"}; /* the last with --socket */
     kv_scenario *s = NULL;
     kv_study *st = NULL;
     char data[KV_DATA_PATH_MAX], path[KV_DATA_PATH_MAX + 32];
     /* scenarios/bench-sim.yaml of kvsim's data folder, else of the working folder */
     bool found = kv_data_dir(data, sizeof data);
     snprintf(path, sizeof path, "%s%sscenarios/bench-sim.yaml", found ? data : "", found ? "/" : "");
-    int rc = kv_scenario_load(path, sets, 2, &s, err);
+    int rc = kv_scenario_load(path, sets, socket ? 3 : 2, &s, err);
     if (!rc)
         rc = kv_study_prepare(s, &st, err);
     kv_outdir od; /* --write: published like kvsim run's folder (afile.h), checked before the run */
@@ -122,7 +123,7 @@ int kv_cmd_bench_sim(int argc, char **argv)
     int requests = 10000;
     const char *network = "ideal";
     const char *write_dir = NULL;
-    bool ideal_too = true;
+    bool ideal_too = true, socket = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--requests") == 0 && i + 1 < argc) {
             requests = atoi(argv[++i]);
@@ -132,10 +133,14 @@ int kv_cmd_bench_sim(int argc, char **argv)
             write_dir = argv[++i];
         } else if (strcmp(argv[i], "--no-ideal") == 0) {
             ideal_too = false;
+        } else if (strcmp(argv[i], "--socket") == 0) {
+            socket = true;
         } else {
-            fprintf(stderr, "usage: kvsim bench sim [--requests N] [--network ideal|simgrid] [--write DIR] [--no-ideal]\n"
+            fprintf(stderr, "usage: kvsim bench sim [--requests N] [--network ideal|simgrid] [--write DIR] [--no-ideal] "
+                            "[--socket]\n"
                             "  --write DIR  also write results.json and requests.csv to DIR and time that\n"
-                            "  --no-ideal   with another network, skip the ideal network's run (the ratios)\n");
+                            "  --no-ideal   with another network, skip the ideal network's run (the ratios)\n"
+                            "  --socket     simgrid: the run here, SimGrid over its socket (network.in_child: false)\n");
             return strcmp(argv[i], "--help") == 0 ? 0 : 2;
         }
     }
@@ -145,20 +150,21 @@ int kv_cmd_bench_sim(int argc, char **argv)
     }
     kv_error err = {0};
     bench_run b, ideal;
-    int rc = bench_once(network, requests, write_dir, &b, &err);
+    int rc = bench_once(network, requests, socket, write_dir, &b, &err);
     bool compare = !rc && ideal_too && strcmp(network, "ideal") != 0;
     if (compare)
-        rc = bench_once("ideal", requests, NULL, &ideal, &err);
+        rc = bench_once("ideal", requests, false, NULL, &ideal, &err);
     if (rc) {
         fprintf(stderr, "kvsim bench sim: %s\n", err.msg);
         return rc;
     }
     double all_cpu = all_cpu_s(&b);
-    printf("kvsim bench sim: Azure code trace tiled to %zu requests, %d prefill + %d decode nodes, %s network, "
-           "%zu policies\n", b.requests, b.prefill_nodes, b.decode_nodes, network, b.policies);
+    printf("kvsim bench sim: Azure code trace tiled to %zu requests, %d prefill + %d decode nodes, %s network%s, "
+           "%zu policies\n", b.requests, b.prefill_nodes, b.decode_nodes, network,
+           strcmp(network, "ideal") == 0 ? "" : socket ? " over its socket" : " (the run in its child)", b.policies);
     printf("  wall time            %.3f s (one core), CPU time %.3f s\n", b.wall_s, b.cpu_s);
     printf("  CPU time, kvsim      %.3f s user + %.3f s system\n", b.self_user, b.self_sys);
-    printf("  CPU time, children   %.3f s user + %.3f s system (the SimGrid child; 0 with the ideal network)\n",
+    printf("  CPU time, children   %.3f s user + %.3f s system (the SimGrid child: the whole run but --socket; 0 with the ideal network)\n",
            b.child_user, b.child_sys);
     printf("  system time share    %.1f%% of %.3f s CPU, children included (target < 10%%)\n",
            all_cpu > 0 ? 100.0 * (b.self_sys + b.child_sys) / all_cpu : 0.0, all_cpu);

@@ -108,6 +108,8 @@ static const kv_key_spec scenario_keys[] = {
      "SimGrid options, checked then passed through, e.g. {network/model: CM02} (docs/network.md)"},
     {"network.watchdog_s", KV_KEY_POSITIVE, S(network.watchdog_s), "60", 0, 86400, NULL,
      "simgrid: seconds SimGrid may go without answering one request before kvsim stops the run"},
+    {"network.in_child", KV_KEY_BOOL, S(network.in_child), "true", 0, 0, NULL,
+     "simgrid: run each policy's whole simulation in the SimGrid child (false: over its socket; same bytes)"},
 
     {"workload", KV_KEY_SECTION, 0, NULL, 0, 0, NULL, "the requests"},
     {"workload.requests", KV_KEY_INT, S(workload.requests), "100", 0, 100000000, NULL,

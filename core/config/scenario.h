@@ -107,6 +107,7 @@ typedef struct kv_scenario_network {
     char *platform_file;
     const kv_ynode *simgrid; /* SimGrid options, checked by net/ (borrowed from the tree) */
     double watchdog_s;       /* seconds a SimGrid child may go without answering before kvsim kills it */
+    bool in_child;           /* simgrid: a policy's run happens in the SimGrid child (docs/network.md) */
 } kv_scenario_network;
 
 typedef struct kv_scenario_workload {

@@ -36,6 +36,9 @@ typedef struct kv_run_inputs {
     kv_backend *backend;           /* runs the decode nodes' memory managers; NULL: the engine opens
                                       timing.backend (device 0) for the run */
     const kv_profile *prefill_profile, *decode_profile; /* timing.source: profile (NULL: the roofline) */
+    int keep_policy_state;         /* 1: a later run of this policy continues this one's Lua state (capacity
+                                      probes): the run stays in this process (a simgrid network then talks
+                                      to its child over the socket; docs/network.md "How it runs") */
 } kv_run_inputs;
 
 /* What happened to one request; times are simulated seconds from the start,

@@ -118,6 +118,7 @@ typedef struct engine {
     kv_eventq q;
     double now_s;           /* the simulated clock: last event or flow completion handled */
     kv_net *net;
+    kv_net_host *host;      /* where the run's network comes from (NULL: kv_net_create; kv_net_run_body) */
     kv_rng base_rng;
     request *reqs;
     size_t n_reqs;
@@ -161,7 +162,7 @@ typedef struct engine {
 } engine;
 
 /* engine_setup.c: fills a zeroed engine for one run (the steps in order); frees what it made. */
-int kv_engine_setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_error *err);
+int kv_engine_setup(engine *e, const kv_run_inputs *in, kv_net_host *host, kv_run_result *out, kv_error *err);
 void kv_engine_free(engine *e);
 
 /* What a policy hook sees of a request, its history included. */

@@ -46,6 +46,7 @@ int kv_engine_net_config(const kv_scenario *s, kv_net_config *cfg, char *platfor
     cfg->host_names = s->network.host_names.count ? (const char *const *)s->network.host_names.items : NULL;
     cfg->prefill_hosts = s->cluster.prefill.nodes;
     cfg->watchdog_s = s->network.watchdog_s;
+    cfg->run_in_child = s->network.in_child; /* simgrid: a run's engine runs in the SimGrid child (kv_engine_run) */
     const kv_ynode *opts = s->network.simgrid;
     if (opts && opts->kind == KV_YMAP) {
         char w[512];

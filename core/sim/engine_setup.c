@@ -298,17 +298,18 @@ int kv_engine_setup_network(engine *e, const request *first)
         cfg.class_weight[0] = first->plan.anchor_weight > 0 ? first->plan.anchor_weight : 1;
         cfg.class_weight[1] = first->plan.residual_weight > 0 ? first->plan.residual_weight : 1;
     }
-    int rc = kv_net_create(&cfg, kv_engine_on_flow_done, e, &e->net, e->err);
+    int rc = kv_net_host_create(e->host, &cfg, kv_engine_on_flow_done, e, &e->net, e->err);
     if (rc)
         return rc;
     snprintf(out->network, sizeof out->network, "%s", kv_net_name(e->net));
     return KV_OK;
 }
 
-int kv_engine_setup(engine *e, const kv_run_inputs *in, kv_run_result *out, kv_error *err)
+int kv_engine_setup(engine *e, const kv_run_inputs *in, kv_net_host *host, kv_run_result *out, kv_error *err)
 {
     const kv_engine_config *c = in->config;
     e->cfg = c;
+    e->host = host;
     e->policy = in->policy;
     e->err = err;
     e->out = out;

@@ -104,6 +104,116 @@ void kv_timeline_counter(kv_timeline *tl, int process, const char *name, const c
     tl->counters[tl->n_counters++] = (counter){process, kv_strdup(name), unit, t_s, value};
 }
 
+/* ---- From one process to another (kv_timeline_save / load) ------------------------------------ */
+
+void kv_timeline_get_mark(const kv_timeline *tl, kv_timeline_mark *m)
+{
+    *m = (kv_timeline_mark){0};
+    if (tl)
+        *m = (kv_timeline_mark){tl->n_processes, tl->n_tracks, tl->n_spans, tl->n_counters};
+}
+
+static void put_str(kv_stream *out, const char *str)
+{
+    uint32_t n = (uint32_t)strlen(str);
+    kv_stream_put(out, &n, sizeof n);
+    kv_stream_put(out, str, n);
+}
+
+/* A string of at most 1 MiB (names are short); NULL when the stream failed or the length is absurd. */
+static char *get_str(kv_stream *in)
+{
+    uint32_t n = 0;
+    if (kv_stream_get(in, &n, sizeof n) != 0 || n > (1u << 20))
+        return NULL;
+    char *str = kv_malloc((size_t)n + 1);
+    if (kv_stream_get(in, str, n) != 0) {
+        kv_free(str);
+        return NULL;
+    }
+    str[n] = 0;
+    return str;
+}
+
+int kv_timeline_save(const kv_timeline *tl, const kv_timeline_mark *m, kv_stream *out)
+{
+    kv_timeline_mark now;
+    kv_timeline_get_mark(tl, &now);
+    kv_stream_put(out, m, sizeof *m);
+    kv_stream_put(out, &now, sizeof now);
+    for (size_t i = m->processes; i < now.processes; i++)
+        put_str(out, tl->processes[i]);
+    for (size_t i = m->tracks; i < now.tracks; i++) {
+        kv_stream_put(out, &tl->tracks[i].process, sizeof tl->tracks[i].process);
+        put_str(out, tl->tracks[i].name);
+    }
+    for (size_t i = m->spans; i < now.spans; i++) {
+        span sp = tl->spans[i];
+        char *name = sp.name;
+        sp.name = NULL;
+        kv_stream_put(out, &sp, sizeof sp); /* category: an address in the same image */
+        put_str(out, name);
+    }
+    for (size_t i = m->counters; i < now.counters; i++) {
+        counter c = tl->counters[i];
+        char *name = c.name;
+        c.name = NULL;
+        kv_stream_put(out, &c, sizeof c);
+        put_str(out, name);
+    }
+    return out->failed ? -1 : 0;
+}
+
+int kv_timeline_load(kv_timeline *tl, kv_stream *in)
+{
+    kv_timeline_mark from, to, here;
+    kv_timeline_get_mark(tl, &here);
+    if (kv_stream_get(in, &from, sizeof from) != 0 || kv_stream_get(in, &to, sizeof to) != 0)
+        return -1;
+    if (memcmp(&from, &here, sizeof from) != 0 || to.processes < from.processes || to.tracks < from.tracks ||
+        to.spans < from.spans || to.counters < from.counters || (!tl && memcmp(&from, &to, sizeof to) != 0))
+        return -1;
+    for (size_t i = from.processes; i < to.processes; i++) {
+        char *name = get_str(in);
+        if (!name)
+            goto fail;
+        kv_grow((void **)&tl->processes, sizeof *tl->processes, &tl->cap_processes, tl->n_processes + 1);
+        tl->processes[tl->n_processes++] = name;
+    }
+    for (size_t i = from.tracks; i < to.tracks; i++) {
+        track t;
+        if (kv_stream_get(in, &t.process, sizeof t.process) != 0 || !(t.name = get_str(in)))
+            goto fail;
+        kv_grow((void **)&tl->tracks, sizeof *tl->tracks, &tl->cap_tracks, tl->n_tracks + 1);
+        tl->tracks[tl->n_tracks++] = t;
+    }
+    for (size_t i = from.spans; i < to.spans; i++) {
+        span sp;
+        if (kv_stream_get(in, &sp, sizeof sp) != 0 || !(sp.name = get_str(in)))
+            goto fail;
+        kv_grow((void **)&tl->spans, sizeof *tl->spans, &tl->cap_spans, tl->n_spans + 1);
+        tl->spans[tl->n_spans++] = sp;
+    }
+    for (size_t i = from.counters; i < to.counters; i++) {
+        counter c;
+        if (kv_stream_get(in, &c, sizeof c) != 0 || !(c.name = get_str(in)))
+            goto fail;
+        kv_grow((void **)&tl->counters, sizeof *tl->counters, &tl->cap_counters, tl->n_counters + 1);
+        tl->counters[tl->n_counters++] = c;
+    }
+    return 0;
+fail: /* back to what it held */
+    while (tl->n_processes > here.processes)
+        kv_free(tl->processes[--tl->n_processes]);
+    while (tl->n_tracks > here.tracks)
+        kv_free(tl->tracks[--tl->n_tracks].name);
+    while (tl->n_spans > here.spans)
+        kv_free(tl->spans[--tl->n_spans].name);
+    while (tl->n_counters > here.counters)
+        kv_free(tl->counters[--tl->n_counters].name);
+    return -1;
+}
+
 /* ---- Writing ------------------------------------------------------------------------------------ */
 
 typedef struct placed {

@@ -3,7 +3,10 @@
 #define KV_TIMELINE_H
 
 #include <stdint.h>
+#include <stddef.h>
 #include <stdio.h>
+
+#include "core/base/stream.h"
 
 typedef struct kv_timeline kv_timeline;
 
@@ -22,6 +25,19 @@ void kv_timeline_span(kv_timeline *tl, int process, int track, const char *name,
 /* A counter sample: `name` (e.g. "KV memory decode 0") has `value` from t_s on,
    shown as a counter track of the process; unit names the value's unit (e.g. "GB"). */
 void kv_timeline_counter(kv_timeline *tl, int process, const char *name, const char *unit, double t_s, double value);
+
+/* What a timeline holds at one moment, so that what a run adds after it can travel from the process
+   that ran it (the SimGrid child, kv_engine_run) to the one that keeps the timeline. */
+typedef struct kv_timeline_mark {
+    size_t processes, tracks, spans, counters;
+} kv_timeline_mark;
+void kv_timeline_get_mark(const kv_timeline *tl, kv_timeline_mark *m); /* NULL tl: all 0 */
+/* Writes what tl holds beyond m. Categories and units travel as addresses: both processes must be
+   the same program image (a fork). Returns 0, or -1 when the stream failed. */
+int kv_timeline_save(const kv_timeline *tl, const kv_timeline_mark *m, kv_stream *out);
+/* Appends what kv_timeline_save wrote from a copy of tl as it is now (its ids keep their values).
+   Returns 0, or -1 when the stream failed or does not continue tl (tl is then unchanged). */
+int kv_timeline_load(kv_timeline *tl, kv_stream *in);
 
 /* Writes {"traceEvents": [...], "displayTimeUnit": "ms"} to out. Times are
    whole microseconds (ts and ts+dur are rounded the same way, so a span that

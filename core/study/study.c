@@ -344,7 +344,7 @@ int kv_study_run_policy(kv_study *st, size_t i, kv_error *err)
     kv_run_inputs in = {.config = &st->engine, .policy = st->policies[i], .workload = st->workload,
                         .costs = &st->costs[i], .timeline = st->probing ? NULL : st->timeline,
                         .progress = progress, .prefill_profile = st->prefill_profile,
-                        .decode_profile = st->decode_profile};
+                        .decode_profile = st->decode_profile, .keep_policy_state = st->probing};
     const kv_feed_acceptance *a = &st->accepts[i];
     if (st->accept_curves[i].n_lengths > 0) {
         in.accept_curve = &st->accept_curves[i];

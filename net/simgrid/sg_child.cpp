@@ -5,6 +5,9 @@
  *   and platform in process-wide state: an Engine can be deleted and built again,
  *   but the clock carries over and the platform stays sealed, so a fresh network
  *   needs a fresh process. sg_net.c forks this child; it never returns to kvsim.
+ * - In-child mode (kv_sg_child_run): the driver actor's body is a whole kvsim run, whose network sends
+ *   its requests to Driver::dispatch by a function call (kv_sg_local_send) instead of the socket;
+ *   answers go to a buffer kvsim's side reads (kv_sg_local_read). One code path serves both modes.
  * - Exact time. A single "driver" actor reads requests from the socket. Waiting
  *   for an ADVANCE happens inside the simulation (Comm::wait_any_for with the
  *   timeout that lands exactly on the limit), so the actor wakes at SimGrid's own
@@ -54,6 +57,7 @@
 #include <simgrid/s4u.hpp>
 #include <simgrid/simix.hpp>
 #include <xbt/config.hpp>
+#include <xbt/log.h>
 
 #include <signal.h>
 #include <unistd.h>
@@ -89,6 +93,20 @@ constexpr double kMaxBaseRatio = 2.0;    /* a flow's RTT penalty within [1/2, 2]
 constexpr int kMaxFlowsPerLink = 2048;   /* with classes: flows crossing one link at once */
 constexpr double kLevelEps = 1e-9;       /* levels: a link with less left than this x its bandwidth is full */
 constexpr double kMinLevelRange = 2;     /* levels: least penalty range between the highest and lowest level */
+
+#define KV_SG_STR2(x) #x
+#define KV_SG_STR(x) KV_SG_STR2(x)
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAsan = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kAsan = true;
+#else
+constexpr bool kAsan = false;
+#endif
+#else
+constexpr bool kAsan = false;
+#endif
 
 /* Requests come in batches (sg_net.c buffers them): one read takes as many as are there. */
 struct InBuf {
@@ -186,10 +204,16 @@ public:
     /* Connects the watchdog and the priority hook and checks that SimGrid can give what cfg asks. */
     int prepare(kvsg::Error* err)
     {
+        prepare_base();
+        return prepare_priority(err);
+    }
+
+    /* What does not depend on the priority mode: the hooks, the model, the links' bandwidths. */
+    void prepare_base()
+    {
         sg4::Engine::on_time_advance_cb([this](double) { count_step(); });
         model_ = dynamic_cast<Model*>(sg4::Engine::get_instance()->get_netzone_root()->get_network_model());
         lmm_ok_ = model_ != nullptr && model_->get_maxmin_system() != nullptr && model_->is_update_lazy();
-        precision_ = simgrid::config::get_value<double>("maxmin/precision");
         try {
             precision_timing_ = simgrid::config::get_value<double>("surf/precision"); /* sg_precision_timing */
         } catch (const std::exception&) {
@@ -202,13 +226,24 @@ public:
             c_hi = std::max(c_hi, c);
         }
         double w_min = simgrid::config::get_value<bool>("network/crosstraffic") ? 0.05 : 1.0;
-        headroom_ = (c_hi > 0 ? c_lo / c_hi : 1.0) * w_min / (precision_ * kSafety);
         weight_s_ = simgrid::config::get_value<double>("network/weight-S");
         /* Flows paying their latency get their penalty (classes or levels) when it is paid. */
         sg4::Engine::on_time_advance_cb([this](double) {
             apply_pending_penalties();
             note_latency_paid();
         });
+        c_lo_ = c_lo;
+        c_hi_ = c_hi;
+        w_min_ = w_min;
+    }
+
+
+    /* The priority mode's checks and bounds (cfg_->priority), before any flow starts. */
+    int prepare_priority(kvsg::Error* err)
+    {
+        double w_min = w_min_;
+        precision_ = simgrid::config::get_value<double>("maxmin/precision");
+        headroom_ = (c_hi_ > 0 ? c_lo_ / c_hi_ : 1.0) * w_min / (precision_ * kSafety);
         if (cfg_->priority == KV_PRIO_NONE)
             return KV_OK;
         if (!lmm_ok_) {
@@ -228,10 +263,35 @@ public:
         return KV_OK;
     }
 
+    void send_ready();
     void serve();
+    void dispatch(const kv_sg_request& rq);
+
+    /* In-child mode (kv_sg_child_run): answers go to `local` instead of the socket. */
+    void set_local(std::vector<char>* local) { local_ = local; }
+
+    /* In-child mode: the network the run asks for (its priority mode and class weights; the
+       platform was built from the same config without them). */
+    int configure(const kv_net_config* cfg, kvsg::Error* err)
+    {
+        run_cfg_ = *cfg;
+        cfg_ = &run_cfg_;
+        bool own_precision = false;
+        for (int i = 0; i < cfg->n_options; i++)
+            own_precision = own_precision || std::strcmp(cfg->option_key[i], "maxmin/precision") == 0;
+        if (cfg->priority != KV_PRIO_NONE && !own_precision)
+            sg4::Engine::set_config("maxmin/precision:1e-10"); /* as kvsg::build_platform does */
+        return prepare_priority(err);
+    }
+
+    uint32_t link_count() const { return (uint32_t)platform_.links.size(); }
+    int socket() const { return fd_; }
 
 private:
     const kv_net_config* cfg_;
+    kv_net_config run_cfg_{};                 /* in-child mode: the run's network config (configure) */
+    std::vector<char>* local_ = nullptr;      /* in-child mode: where answers go (else the socket) */
+    double c_lo_ = 0, c_hi_ = 0, w_min_ = 1;  /* slowest, fastest link bandwidth; smallest consumption weight */
     int fd_;
     kvsg::Platform platform_;
     std::vector<LinkUse> uses_;
@@ -282,6 +342,7 @@ private:
         h.code = KV_EFAIL;
         h.flags = KV_SG_STUCK;
         h.t_now_s = now_;
+        local_ = nullptr; /* in-child mode too: the stuck answer goes to kvsim on the socket */
         reply(h, nullptr, 0, msg);
         _exit(0);
     }
@@ -305,7 +366,10 @@ private:
             std::memcpy(out_.data() + sizeof h, items, item_bytes);
         if (!msg.empty())
             std::memcpy(out_.data() + sizeof h + item_bytes, msg.data(), msg.size());
-        write_all(fd_, out_.data(), out_.size());
+        if (local_ != nullptr)
+            local_->insert(local_->end(), out_.begin(), out_.end());
+        else
+            write_all(fd_, out_.data(), out_.size());
     }
 
     /* Answers with the pending error (if any) and clears it. */
@@ -986,42 +1050,54 @@ void Driver::stats()
     reply_status((uint32_t)out.size(), out.data(), out.size() * sizeof(kv_link_stats));
 }
 
-void Driver::serve()
+void Driver::send_ready()
 {
     kv_sg_reply ready{};
     ready.code = KV_OK;
     ready.count = (uint32_t)platform_.links.size();
     reply(ready, nullptr, 0, "");
+}
+
+void Driver::serve()
+{
+    send_ready();
     for (;;) {
         kv_sg_request rq;
         read_buffered(fd_, &in_, &rq, sizeof rq);
-        switch (rq.op) {
-        case KV_SG_START:
-            start(rq);
-            break;
-        case KV_SG_SYNC:
-            if (error_code_ == KV_OK && !wait_until(rq.t_s))
-                fail(KV_EFAIL, "net simgrid: a flow completed before the time kvsim moved to without asking "
-                               "(t_next_s was wrong)");
-            break;
-        case KV_SG_CANCEL:
-            cancel(rq);
-            break;
-        case KV_SG_ADVANCE:
-            advance(rq.t_s);
-            break;
-        case KV_SG_STATS:
-            stats();
-            break;
-        case KV_SG_ROUTE:
-            route(rq);
-            break;
-        case KV_SG_LINKSTATE:
-            link_state();
-            break;
-        default:
-            _exit(3);
-        }
+        dispatch(rq);
+    }
+}
+
+/* One request, from the socket (serve) or from kvsim in this process (kv_sg_local_send): the same
+   code computes both, so both give the same bytes. */
+void Driver::dispatch(const kv_sg_request& rq)
+{
+    switch (rq.op) {
+    case KV_SG_START:
+        start(rq);
+        break;
+    case KV_SG_SYNC:
+        if (error_code_ == KV_OK && !wait_until(rq.t_s))
+            fail(KV_EFAIL, "net simgrid: a flow completed before the time kvsim moved to without asking "
+                           "(t_next_s was wrong)");
+        break;
+    case KV_SG_CANCEL:
+        cancel(rq);
+        break;
+    case KV_SG_ADVANCE:
+        advance(rq.t_s);
+        break;
+    case KV_SG_STATS:
+        stats();
+        break;
+    case KV_SG_ROUTE:
+        route(rq);
+        break;
+    case KV_SG_LINKSTATE:
+        link_state();
+        break;
+    default:
+        _exit(3);
     }
 }
 
@@ -1124,11 +1200,30 @@ int check_routes(const kv_net_config* cfg, const std::vector<sg4::Host*>& hosts,
 
 } // namespace
 
-extern "C" void kv_sg_child_main(const kv_net_config* cfg, int fd)
+/* In-child mode: the driver seen from kvsim's C side in the same process (sg_proto.h). */
+struct kv_sg_local {
+    Driver* driver;
+    std::vector<char> replies; /* answers not yet read by sg_net.c: [pos, size) */
+    size_t pos = 0;
+};
+
+namespace {
+
+/* The child's life in both modes (kv_sg_child_main: body NULL, serve the socket; kv_sg_child_run). */
+void child(const kv_net_config* cfg, int fd, int log_fd, kv_sg_body_fn body, void* arg)
 {
-    int argc = 1;
     char name[] = "kvsim-net";
-    char* argv[] = {name, nullptr};
+    /* In-child mode the whole run is the driver actor's body: Lua and the engine need more than
+       SimGrid's 8 MiB default stack (mapped lazily: only what is used costs memory). Under
+       AddressSanitizer the actor runs on a thread of its own (SimGrid's thread contexts): ASan does
+       not know the stacks raw contexts switch to, and Lua's longjmp there would make it warn and
+       report false positives (docs/network.md "How it runs"). */
+    char quiet[] = "--log=xbt_cfg.thres:warning"; /* no "Configuration change" line in SimGrid's log */
+    char stack[] = "--cfg=contexts/stack-size:" KV_SG_STR(KV_SG_BODY_STACK_KIB);
+    char threads[] = "--cfg=contexts/factory:thread";
+    char* argv[] = {name, quiet, stack, threads, nullptr};
+    int argc = body == nullptr ? 1 : kAsan ? 4 : 3;
+    argv[argc] = nullptr;
     try {
         sg4::Engine engine(&argc, argv);
         kvsg::Platform platform;
@@ -1147,10 +1242,78 @@ extern "C" void kv_sg_child_main(const kv_net_config* cfg, int fd)
             send_error(fd, rc, err);
             _exit(0);
         }
-        sg4::Actor::create("kvsim-driver", home, [&driver] { driver.serve(); });
+        kv_sg_local local;
+        local.driver = &driver;
+        if (body == nullptr) {
+            sg4::Actor::create("kvsim-driver", home, [&driver] { driver.serve(); });
+        } else {
+            if (log_fd >= 0) {
+                /* SimGrid's words stay in the file kvsim reads when the child fails (body gives the
+                   run kvsim's own stderr back); unbuffered, so an abort loses none of them. */
+                FILE* log = fdopen(dup(log_fd), "a");
+                if (log != nullptr) {
+                    setvbuf(log, nullptr, _IONBF, 0);
+                    xbt_log_appender_set(&_XBT_LOGV(XBT_LOG_ROOT_CAT), xbt_log_appender_stream(log));
+                }
+            }
+            sg4::Actor::create("kvsim-driver", home, [&driver, &local, body, arg] {
+                driver.send_ready();
+                driver.set_local(&local.replies);
+                body(arg, &local);
+                _exit(0); /* body ends the process; never get back into SimGrid */
+            });
+        }
         engine.run();
     } catch (const std::exception& e) {
         send_error(fd, KV_EFAIL, kvsg::Error{"", std::string("net simgrid: ") + e.what()});
     }
     _exit(0);
+}
+
+} // namespace
+
+extern "C" void kv_sg_child_main(const kv_net_config* cfg, int fd)
+{
+    child(cfg, fd, -1, nullptr, nullptr);
+}
+
+extern "C" void kv_sg_child_run(const kv_net_config* cfg, int fd, int log_fd, kv_sg_body_fn body, void* arg)
+{
+    child(cfg, fd, log_fd, body, arg);
+}
+
+extern "C" int kv_sg_local_configure(kv_sg_local* l, const kv_net_config* cfg, uint32_t* links, char* key,
+                                     size_t key_size, char* msg, size_t msg_size)
+{
+    kvsg::Error err;
+    int rc = l->driver->configure(cfg, &err);
+    *links = l->driver->link_count();
+    std::snprintf(key, key_size, "%s", rc == KV_OK ? "" : err.key.c_str());
+    std::snprintf(msg, msg_size, "%s", rc == KV_OK ? "" : err.msg.c_str());
+    return rc;
+}
+
+extern "C" void kv_sg_local_send(kv_sg_local* l, const kv_sg_request* rq, size_t n)
+{
+    try {
+        for (size_t i = 0; i < n; i++)
+            l->driver->dispatch(rq[i]);
+    } catch (const std::exception& e) {
+        /* Nothing may unwind through kvsim's C frames: the run ends here, as a crash of the child would. */
+        send_error(l->driver->socket(), KV_EFAIL, kvsg::Error{"", std::string("net simgrid: ") + e.what()});
+        _exit(0);
+    }
+}
+
+extern "C" int kv_sg_local_read(kv_sg_local* l, void* buf, size_t n)
+{
+    if (l->replies.size() - l->pos < n)
+        return -1;
+    std::memcpy(buf, l->replies.data() + l->pos, n);
+    l->pos += n;
+    if (l->pos == l->replies.size()) {
+        l->replies.clear();
+        l->pos = 0;
+    }
+    return 0;
 }

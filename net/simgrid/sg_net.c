@@ -25,11 +25,16 @@
  *   stops the child at its start time, starts it there, and goes on.
  * - After any failure of the child the network is broken: every later call
  *   returns the same error.
+ * - In-child mode (kv_net_run_body, the bottom of this file): a whole run happens in the child and its
+ *   network is an sg_net whose "socket" is the driver in the same process (net->local): every request
+ *   above is a function call, the same code computes the same bytes, no round trip is counted.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/base/alloc.h"
 #include "core/base/infile.h"
@@ -76,7 +81,8 @@ static int request(sg_net *net, const kv_sg_request *rq, kv_sg_reply *head, kv_e
     push_out(net, *rq);
     size_t n = net->n_out;
     net->n_out = 0;
-    net->round_trips++;
+    if (!net->local)
+        net->round_trips++; /* in-child mode: a function call */
     if (kv_sg_write_full(net, net->out, n * sizeof *net->out) != 0 || kv_sg_read_full(net, head, sizeof *head) != 0)
         return kv_sg_child_failed(net, KV_EFAIL, "during the run", err);
     return KV_OK;
@@ -470,12 +476,9 @@ static const kv_net_i sg_iface = {
     .round_trips = sg_round_trips,
 };
 
-int kv_net_simgrid_create(const kv_net_config *cfg, kv_net_done_fn done, void *user,
-                          const kv_net_i **iface, void **ctx, kv_error *err)
+/* A network's state before its child (or its driver in this process) is there. */
+static sg_net *sg_net_new(const kv_net_config *cfg, kv_net_done_fn done, void *user)
 {
-    int rc = kv_sg_check_config(cfg, err);
-    if (rc != KV_OK)
-        return rc;
     sg_net *net = kv_calloc(1, sizeof *net);
     net->done = done;
     net->user = user;
@@ -483,6 +486,7 @@ int kv_net_simgrid_create(const kv_net_config *cfg, kv_net_done_fn done, void *u
     net->ask_always = cfg->ask_always != 0;
     net->next_id = 1;
     net->fd = -1;
+    net->cpu_seen_s = -1;
     net->in = kv_malloc(KV_SG_IN_BYTES);
     net->horizon_s = net->sync_s = -INFINITY;
     net->watchdog_ms = (int)ceil(1e3 * (cfg->watchdog_s > 0 ? cfg->watchdog_s : KV_NET_WATCHDOG_DEFAULT_S));
@@ -499,12 +503,12 @@ int kv_net_simgrid_create(const kv_net_config *cfg, kv_net_done_fn done, void *u
     if (net->n_suspects)
         net->suspects = kv_strdup(suspects);
     net->source = kv_strdup(cfg->source ? cfg->source : "network");
-    uint32_t links = 0;
-    rc = kv_sg_spawn(net, cfg, &links, err);
-    if (rc != KV_OK) {
-        sg_destroy(net);
-        return rc;
-    }
+    return net;
+}
+
+/* The platform's links are known: the caches sized to them. */
+static void sg_net_links(sg_net *net, uint32_t links)
+{
     net->n_links = links;
     net->links = kv_calloc(net->n_links + 1, sizeof *net->links);
     net->states = kv_calloc(net->n_links + 1, sizeof *net->states);
@@ -513,7 +517,178 @@ int kv_net_simgrid_create(const kv_net_config *cfg, kv_net_done_fn done, void *u
     net->route_n = kv_malloc(pairs * sizeof *net->route_n);
     for (size_t k = 0; k < pairs; k++)
         net->route_n[k] = -1;
+}
+
+int kv_net_simgrid_create(const kv_net_config *cfg, kv_net_done_fn done, void *user,
+                          const kv_net_i **iface, void **ctx, kv_error *err)
+{
+    int rc = kv_sg_check_config(cfg, err);
+    if (rc != KV_OK)
+        return rc;
+    sg_net *net = sg_net_new(cfg, done, user);
+    uint32_t links = 0;
+    rc = kv_sg_spawn(net, cfg, &links, err);
+    if (rc != KV_OK) {
+        sg_destroy(net);
+        return rc;
+    }
+    sg_net_links(net, links);
     *iface = &sg_iface;
     *ctx = net;
     return KV_OK;
+}
+
+/* ---- in-child mode: the whole run in the SimGrid child (kv_net_run_body) ----
+   The parent forks the child as for a network (same platform checks, same READY), then waits for
+   one answer: the run's end. In the child the driver actor runs body->run; the run's network is an
+   sg_net whose requests are function calls into the driver (net->local): the code above computes
+   exactly what it computes over the socket. The child then writes a KV_SG_RESULT head, the run's
+   kv_error and (on success) what body->save writes, and exits; SimGrid's step cap answers with a
+   stuck head instead. The parent's wait fails when the child dies, or uses no CPU for
+   network.watchdog_s (stopped, or asleep in SimGrid). */
+
+#define SG_OUT_BYTES (256 * 1024)
+
+/* What the child needs of the parent's call (its copy, made by fork). */
+typedef struct sg_child_run {
+    const kv_net_body *body;
+    const kv_net_config *cfg; /* the platform's config */
+    kv_sg_child_fds fds;      /* kvsim's stdout and stderr, kept by the child */
+    kv_sg_local *local;       /* the driver, once body runs */
+    int created;              /* the run's network was made */
+    char *out;                /* bytes of results not yet written: [0, n_out) */
+    size_t n_out;
+} sg_child_run;
+
+static int local_create(void *ctx, const kv_net_config *cfg, kv_net_done_fn done, void *user, const kv_net_i **iface,
+                        void **impl, kv_error *err)
+{
+    sg_child_run *cr = ctx;
+    if (cr->created)
+        return kv_error_set(err, KV_EFAIL, "net simgrid: a run in the SimGrid child has one network");
+    if (cfg->hosts != cr->cfg->hosts || cfg->topology != cr->cfg->topology || cfg->model != cr->cfg->model)
+        return kv_error_set(err, KV_EFAIL, "net simgrid: the run's network is not the one its child built");
+    int rc = kv_sg_check_config(cfg, err);
+    if (rc != KV_OK)
+        return rc;
+    sg_net *net = sg_net_new(cfg, done, user);
+    net->local = cr->local;
+    uint32_t links = 0;
+    char key[64], msg[900];
+    rc = kv_sg_local_configure(cr->local, cfg, &links, key, sizeof key, msg, sizeof msg);
+    if (rc != KV_OK) {
+        sg_destroy(net);
+        return kv_sg_ready_error(err, rc, cfg->source ? cfg->source : "network", key, msg);
+    }
+    sg_net_links(net, links);
+    cr->created = 1;
+    *iface = &sg_iface;
+    *impl = net;
+    return KV_OK;
+}
+
+static int write_fd(int fd, const void *buf, size_t n)
+{
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t r = write(fd, p, n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+/* The child's writer of results: SG_OUT_BYTES at a time. */
+static int child_put(void *ctx, void *buf, size_t n)
+{
+    sg_child_run *cr = ctx;
+    if (cr->n_out + n > SG_OUT_BYTES) {
+        if (write_fd(cr->fds.sock, cr->out, cr->n_out) != 0)
+            return -1;
+        cr->n_out = 0;
+    }
+    if (n > SG_OUT_BYTES)
+        return write_fd(cr->fds.sock, buf, n);
+    memcpy(cr->out + cr->n_out, buf, n);
+    cr->n_out += n;
+    return 0;
+}
+
+/* The child, after READY, as the driver actor: the run, then its results; never returns. */
+static void child_body(void *arg, kv_sg_local *local)
+{
+    sg_child_run *cr = arg;
+    cr->local = local;
+    if (dup2(cr->fds.out, STDOUT_FILENO) < 0 || dup2(cr->fds.err, STDERR_FILENO) < 0)
+        _exit(0); /* the parent then reports a child that closed its connection */
+    close(cr->fds.out);
+    close(cr->fds.err);
+    kv_net_host host = {.create = local_create, .ctx = cr};
+    kv_error err;
+    kv_error_clear(&err);
+    int rc = cr->body->run(cr->body->arg, &host, &err);
+    fflush(stdout); /* _exit below flushes nothing */
+    fflush(stderr);
+    cr->out = kv_malloc(SG_OUT_BYTES);
+    kv_stream out = {.io = child_put, .ctx = cr};
+    kv_sg_reply head = {.code = rc, .flags = KV_SG_RESULT, .msg_len = (uint32_t)sizeof err};
+    kv_stream_put(&out, &head, sizeof head);
+    kv_stream_put(&out, &err, sizeof err);
+    if (rc == KV_OK)
+        cr->body->save(cr->body->arg, &out, &err); /* fails only when the parent is gone */
+    if (!out.failed)
+        write_fd(cr->fds.sock, cr->out, cr->n_out);
+    _exit(0);
+}
+
+/* The parent's reader of results. */
+static int parent_get(void *ctx, void *buf, size_t n)
+{
+    return kv_sg_read_full(ctx, buf, n);
+}
+
+/* The parent's wait for the run's end and its results. */
+static int read_result(sg_net *net, const kv_net_body *body, kv_error *err)
+{
+    net->watch_cpu = 1;
+    kv_sg_reply head;
+    if (kv_sg_read_full(net, &head, sizeof head) != 0)
+        return kv_sg_child_failed(net, KV_EFAIL, "during the run", err);
+    if (!(head.flags & KV_SG_RESULT)) { /* the step cap, or an exception the child could only report */
+        int rc = kv_sg_finish_reply(net, &head, err);
+        return rc != KV_OK ? rc : kv_sg_child_failed(net, KV_EFAIL, "during the run", err);
+    }
+    kv_error child_err;
+    if (head.msg_len != sizeof child_err || kv_sg_read_full(net, &child_err, sizeof child_err) != 0)
+        return kv_sg_child_failed(net, KV_EFAIL, "during the run", err);
+    if (head.code != KV_OK) {
+        child_err.msg[sizeof child_err.msg - 1] = 0;
+        child_err.key[sizeof child_err.key - 1] = 0;
+        *err = child_err;
+        return head.code;
+    }
+    kv_stream in = {.io = parent_get, .ctx = net};
+    int rc = body->load(body->arg, &in, err);
+    if (in.failed)
+        return kv_sg_child_failed(net, KV_EFAIL, "while sending the run's results", err);
+    return rc;
+}
+
+int kv_net_simgrid_run_body(const kv_net_config *cfg, const kv_net_body *body, kv_error *err)
+{
+    int rc = kv_sg_check_config(cfg, err);
+    if (rc != KV_OK)
+        return rc;
+    sg_net *net = sg_net_new(cfg, NULL, NULL);
+    sg_child_run cr = {.body = body, .cfg = cfg};
+    uint32_t links = 0;
+    rc = kv_sg_spawn_run(net, cfg, child_body, &cr, &cr.fds, &links, err);
+    if (rc == KV_OK)
+        rc = read_result(net, body, err);
+    sg_destroy(net); /* kills and reaps the child */
+    return rc;
 }

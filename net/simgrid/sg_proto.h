@@ -29,6 +29,7 @@
 #ifndef KV_SG_PROTO_H
 #define KV_SG_PROTO_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "net/net.h"
@@ -47,6 +48,10 @@ enum kv_sg_op {
 
 /* kv_sg_reply.flags */
 #define KV_SG_STUCK 1u
+#define KV_SG_RESULT 2u /* in-child mode: the run's end; a kv_error follows, then (code KV_OK) the results */
+
+/* In-child mode: the driver actor's stack (KiB; SimGrid's default is 8 MiB), for Lua and the engine. */
+#define KV_SG_BODY_STACK_KIB 65536
 
 /* The child gives up when SimGrid takes this many solver steps, plus this many per
    flow in flight, without waking the driver (no event it waits for ever comes). */
@@ -90,6 +95,27 @@ extern "C" {
    READY reply (code, count = links) on fd, then serves requests until the
    parent goes away. Never returns (ends with _exit). */
 void kv_sg_child_main(const kv_net_config *cfg, int fd);
+
+/* In-child mode (kv_net_run_body): the driver as the network of a run in its own process. */
+typedef struct kv_sg_local kv_sg_local;
+typedef void (*kv_sg_body_fn)(void *arg, kv_sg_local *local);
+
+/* Builds the platform and answers READY as kv_sg_child_main, then runs body(arg, local) as the driver
+   actor (stack: KV_SG_BODY_STACK_KIB); body ends the process (_exit) after writing its results on fd.
+   log_fd >= 0: SimGrid's log goes on to that file (through a descriptor of its own: body may move
+   log_fd).
+   Never returns. */
+void kv_sg_child_run(const kv_net_config *cfg, int fd, int log_fd, kv_sg_body_fn body, void *arg);
+
+/* Gives the driver the run's network config (its priority mode and class weights; the rest as the
+   platform was built): KV_OK, or the READY answer's code with key and msg set; *links: the platform's
+   link count. */
+int kv_sg_local_configure(kv_sg_local *l, const kv_net_config *cfg, uint32_t *links, char *key,
+                          size_t key_size, char *msg, size_t msg_size);
+/* Serves n requests, as the socket loop would; their answers wait for kv_sg_local_read. */
+void kv_sg_local_send(kv_sg_local *l, const kv_sg_request *rq, size_t n);
+/* Takes the next n bytes of answers: 0, or -1 when fewer are there (a protocol bug). */
+int kv_sg_local_read(kv_sg_local *l, void *buf, size_t n);
 
 /* The line of link `link` in the platform file at path: its <link id=...>, or the element
    (a <cluster>...) whose id starts its name; 0 when not found (sg_net.c). */

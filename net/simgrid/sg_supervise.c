@@ -15,6 +15,7 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "net/simgrid/sg_options.h"
@@ -30,8 +31,25 @@ static int set_watchdog(sg_net *net)
     return 0;
 }
 
+/* watch_cpu: whether the child used CPU since the last check (a stopped or sleeping child does not). */
+static int child_cpu_moved(sg_net *net)
+{
+    clockid_t clock;
+    struct timespec ts;
+    if (net->pid <= 0 || clock_getcpuclockid(net->pid, &clock) != 0 || clock_gettime(clock, &ts) != 0)
+        return 0;
+    double cpu = (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+    int moved = cpu != net->cpu_seen_s;
+    net->cpu_seen_s = cpu;
+    return moved;
+}
+
 int kv_sg_write_full(sg_net *net, const void *buf, size_t n)
 {
+    if (net->local) {
+        kv_sg_local_send(net->local, buf, n / sizeof(kv_sg_request)); /* sg_net.c writes whole requests */
+        return 0;
+    }
     const char *p = buf;
     while (n > 0) {
         ssize_t r = send(net->fd, p, n, MSG_NOSIGNAL);
@@ -49,12 +67,16 @@ int kv_sg_write_full(sg_net *net, const void *buf, size_t n)
 
 int kv_sg_read_full(sg_net *net, void *buf, size_t n)
 {
+    if (net->local)
+        return kv_sg_local_read(net->local, buf, n);
     char *p = buf;
     while (n > 0) {
         if (net->in_pos == net->in_len) {
             ssize_t r = recv(net->fd, net->in, KV_SG_IN_BYTES, 0);
             if (r < 0 && errno == EINTR)
                 continue;
+            if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && net->watch_cpu && child_cpu_moved(net))
+                continue; /* a long run, still computing */
             if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
                 net->timed_out = 1;
             if (r <= 0)
@@ -210,27 +232,32 @@ int kv_sg_finish_reply(sg_net *net, const kv_sg_reply *head, kv_error *err)
     return head->code;
 }
 
-/* In the child: closes every descriptor it inherited except 0-2 and `keep`. */
-static void close_inherited(int keep)
+/* In the child: closes every descriptor it inherited except 0-2 and keep[0..n). */
+static void close_inherited(const int *keep, int n)
 {
     DIR *d = opendir("/proc/self/fd");
-    if (!d) {
-        for (int fd = 3; fd < 1024; fd++)
-            if (fd != keep)
-                close(fd);
-        return;
+    int self = d ? dirfd(d) : -1;
+    struct dirent *e = NULL;
+    for (int fd = 3; d ? (e = readdir(d)) != NULL : fd < 1024; fd++) {
+        int f = d ? atoi(e->d_name) : fd;
+        int kept = f <= 2 || f == self;
+        for (int i = 0; i < n; i++)
+            kept = kept || f == keep[i];
+        if (!kept)
+            close(f);
     }
-    int self = dirfd(d);
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        int fd = atoi(e->d_name);
-        if (fd > 2 && fd != keep && fd != self)
-            close(fd);
-    }
-    closedir(d);
+    if (d)
+        closedir(d);
 }
 
-int kv_sg_spawn(sg_net *net, const kv_net_config *cfg, uint32_t *links, kv_error *err)
+int kv_sg_ready_error(kv_error *err, int code, const char *src, const char *key, const char *msg)
+{
+    return kv_error_set_key(err, code, key, "%s: %s: %s", src, key[0] ? key : "network", msg);
+}
+
+/* kv_sg_spawn and kv_sg_spawn_run (body NULL: serve requests). */
+static int spawn(sg_net *net, const kv_net_config *cfg, kv_sg_body_fn body, void *arg, kv_sg_child_fds *fds,
+                 uint32_t *links, kv_error *err)
 {
     const char *src = cfg->source ? cfg->source : "network";
     int rc;
@@ -257,11 +284,20 @@ int kv_sg_spawn(sg_net *net, const kv_net_config *cfg, uint32_t *links, kv_error
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         struct rlimit no_core = {0, 0}; /* a SimGrid abort must not leave core files behind */
         setrlimit(RLIMIT_CORE, &no_core);
+        int keep[3] = {sv[1], -1, -1};
+        if (body) { /* the run prints where kvsim does (its progress line, policies' print) */
+            fds->out = keep[1] = dup(STDOUT_FILENO);
+            fds->err = keep[2] = dup(STDERR_FILENO);
+            fds->sock = sv[1];
+        }
         if (net->errlog)
             dup2(fileno(net->errlog), STDERR_FILENO);
         dup2(STDERR_FILENO, STDOUT_FILENO);
-        close_inherited(sv[1]);
-        kv_sg_child_main(cfg, sv[1]);
+        close_inherited(keep, 3);
+        if (body)
+            kv_sg_child_run(cfg, sv[1], net->errlog ? STDERR_FILENO : -1, body, arg);
+        else
+            kv_sg_child_main(cfg, sv[1]);
         _exit(0);
     }
     close(sv[1]);
@@ -291,12 +327,21 @@ int kv_sg_spawn(sg_net *net, const kv_net_config *cfg, uint32_t *links, kv_error
         /* The child names the key its message concerns in the reply (sg_proto.h); without one the
            message is about the network as a whole. */
         ready.key[sizeof ready.key - 1] = 0;
-        rc = kv_error_set_key(err, ready.code, ready.key, "%s: %s: %s", src, ready.key[0] ? ready.key : "network",
-                              msg);
-        return rc;
+        return kv_sg_ready_error(err, ready.code, src, ready.key, msg);
     }
     *links = ready.count;
     return KV_OK;
+}
+
+int kv_sg_spawn(sg_net *net, const kv_net_config *cfg, uint32_t *links, kv_error *err)
+{
+    return spawn(net, cfg, NULL, NULL, NULL, links, err);
+}
+
+int kv_sg_spawn_run(sg_net *net, const kv_net_config *cfg, kv_sg_body_fn body, void *arg, kv_sg_child_fds *fds,
+                    uint32_t *links, kv_error *err)
+{
+    return spawn(net, cfg, body, arg, fds, links, err);
 }
 
 void kv_sg_stop(sg_net *net)

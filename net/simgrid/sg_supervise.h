@@ -53,6 +53,10 @@ typedef struct sg_net {
     char *suspects;        /* the scenario's SimGrid options with where they are written (NULL: none) */
     int n_suspects;
     char *source;          /* the scenario file, for messages */
+    kv_sg_local *local;    /* in-child mode: the driver in this process (no socket, no child); NULL: socket */
+    int watch_cpu;         /* in-child mode, the caller: a wait past watchdog_ms fails only if the child
+                              used no CPU since the last one (a whole run is one wait) */
+    double cpu_seen_s;     /* the child's CPU time at the last such check (-1: none yet) */
 } sg_net;
 
 /* Starts the SimGrid child for cfg (SimGrid's messages go to a temporary file unless cfg sets the
@@ -61,9 +65,25 @@ typedef struct sg_net {
    child names one) and the caller destroys net, which stops the child (kv_sg_stop). */
 int kv_sg_spawn(sg_net *net, const kv_net_config *cfg, uint32_t *links, kv_error *err);
 
+/* In-child mode: kvsim's stdout and stderr as the child keeps them, and its end of the socket
+   (kv_sg_spawn_run sets them in the child). */
+typedef struct kv_sg_child_fds {
+    int out, err, sock;
+} kv_sg_child_fds;
+
+/* kv_sg_spawn for in-child mode: the child runs body(arg, ...) after READY (kv_sg_child_run), with
+   *fds (in the child's copy of it) naming kvsim's stdout and stderr, which it may use again. */
+int kv_sg_spawn_run(sg_net *net, const kv_net_config *cfg, kv_sg_body_fn body, void *arg, kv_sg_child_fds *fds,
+                    uint32_t *links, kv_error *err);
+
+/* The message of a failed READY answer, or of the run's network config refused in the child (key "":
+   about the network as a whole). */
+int kv_sg_ready_error(kv_error *err, int code, const char *src, const char *key, const char *msg);
+
 /* Full writes and reads on the child's socket (reads through net->in, refilled a block at a time);
    -1 when the child closed it, failed, or moved no byte for watchdog_ms (the watchdog: SimGrid
-   stuck, or the child stopped). */
+   stuck, or the child stopped; with watch_cpu, and no CPU used by the child either). In-child mode
+   (net->local) they hand requests to the driver and take its answers. */
 int kv_sg_write_full(sg_net *net, const void *buf, size_t n);
 int kv_sg_read_full(sg_net *net, void *buf, size_t n);
 

@@ -234,12 +234,20 @@ Test(simgrid_pace, a_latency_paid_at_the_advance_date_gives_no_horizon)
     kv_net_destroy(net);
 }
 
-/* `kvsim bench sim` with SimGrid: the child's CPU time, the round trips per request, and the ideal
-   network's run beside it with both ratios (children included); --no-ideal leaves that run out. */
+/* `kvsim bench sim` with SimGrid: the child's CPU time, the round trips per request (none with the run
+   in the child, the default; some with --socket), and the ideal network's run beside it with both
+   ratios (children included); --no-ideal leaves that run out. */
 Test(simgrid_pace, bench_sim_reports_round_trips_and_the_ratio_to_ideal, .timeout = 120)
 {
     char *out = NULL;
     int rc = kvt_kvsim("bench sim --requests 200 --network simgrid", &out);
+    if (rc != 0 && strstr(out, "not built"))
+        cr_skip_test("skipped: SimGrid is not built into this kvsim");
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_expect(strstr(out, "round trips          0 to the network's process, 0.00 per request"), "%s", out);
+    free(out);
+    out = NULL;
+    rc = kvt_kvsim("bench sim --requests 200 --network simgrid --socket", &out);
     if (rc != 0 && strstr(out, "not built"))
         cr_skip_test("skipped: SimGrid is not built into this kvsim");
     cr_assert_eq(rc, 0, "%s", out);
