@@ -243,12 +243,205 @@ KV_FN void kv_dev_flush_bits(KV_GLOBAL kv_u8 *out, kv_u64 *pos, kv_u32 acc, kv_u
         out[*pos] = (kv_u8)(acc & 0xffu);
 }
 
+/* ---- Encode on CPU devices (OpenCL, KV_LANES > 1; token groups) --------------------- */
+
+/* The CPU shape of encode: still one work-item per group, but the work-item
+   works on 16 values at a time with OpenCL vector types, so that PoCL emits
+   SIMD instructions itself (its implicit vectoriser gives up on a kernel
+   whose work-items run loops of their own length, as this one does). The
+   group's min and max are taken over order-preserving integer keys of the
+   floats (integer min/max vectorise; fp32 min/max with the N3 and NaN rules
+   do not), the codes are the vector transcription of kv_dev_quant_code, and
+   every 16 codes of a group fill exactly 2b bytes of its stream (a stream
+   starts on a byte boundary), packed by swizzles for b = 1, 2, 4, 8, 16 and
+   by a 64-bit shift-and-or for the other widths. Bit for bit the scalar
+   kernel's result: the keys order every finite value as `<` does but -0
+   before +0, which N3's `+ 0.0f` makes the same metadata. Only with the
+   native division (KV_DIV_MODE 0): `/` on float16 is the correctly rounded
+   vector division there. */
+#if defined(__OPENCL_VERSION__)
+#if KV_LANES > 1 && KV_DIV_MODE == 0
+#define KV_CPU_ENCODE 1
+
+/* A float's order-preserving integer key (an involution: it is its own inverse). */
+KV_FN_INLINE int16 kv_cpu_key16(int16 k)
+{
+    return k ^ ((k >> 31) & (int16)0x7fffffff);
+}
+
+KV_FN_INLINE int kv_cpu_min16(int16 v)
+{
+    int8 a = min(v.lo, v.hi);
+    int4 b = min(a.lo, a.hi);
+    int2 c = min(b.lo, b.hi);
+    return min(c.x, c.y);
+}
+
+KV_FN_INLINE int kv_cpu_max16(int16 v)
+{
+    int8 a = max(v.lo, v.hi);
+    int4 b = max(a.lo, a.hi);
+    int2 c = max(b.lo, b.hi);
+    return max(c.x, c.y);
+}
+
+/* Values c0 .. c0 + 15 of the group at x (n values); lanes at or past n repeat
+   value n - 1 (valid is then -1 only for the lanes below n). */
+KV_FN_INLINE float16 kv_cpu_load16(KV_GLOBAL const float *x, kv_u32 c0, kv_u32 n, int16 *valid)
+{
+    const int16 lane = (int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    *valid = lane < (int16)(int)(n - c0);
+    if (n - c0 >= 16)
+        return vload16(0, x + c0);
+    float tmp[16];
+    for (kv_u32 j = 0; j < 16; j++)
+        tmp[j] = x[c0 + (j < n - c0 ? j : n - c0 - 1)];
+    return vload16(0, tmp);
+}
+
+/* kv_dev_quant_code on 16 values (s, z, bits as there). */
+KV_FN_INLINE uint16 kv_cpu_codes16(float16 x, float s, float z, kv_u32 bits)
+{
+    float maxq = (float)kv_dev_code_max(bits);
+    float16 v = (x - (float16)z) / (float16)s;
+    v = select(v, (float16)0.0f, v < (float16)0.0f);
+    v = select(v, (float16)maxq, v > (float16)maxq);
+    uint16 q = convert_uint16(rint(v));
+    q = s == 0.0f ? (uint16)0u : q;
+    q = select(q, select((uint16)0u, (uint16)kv_dev_code_max(bits), x > (float16)0.0f), isinf(x));
+    return select(q, (uint16)0u, isnan(x));
+}
+
+/* 16 codes of w bits (1 <= w <= 16, masked to w) as the 2w bytes of their
+   little-endian bit stream, into out[0 .. 2w). */
+KV_FN_INLINE void kv_cpu_pack16(uint16 c, kv_u32 w, kv_u8 *out)
+{
+    if (w == 8) {
+        vstore16(convert_uchar16(c), 0, out);
+    } else if (w == 4) {
+        vstore8(convert_uchar8(c.even | (c.odd << 4)), 0, out);
+    } else if (w == 2) {
+        vstore4(convert_uchar4(c.even.even | (c.odd.even << 2) | (c.even.odd << 4) | (c.odd.odd << 6)), 0, out);
+    } else if (w == 1) {
+        uint8 p = c.even | (c.odd << 1);   /* bits of codes 2k, 2k + 1 */
+        uint4 p2 = p.even | (p.odd << 2);  /* 4 codes */
+        uint2 p4 = p2.even | (p2.odd << 4); /* 8 codes: one byte each */
+        out[0] = (kv_u8)p4.x;
+        out[1] = (kv_u8)p4.y;
+    } else if (w == 16) { /* little-endian u16 each: low byte first */
+        ushort16 h = convert_ushort16(c);
+        uchar16 lo = convert_uchar16(h & (ushort)0xff), hi = convert_uchar16(h >> (ushort)8);
+        uchar16 a = (uchar16)(lo.s0, hi.s0, lo.s1, hi.s1, lo.s2, hi.s2, lo.s3, hi.s3, lo.s4, hi.s4, lo.s5, hi.s5,
+                              lo.s6, hi.s6, lo.s7, hi.s7);
+        uchar16 b = (uchar16)(lo.s8, hi.s8, lo.s9, hi.s9, lo.sa, hi.sa, lo.sb, hi.sb, lo.sc, hi.sc, lo.sd, hi.sd,
+                              lo.se, hi.se, lo.sf, hi.sf);
+        vstore16(a, 0, out);
+        vstore16(b, 0, out + 16);
+    } else {
+        /* Eight codes make exactly w bytes: two 64-bit words per half. */
+        kv_u32 cc[16];
+        vstore16(c, 0, cc);
+        for (kv_u32 h = 0; h < 2; h++) {
+            ulong lo = 0, hi = 0;
+            for (kv_u32 j = 0; j < 8; j++) {
+                kv_u32 pos = j * w;
+                ulong v = (ulong)cc[8 * h + j];
+                lo |= pos < 64 ? v << pos : 0ul;
+                hi |= pos >= 64 ? v << (pos - 64) : (pos + w > 64 ? v >> (64 - pos) : 0ul);
+            }
+            for (kv_u32 k = 0; k < w; k++)
+                out[h * w + k] = (kv_u8)((k < 8 ? lo >> (8 * k) : hi >> (8 * (k - 8))) & 0xffu);
+        }
+    }
+}
+
+/* Stores the first nb bytes of the 2w at p (nb == 2w but in a group's last, short chunk). */
+KV_FN_INLINE void kv_cpu_store(KV_GLOBAL kv_u8 *out, const kv_u8 *p, kv_u32 nb)
+{
+    if (nb == 16) {
+        vstore16(vload16(0, p), 0, out);
+    } else if (nb == 8) {
+        vstore8(vload8(0, p), 0, out);
+    } else if (nb == 32) {
+        vstore16(vload16(0, p), 0, out);
+        vstore16(vload16(0, p + 16), 0, out + 16);
+    } else {
+        for (kv_u32 k = 0; k < nb; k++)
+            out[k] = p[k];
+    }
+}
+
+/* Group g of a TOKEN-grouped encode (the arguments of kv_encode). */
+KV_FN void kv_cpu_encode_group(KV_GLOBAL const float *xall, KV_GLOBAL kv_u8 *apl, KV_GLOBAL kv_u8 *rpl,
+                               KV_GLOBAL kv_u16 *scale, KV_GLOBAL kv_u16 *zero, kv_dev_layout l, kv_u64 g,
+                               kv_u32 bits, kv_u32 anchor_bits)
+{
+    /* The layout arithmetic of kv_dev_group_elem / _len / _offset with one
+       division (they take four 64-bit ones between them, which cost as much
+       as the group's codes). */
+    kv_u32 per_row = (kv_u32)kv_dev_ceil_div(l.cols, l.group_size);
+    kv_u64 row = g <= 0xffffffffu ? (kv_u64)((kv_u32)g / per_row) : g / per_row; /* 32-bit division: faster */
+    kv_u32 gc = (kv_u32)(g - row * per_row);
+    kv_u32 n = l.cols - gc * l.group_size < l.group_size ? l.cols - gc * l.group_size : l.group_size;
+    KV_GLOBAL const float *x = xall + row * l.cols + (kv_u64)gc * l.group_size;
+    int16 kmin = (int16)0x7fffffff, kmax = (int16)(-0x7fffffff - 1);
+    for (kv_u32 c0 = 0; c0 < n; c0 += 16) {
+        int16 valid;
+        int16 u = as_int16(kv_cpu_load16(x, c0, n, &valid));
+        int16 fin = (u & 0x7f800000) != (int16)0x7f800000; /* finite: -1 */
+        int16 key = kv_cpu_key16(u);
+        kmin = min(kmin, select((int16)0x7fffffff, key, fin));
+        kmax = max(kmax, select((int16)(-0x7fffffff - 1), key, fin));
+    }
+    int kn = kv_cpu_min16(kmin), kx = kv_cpu_max16(kmax);
+    int have = kx >= kn;
+    float mn = as_float(kv_cpu_key16((int16)kn).s0), mx = as_float(kv_cpu_key16((int16)kx).s0);
+    kv_u32 meta = kv_dev_quant_meta(mn, mx, have, bits);
+    scale[g] = (kv_u16)(meta & 0xffffu);
+    zero[g] = (kv_u16)(meta >> 16);
+    float s = kv_dev_f16_to_f32(meta & 0xffffu), z = kv_dev_f16_to_f32(meta >> 16);
+
+    kv_u32 abits = anchor_bits ? anchor_bits : bits;
+    kv_u32 r = anchor_bits ? bits - anchor_bits : 0;
+    kv_u32 last = l.cols % l.group_size;
+    kv_u64 afull = kv_dev_stream_bytes(l.group_size, abits), rfull = kv_dev_stream_bytes(l.group_size, r);
+    kv_u64 arow = (l.cols / l.group_size) * afull + (last ? kv_dev_stream_bytes(last, abits) : 0);
+    kv_u64 rrow = (l.cols / l.group_size) * rfull + (last ? kv_dev_stream_bytes(last, r) : 0);
+    KV_GLOBAL kv_u8 *ap = apl + row * arow + gc * afull;
+    KV_GLOBAL kv_u8 *rp = anchor_bits ? rpl + row * rrow + gc * rfull : ap;
+    kv_u8 buf[32];
+    for (kv_u32 c0 = 0; c0 < n; c0 += 16) {
+        int16 valid;
+        float16 v = kv_cpu_load16(x, c0, n, &valid);
+        uint16 q = select((uint16)0u, kv_cpu_codes16(v, s, z, bits), valid);
+        kv_u32 m = n - c0 < 16 ? n - c0 : 16;
+        kv_cpu_pack16(q >> r, abits, buf);
+        kv_cpu_store(ap + 2 * (c0 / 16) * abits, buf, (kv_u32)kv_dev_stream_bytes(m, abits));
+        if (anchor_bits) {
+            kv_cpu_pack16(q & (uint16)kv_dev_code_max(r), r, buf);
+            kv_cpu_store(rp + 2 * (c0 / 16) * r, buf, (kv_u32)kv_dev_stream_bytes(m, r));
+        }
+    }
+}
+#endif
+#endif
+
 /* anchor_bits == 0: the whole b-bit code goes to the anchor plane, no residual. */
 KV_KERNEL kv_encode(KV_GLOBAL const kv_u8 *xb, kv_u64 xo, KV_GLOBAL kv_u8 *apb, kv_u64 apo, KV_GLOBAL kv_u8 *rpb,
                     kv_u64 rpo, KV_GLOBAL kv_u8 *sb, kv_u64 so, KV_GLOBAL kv_u8 *zb, kv_u64 zo, kv_u32 rows,
                     kv_u32 cols, kv_u32 group_size, kv_u32 grouping, kv_u32 bits, kv_u32 anchor_bits)
 {
     kv_dev_layout l = {rows, cols, group_size, grouping};
+#if defined(KV_CPU_ENCODE)
+    if (grouping == 0) { /* one work-item per group, as below (the OpenCL launch is never capped) */
+        kv_u64 g = KV_GLOBAL_ID();
+        if (g < kv_dev_groups(l))
+            kv_cpu_encode_group(KV_CPTR(float, xb, xo), KV_PTR(kv_u8, apb, apo),
+                                anchor_bits ? KV_PTR(kv_u8, rpb, rpo) : 0, KV_PTR(kv_u16, sb, so),
+                                KV_PTR(kv_u16, zb, zo), l, g, bits, anchor_bits);
+        return;
+    }
+#endif
     KV_FOR_ITEMS(g, kv_dev_groups(l)) {
         KV_GLOBAL const float *x = KV_CPTR(float, xb, xo);
         kv_u32 n = kv_dev_group_len(l, g);
@@ -546,6 +739,99 @@ KV_FN kv_dev_ff kv_dev_logit(KV_GLOBAL const float *q, KV_GLOBAL const kv_u8 *da
     return kv_dev_logit_end(hi, lo, scale);
 }
 
+/* ---- Attention's row readers on CPU devices (OpenCL, KV_LANES > 1, KV_ATTN_WG 1) ----
+
+   A row of K or V is read 16 values at a time in OpenCL vector types, so
+   that PoCL emits SIMD code itself (its implicit vectoriser leaves a
+   work-item's own loops alone). kv_cpu_rd_get works out a page's constants
+   once; kv_cpu_row then reads f32 and bf16 rows with vector loads, and
+   quantized TOKEN-grouped rows whose groups hold a multiple of 16 values with
+   a 2-, 4- or 8-bit plane with one vector load per 16 codes, swizzles and
+   shifts, and one vector fma (the same fma as kv_dev_dequant, so the values
+   are bit for bit the scalar reader's); the group's scale and zero are
+   converted once per group. Every other store (CHANNEL groups, other widths,
+   head_dims or groups not a multiple of 16, unaligned kv_data) goes through
+   kv_dev_row_chunk (kv_cpu_row16_scalar). */
+#if defined(__OPENCL_VERSION__)
+#if KV_LANES > 1 && KV_ATTN_WG == 1
+#define KV_CPU_ATTENTION 1
+#ifndef KV_FP64
+#define KV_FP64 0
+#endif
+#if KV_FP64
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#endif
+
+/* How kv_cpu_row reads one page's K or V: the store's constants worked
+   out once per page (the layout arithmetic takes divisions, which cost more
+   than a chunk's loads and fma). fast: 0 the scalar reader, 1 f32, 2 bf16,
+   3 quantized TOKEN groups of a multiple of 16 values with 2, 4 or 8 bits. */
+typedef struct kv_cpu_rd {
+    int fast;
+    kv_u32 pb, gs, per_row, r;
+    kv_u64 row_bytes, full, groups;
+    float mid;
+} kv_cpu_rd;
+
+KV_FN kv_cpu_rd kv_cpu_rd_get(int aligned, const kv_dev_store *st)
+{
+    kv_cpu_rd rd;
+    kv_u32 cols = st->l.cols, gs = st->l.group_size, pb = st->plane_bits;
+    rd.fast = 0;
+    rd.pb = pb;
+    rd.gs = gs;
+    rd.per_row = rd.r = 0;
+    rd.row_bytes = rd.full = rd.groups = 0;
+    rd.mid = 0.0f;
+    if (!aligned || cols % 16 != 0)
+        return rd;
+    if (st->kind == 0 || st->kind == 1) {
+        rd.fast = st->kind == 0 ? 1 : 2;
+        return rd;
+    }
+    if (st->l.grouping != 0 || gs % 16 != 0 || (pb != 8 && pb != 4 && pb != 2))
+        return rd;
+    rd.fast = 3;
+    rd.per_row = (cols + gs - 1) / gs;
+    rd.full = kv_dev_stream_bytes(gs, pb);
+    kv_u32 last = cols % gs;
+    rd.row_bytes = (cols / gs) * rd.full + (last ? kv_dev_stream_bytes(last, pb) : 0);
+    rd.groups = st->groups;
+    rd.r = st->anchor_bits ? st->bits - st->anchor_bits : 0;
+    rd.mid = (float)((1u << rd.r) - 1u) / 2.0f; /* exact */
+    return rd;
+}
+
+/* Values d0 .. d0 + 15 of row t of a page's K or V (0 past head_dim) by the
+   scalar reader: every store that kv_cpu_row's vector readers do not take. */
+KV_FN float16 kv_cpu_row16_scalar(KV_GLOBAL const kv_u8 *data, int aligned, const kv_dev_store *st, kv_u32 t,
+                                  kv_u32 d0)
+{
+    float tmp[16];
+    kv_u32 n = st->l.cols - d0 < 16 ? st->l.cols - d0 : 16;
+    kv_dev_row_chunk(data, aligned, st, t, d0, n, tmp);
+    for (kv_u32 j = n; j < 16; j++)
+        tmp[j] = 0.0f;
+    return vload16(0, tmp);
+}
+
+/* scale * (the float-float sum of 16 lanes (hi, lo)): the lanes pairwise
+   (TwoSum on halves), 16 -> 8 -> 4 -> 2 -> 1, then kv_dev_logit_end. */
+KV_FN_INLINE kv_dev_ff kv_cpu_ff16_end(float16 hi, float16 lo, float scale)
+{
+    float8 h8 = hi.lo + hi.hi, b8 = h8 - hi.lo;
+    float8 l8 = (lo.lo + lo.hi) + ((hi.lo - (h8 - b8)) + (hi.hi - b8));
+    float4 h4 = h8.lo + h8.hi, b4 = h4 - h8.lo;
+    float4 l4 = (l8.lo + l8.hi) + ((h8.lo - (h4 - b4)) + (h8.hi - b4));
+    float2 h2 = h4.lo + h4.hi, b2 = h2 - h4.lo;
+    float2 l2 = (l4.lo + l4.hi) + ((h4.lo - (h2 - b2)) + (h4.hi - b2));
+    kv_dev_ff sum = kv_dev_two_sum(h2.x, h2.y);
+    return kv_dev_logit_end(sum.hi, (l2.x + l2.y) + sum.lo, scale);
+}
+
+#endif
+#endif
+
 /* Attention's shape (kv_attention below says what each means). */
 #ifndef KV_MAX_HEAD_DIM
 #define KV_MAX_HEAD_DIM 256
@@ -721,6 +1007,356 @@ KV_FN void kv_dev_head_range(KV_GLOBAL const kv_u32 *head_pages, kv_u32 kh, kv_u
     *count = c;
 }
 
+#if defined(KV_CPU_ATTENTION)
+/* Attention on CPU devices (KV_LANES > 1): the same split over the context
+   and the same arguments as the GPU shape below, but a work-group is one
+   work-item and serves up to KV_CPU_HEADS query heads of one GQA group: the
+   work-group of head h does heads h .. h + KV_CPU_HEADS - 1 when h is the
+   first of such a batch in its group, and the others stop at once. Each
+   K and V row of the chunk is decoded once per batch (kv_cpu_row), not
+   once per query head, and no barrier or local memory is needed. Per tile
+   of KV_CPU_TILE tokens, for each head: the dot products in vector lanes
+   (in double with KV_FP64, kv_cpu_dot_d; else float-float, kv_cpu_dot16),
+   the 16 tokens' lanes added by one transposing tree into 16 logits; the
+   running max M (the tile's largest logit when it is larger: any M near the
+   maximum will do); p = e^(logit - M) for the 16 tokens at once; l = l f +
+   sum p; acc = acc f + the tile's weighted V, as in the GPU shape. Error
+   against the reference at 32K tokens (bench kernels): 5.6e-7 to 1.0e-6. */
+#define KV_CPU_HEADS 8
+#define KV_CPU_TILE 16
+#define KV_CPU_CHUNKS (KV_MAX_HEAD_DIM / 16)
+
+/* dot(q, k) over nch chunks of 16 (q and k 0 past head_dim) as float-float
+   in 16 lanes: *hi + *lo, lane j summing dimensions j, j + 16, ... */
+KV_FN_INLINE void kv_cpu_dot16(const float16 *q, const float16 *k, kv_u32 nch, float16 *hio, float16 *loo)
+{
+    float16 hi = (float16)0.0f, lo = (float16)0.0f;
+    for (kv_u32 c = 0; c < nch; c++) {
+        float16 p = q[c] * k[c];
+        float16 pe = fma(q[c], k[c], -p); /* p + pe = the exact product */
+        float16 sh = hi + p;
+        float16 bb = sh - hi;
+        lo = lo + (((hi - (sh - bb)) + (p - bb)) + pe);
+        hi = sh;
+    }
+    *hio = hi;
+    *loo = lo;
+}
+
+/* q[0 .. head_dim) as chunks of 16 (0 past head_dim). */
+KV_FN_INLINE void kv_cpu_q16(KV_GLOBAL const float *q, kv_u32 head_dim, float16 *out)
+{
+    for (kv_u32 c = 0; 16 * c < head_dim; c++) {
+        if (16 * c + 16 <= head_dim) {
+            out[c] = vload16(0, q + 16 * c);
+        } else {
+            float tmp[16];
+            for (kv_u32 j = 0; j < 16; j++)
+                tmp[j] = 16 * c + j < head_dim ? q[16 * c + j] : 0.0f;
+            out[c] = vload16(0, tmp);
+        }
+    }
+}
+
+/* (xh, xl) + (yh, yl) lane by lane, float-float (TwoSum of the highs). */
+#define KV_CPU_FF_ADD(xh, xl, yh, yl, oh, ol)                                                                      \
+    do {                                                                                                           \
+        oh = (xh) + (yh);                                                                                          \
+        __typeof__(oh) bb_ = oh - (xh);                                                                            \
+        ol = ((xl) + (yl)) + (((xh) - (oh - bb_)) + ((yh) - bb_));                                                 \
+    } while (0)
+
+/* The 16 tokens' logits scale * (sum of lanes of h[e] + l[e]) as float-float
+   vectors (lane e: token e): a transposing tree that adds halves of two
+   tokens' lanes at each level (16 x 16 -> 8 x (2 x 8) -> 4 x (4 x 4) -> 2 x
+   (8 x 2) -> 16 x 1), then kv_dev_logit_end on every lane. */
+KV_FN_INLINE void kv_cpu_ff_tree(const float16 *h, const float16 *l, float scale, float16 *oh, float16 *ol)
+{
+    float16 h1[8], l1[8], h2[4], l2[4], h3[2], l3[2];
+    for (kv_u32 k = 0; k < 8; k++) {
+        float16 a = h[2 * k], b = h[2 * k + 1], la = l[2 * k], lb = l[2 * k + 1];
+        KV_CPU_FF_ADD((float16)(a.lo, b.lo), (float16)(la.lo, lb.lo), (float16)(a.hi, b.hi), (float16)(la.hi, lb.hi),
+                      h1[k], l1[k]);
+    }
+    for (kv_u32 k = 0; k < 4; k++) {
+        float16 a = h1[2 * k], b = h1[2 * k + 1], la = l1[2 * k], lb = l1[2 * k + 1];
+        KV_CPU_FF_ADD((float16)(a.s0123, a.s89ab, b.s0123, b.s89ab), (float16)(la.s0123, la.s89ab, lb.s0123, lb.s89ab),
+                      (float16)(a.s4567, a.scdef, b.s4567, b.scdef), (float16)(la.s4567, la.scdef, lb.s4567, lb.scdef),
+                      h2[k], l2[k]);
+    }
+    for (kv_u32 k = 0; k < 2; k++) {
+        float16 a = h2[2 * k], b = h2[2 * k + 1], la = l2[2 * k], lb = l2[2 * k + 1];
+        KV_CPU_FF_ADD((float16)(a.s01, a.s45, a.s89, a.scd, b.s01, b.s45, b.s89, b.scd),
+                      (float16)(la.s01, la.s45, la.s89, la.scd, lb.s01, lb.s45, lb.s89, lb.scd),
+                      (float16)(a.s23, a.s67, a.sab, a.sef, b.s23, b.s67, b.sab, b.sef),
+                      (float16)(la.s23, la.s67, la.sab, la.sef, lb.s23, lb.s67, lb.sab, lb.sef), h3[k], l3[k]);
+    }
+    float16 dh, dl;
+    KV_CPU_FF_ADD((float16)(h3[0].even, h3[1].even), (float16)(l3[0].even, l3[1].even), (float16)(h3[0].odd, h3[1].odd),
+                  (float16)(l3[0].odd, l3[1].odd), dh, dl);
+    /* kv_dev_logit_end, 16 lanes */
+    float16 sh = dh + dl, bb = sh - dh;
+    float16 sl = (dh - (sh - bb)) + (dl - bb);
+    float16 rh = sh * (float16)scale;
+    float16 rl = fma(sh, (float16)scale, -rh) + sl * (float16)scale;
+    *oh = rh + rl;
+    float16 b2 = *oh - rh;
+    *ol = (rh - (*oh - b2)) + (rl - b2);
+}
+
+#if KV_FP64
+/* With doubles (cl_khr_fp64; the host sets KV_FP64), the dot product in
+   double instead of float-float: each product of two floats is exact in
+   double and the sums lose about 2^-53 of the largest partial, four vector
+   operations per 16 values instead of nine. *acc: 8 lanes, lane j summing
+   dimensions j, j + 8, ... (q as doubles, qd[2c] and qd[2c + 1] the two
+   halves of chunk c). */
+KV_FN_INLINE double8 kv_cpu_dot_d(const double8 *qd, const float16 *k, kv_u32 nch)
+{
+    double8 a0 = (double8)0.0, a1 = (double8)0.0;
+    for (kv_u32 c = 0; c < nch; c++) {
+        a0 = fma(qd[2 * c], convert_double8(k[c].lo), a0);
+        a1 = fma(qd[2 * c + 1], convert_double8(k[c].hi), a1);
+    }
+    return a0 + a1;
+}
+
+/* The 16 tokens' logits scale * (sum of the lanes of d[e]) as float-float
+   vectors (lane e: token e), by a transposing tree (16 x 8 -> 8 x (2 x 4) ->
+   4 x (4 x 2) -> 2 x (8 x 1) lanes), in double. */
+KV_FN_INLINE void kv_cpu_d_tree(const double8 *d, float scale, float16 *oh, float16 *ol)
+{
+    double8 t1[8], t2[4], t3[2];
+    for (kv_u32 k = 0; k < 8; k++)
+        t1[k] = (double8)(d[2 * k].lo, d[2 * k + 1].lo) + (double8)(d[2 * k].hi, d[2 * k + 1].hi);
+    for (kv_u32 k = 0; k < 4; k++) {
+        double8 a = t1[2 * k], b = t1[2 * k + 1];
+        t2[k] = (double8)(a.s01, a.s45, b.s01, b.s45) + (double8)(a.s23, a.s67, b.s23, b.s67);
+    }
+    for (kv_u32 k = 0; k < 2; k++)
+        t3[k] = (double8)(t2[2 * k].even, t2[2 * k + 1].even) + (double8)(t2[2 * k].odd, t2[2 * k + 1].odd);
+    double8 s0 = t3[0] * (double)scale, s1 = t3[1] * (double)scale;
+    float8 h0 = convert_float8(s0), h1 = convert_float8(s1);
+    *oh = (float16)(h0, h1);
+    *ol = (float16)(convert_float8(s0 - convert_double8(h0)), convert_float8(s1 - convert_double8(h1)));
+}
+#endif
+
+KV_FN_INLINE float kv_cpu_max16f(float16 v)
+{
+    float8 a = fmax(v.lo, v.hi);
+    float4 b = fmax(a.lo, a.hi);
+    float2 c = fmax(b.lo, b.hi);
+    return fmax(c.x, c.y);
+}
+
+/* Chunks 0 .. nch - 1 of row t of a page's K or V into out: one loop per
+   reader, and a quantized group's metadata converted once per group. */
+KV_FN_INLINE void kv_cpu_row(KV_GLOBAL const kv_u8 *data, int aligned, const kv_dev_store *st, const kv_cpu_rd *rd,
+                             kv_u32 t, kv_u32 nch, float16 *out)
+{
+    kv_u64 e0 = (kv_u64)t * st->l.cols;
+    if (rd->fast == 1) {
+        for (kv_u32 c = 0; c < nch; c++)
+            out[c] = vload16(0, KV_CPTR(float, data, st->data) + e0 + 16 * c);
+    } else if (rd->fast == 2) {
+        for (kv_u32 c = 0; c < nch; c++)
+            out[c] = as_float16(convert_uint16(vload16(0, KV_CPTR(kv_u16, data, st->data) + e0 + 16 * c)) << 16);
+    } else if (rd->fast == 3) {
+        kv_u32 pb = rd->pb, per_group = rd->gs / 16, ig = 0;
+        KV_GLOBAL const kv_u8 *code = data + st->data + t * rd->row_bytes;
+        KV_GLOBAL const half *meta = KV_CPTR(half, data, st->meta);
+        kv_u64 g = (kv_u64)t * rd->per_row;
+        float16 sv = (float16)0.0f, zv = (float16)0.0f;
+        for (kv_u32 c = 0; c < nch; c++) {
+            if (ig == 0) { /* a new group: its metadata (vload_half: the exact conversion of a finite half) */
+                sv = (float16)vload_half(g, meta);
+                zv = (float16)vload_half(rd->groups + g, meta);
+            }
+            /* chunk c's codes start at byte 2 pb c of the row: groups hold whole chunks */
+            KV_GLOBAL const kv_u8 *cc = code + (kv_u64)2 * pb * c;
+            uint16 q;
+            if (pb == 8) {
+                q = convert_uint16(vload16(0, cc));
+            } else if (pb == 4) {
+                uint16 b = convert_uint16(vload8(0, cc).s0011223344556677);
+                q = (b >> (uint16)(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4)) & 15u;
+            } else {
+                uint16 b = convert_uint16(vload4(0, cc).s0000111122223333);
+                q = (b >> (uint16)(0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6)) & 3u;
+            }
+            out[c] = st->anchor_bits ? fma(convert_float16(q << rd->r) + (float16)rd->mid, sv, zv)
+                                     : fma(convert_float16(q), sv, zv);
+            if (++ig == per_group) {
+                ig = 0;
+                g++;
+            }
+        }
+    } else {
+        for (kv_u32 c = 0; c < nch; c++)
+            out[c] = kv_cpu_row16_scalar(data, aligned, st, t, 16 * c);
+    }
+}
+
+KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_u8 *qpb, kv_u64 qpo,
+                       KV_GLOBAL const kv_u8 *pgb, kv_u64 pgo, KV_GLOBAL const kv_u8 *hpb, kv_u64 hpo,
+                       KV_GLOBAL const kv_u8 *posb, kv_u64 poso, kv_u64 n_positions, KV_GLOBAL const kv_u8 *datab,
+                       kv_u64 datao, kv_u64 data_bytes, KV_GLOBAL kv_u8 *ob, kv_u64 oo, KV_GLOBAL float *ml,
+                       KV_GLOBAL float *part, kv_u32 n_queries, kv_u32 n_heads, kv_u32 n_kv_heads, kv_u32 head_dim,
+                       kv_u32 n_pages, kv_u32 n_split, float scale)
+{
+    float16 qv[KV_CPU_HEADS][KV_CPU_CHUNKS], acc[KV_CPU_HEADS][KV_CPU_CHUNKS], tacc[KV_CPU_HEADS][KV_CPU_CHUNKS];
+    float16 row[KV_CPU_CHUNKS];
+#if KV_FP64
+    double8 qd[KV_CPU_HEADS][2 * KV_CPU_CHUNKS], dd[KV_CPU_HEADS][KV_CPU_TILE]; /* q; dot-product lanes */
+#else
+    float16 dh[KV_CPU_HEADS][KV_CPU_TILE], dl[KV_CPU_HEADS][KV_CPU_TILE]; /* dot-product lanes */
+#endif
+    kv_dev_ff m[KV_CPU_HEADS];
+    float pr[KV_CPU_HEADS][KV_CPU_TILE], l[KV_CPU_HEADS], f[KV_CPU_HEADS];
+    int vis[KV_CPU_TILE];
+
+    KV_GLOBAL const kv_u8 *data = datab + datao;
+    int aligned = (datao % 4) == 0;
+    KV_GLOBAL const kv_u32 *pages = KV_CPTR(kv_u32, pgb, pgo);
+    KV_GLOBAL const kv_u32 *positions = KV_CPTR(kv_u32, posb, poso);
+    kv_u32 group = n_heads / n_kv_heads, nch = (head_dim + 15) / 16;
+    KV_FOR_GROUPS(wg, (kv_u64)n_queries * n_heads * n_split) {
+        kv_u32 split = (kv_u32)(wg % n_split);
+        kv_u64 row0 = wg / n_split; /* qi * n_heads + h */
+        kv_u32 h0 = (kv_u32)(row0 % n_heads);
+        kv_u64 qi = row0 / n_heads;
+        kv_u32 kh = h0 / group, hg = h0 - kh * group;
+        if (hg % KV_CPU_HEADS != 0)
+            continue; /* served by the work-group of its batch's first head */
+        kv_u32 nh = group - hg < KV_CPU_HEADS ? group - hg : KV_CPU_HEADS;
+        kv_u32 qpos = KV_CPTR(kv_u32, qpb, qpo)[qi];
+        kv_u32 first, count;
+        kv_dev_head_range(KV_CPTR(kv_u32, hpb, hpo), kh, n_pages, &first, &count);
+        kv_u32 chunk = (kv_u32)kv_dev_ceil_div(count, n_split);
+        kv_u32 p0 = first + (split * chunk < count ? split * chunk : count);
+        kv_u32 p1 = first + ((split + 1) * chunk < count ? (split + 1) * chunk : count);
+
+        for (kv_u32 hh = 0; hh < nh; hh++) {
+            kv_cpu_q16(KV_CPTR(float, qb, qo) + (row0 + hh) * head_dim, head_dim, qv[hh]);
+            for (kv_u32 c = 0; c < nch; c++) {
+                acc[hh][c] = (float16)0.0f;
+#if KV_FP64
+                qd[hh][2 * c] = convert_double8(qv[hh][c].lo);
+                qd[hh][2 * c + 1] = convert_double8(qv[hh][c].hi);
+#endif
+            }
+            m[hh].hi = m[hh].lo = 0.0f;
+            l[hh] = 0.0f;
+        }
+        int seen = 0; /* visibility depends on the query only, so it is the same for every head */
+        for (kv_u32 p = p0; p < p1; p++) {
+            kv_dev_page pg = kv_dev_page_get(pages, p, head_dim, data_bytes, n_positions);
+            if (!pg.ok)
+                continue;
+            kv_cpu_rd krd = kv_cpu_rd_get(aligned, &pg.k), vrd = kv_cpu_rd_get(aligned, &pg.v);
+            for (kv_u32 t0 = 0; t0 < pg.ntok; t0 += KV_CPU_TILE) {
+                kv_u32 nt = pg.ntok - t0 < KV_CPU_TILE ? pg.ntok - t0 : KV_CPU_TILE;
+                int any = 0;
+                /* 1. The dot products of the tile's visible tokens (16 lanes
+                   each), every head; then per head the 16 tokens' lanes
+                   added by one transposing tree (kv_cpu_ff_tree). */
+                for (kv_u32 e = 0; e < KV_CPU_TILE; e++) {
+                    vis[e] = e < nt && positions[pg.pos_index + t0 + (e < nt ? e : 0)] <= qpos;
+                    any |= vis[e];
+                    if (!vis[e]) {
+                        for (kv_u32 hh = 0; hh < nh; hh++)
+#if KV_FP64
+                            dd[hh][e] = (double8)0.0;
+#else
+                            dh[hh][e] = dl[hh][e] = (float16)0.0f;
+#endif
+                        continue;
+                    }
+                    kv_cpu_row(data, aligned, &pg.k, &krd, t0 + e, nch, row);
+                    for (kv_u32 hh = 0; hh < nh; hh++)
+#if KV_FP64
+                        dd[hh][e] = kv_cpu_dot_d(qd[hh], row, nch);
+#else
+                        kv_cpu_dot16(qv[hh], row, nch, &dh[hh][e], &dl[hh][e]);
+#endif
+                }
+                if (!any)
+                    continue; /* M, l and acc stay as they are (f would be 1) */
+                int16 visv = vload16(0, vis) != 0;
+                /* 2. Per head: the running max (the tile's largest logit.hi
+                   when it is larger: any M near the maximum will do, as f
+                   rescales what came before), the probabilities, l. */
+                for (kv_u32 hh = 0; hh < nh; hh++) {
+                    float16 lh, ll;
+#if KV_FP64
+                    kv_cpu_d_tree(dd[hh], scale, &lh, &ll);
+#else
+                    kv_cpu_ff_tree(dh[hh], dl[hh], scale, &lh, &ll);
+#endif
+                    float tmax = kv_cpu_max16f(select((float16)(-INFINITY), lh, visv));
+                    kv_dev_ff tm = m[hh];
+                    if (!seen || tmax > tm.hi) {
+                        tm.hi = tmax;
+                        tm.lo = 0.0f;
+                    }
+                    f[hh] = seen ? KV_EXP(kv_dev_ff_sub(m[hh], tm)) : 1.0f;
+                    m[hh] = tm;
+                    float16 pv = select((float16)0.0f, exp((lh - (float16)tm.hi) + (ll - (float16)tm.lo)), visv);
+                    vstore16(pv, 0, pr[hh]);
+                    float tl = 0.0f;
+                    for (kv_u32 e = 0; e < KV_CPU_TILE; e++)
+                        tl += pr[hh][e];
+                    l[hh] = l[hh] * f[hh] + tl;
+                    for (kv_u32 c = 0; c < nch; c++)
+                        tacc[hh][c] = (float16)0.0f;
+                }
+                seen = 1;
+                /* 3. The tile's weighted V, each row decoded once for every head. */
+                for (kv_u32 e = 0; e < nt; e++) {
+                    if (!vis[e])
+                        continue;
+                    kv_cpu_row(data, aligned, &pg.v, &vrd, t0 + e, nch, row);
+                    for (kv_u32 hh = 0; hh < nh; hh++) {
+                        float16 pw = (float16)pr[hh][e];
+                        for (kv_u32 c = 0; c < nch; c++)
+                            tacc[hh][c] += pw * row[c];
+                    }
+                }
+                for (kv_u32 hh = 0; hh < nh; hh++)
+                    for (kv_u32 c = 0; c < nch; c++)
+                        acc[hh][c] = acc[hh][c] * (float16)f[hh] + tacc[hh][c];
+            }
+        }
+
+        for (kv_u32 hh = 0; hh < nh; hh++) {
+            kv_u64 row = row0 + hh;
+            float tmp[KV_MAX_HEAD_DIM];
+            for (kv_u32 c = 0; c < nch; c++)
+                vstore16(n_split == 1 ? (seen ? acc[hh][c] / (float16)l[hh] : (float16)0.0f) : acc[hh][c], 0,
+                         tmp + 16 * c);
+            if (n_split == 1) {
+                KV_GLOBAL float *out = KV_PTR(float, ob, oo) + row * head_dim;
+                for (kv_u32 d = 0; d < head_dim; d++)
+                    out[d] = tmp[d];
+                if (ml) {
+                    ml[3 * row] = seen ? m[hh].hi : 0.0f;
+                    ml[3 * row + 1] = seen ? m[hh].lo : 0.0f;
+                    ml[3 * row + 2] = seen ? l[hh] : 0.0f;
+                }
+            } else {
+                KV_GLOBAL float *pp = part + (row * n_split + split) * ((kv_u64)head_dim + 3);
+                for (kv_u32 d = 0; d < head_dim; d++)
+                    pp[3 + d] = seen ? tmp[d] : 0.0f;
+                pp[0] = seen ? m[hh].hi : 0.0f;
+                pp[1] = seen ? m[hh].lo : 0.0f;
+                pp[2] = seen ? l[hh] : 0.0f; /* a chunk that saw a token has l >= 1 */
+            }
+        }
+    }
+    KV_KERNEL_END();
+}
+#else
 /* Attention, split over the context as flash-decoding does. The host cuts
    each KV head's page list into n_split chunks of ceil(pages / n_split)
    pages (kv_dev_attn_splits); one work-group of KV_ATTN_WG per (query, head,
@@ -736,6 +1372,9 @@ KV_FN void kv_dev_head_range(KV_GLOBAL const kv_u32 *head_pages, kv_u32 kh, kv_u
         memory; the running normaliser l = l f + sum p_t (t in order);
      3. work-item w owns ceil(head_dim / KV_ATTN_WG) dimensions of the output
         (KV_ITEM_DIM): acc[d] += p_t V_t[d] over the tile's tokens in order.
+   (OpenCL CPU devices take the kernel above instead, KV_CPU_ATTENTION; the
+   KV_LANES > 1 branches here remain for a build with work-groups of more
+   than one work-item, which opencl.c no longer makes.)
    KV_LANES (host-chosen at build time) is 1 on GPUs: one token per thread,
    and a thread's dimensions interleaved, so that a warp reads consecutive
    bytes of a row. A CPU device gets KV_LANES 16 and a small work-group: a
@@ -795,10 +1434,12 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
             kv_dev_page pg = kv_dev_page_get(pages, p, head_dim, data_bytes, n_positions);
             if (!pg.ok)
                 continue; /* the same for the whole work-group */
+#if KV_LANES == 1 /* the GPU shape's V reader; the CPU shape reads whole chunks of a row */
             for (kv_u32 j = 0; j < per; j++) {
                 kv_u32 d = KV_ITEM_DIM(lid, j, per);
                 vcol[j] = kv_dev_col_get(&pg.v, d < head_dim ? d : head_dim - 1);
             }
+#endif
 
             for (kv_u32 t0 = 0; t0 < pg.ntok; t0 += KV_ATTN_TILE) {
                 /* 1. This work-item's tokens: their logits. */
@@ -926,6 +1567,8 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
     KV_KERNEL_END();
 }
 
+#endif /* KV_CPU_ATTENTION */
+
 /* Merges the n_split chunks of kv_attention (flash-decoding's log-sum-exp
    merge): M = max M_s over the chunks that saw a token, L = sum l_s e^(M_s -
    M), out = sum acc_s e^(M_s - M) / L, s in order. One work-group per
@@ -1004,10 +1647,19 @@ KV_KERNEL kv_attention_scores(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL co
             kv_u32 ntok = pages[(kv_u64)p * KV_PAGE_WORDS];
             if ((p - first) % KV_WG == lid) {
                 kv_dev_page pg = kv_dev_page_get(pages, p, head_dim, data_bytes, n_positions);
+#if defined(KV_CPU_ATTENTION)
+                kv_cpu_rd krd = kv_cpu_rd_get(aligned, &pg.k);
+                float16 row[KV_CPU_CHUNKS], qc[KV_CPU_CHUNKS];
+#endif
                 for (kv_u32 t = 0; t < ntok && base + t < score_stride; t++) {
                     float best = 0.0f;
                     if (pg.ok) {
                         kv_u32 pos = positions[pg.pos_index + t];
+#if defined(KV_CPU_ATTENTION)
+                        /* CPU: the K row decoded once for every (head, query) */
+                        kv_u32 nch = (head_dim + 15) / 16;
+                        kv_cpu_row(data, aligned, &pg.k, &krd, t, nch, row);
+#endif
                         for (kv_u32 hh = 0; hh < group; hh++) {
                             kv_u32 h = kh * group + hh;
                             float sum = 0.0f;
@@ -1017,7 +1669,14 @@ KV_KERNEL kv_attention_scores(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL co
                                 if (pos > qpos[qi] || lsum == 0.0f)
                                     continue;
                                 KV_GLOBAL const float *q = qall + ((kv_u64)qi * n_heads + h) * head_dim;
+#if defined(KV_CPU_ATTENTION)
+                                kv_cpu_q16(q, head_dim, qc);
+                                float16 dh, dl;
+                                kv_cpu_dot16(qc, row, nch, &dh, &dl);
+                                kv_dev_ff lg = kv_cpu_ff16_end(dh, dl, scale);
+#else
                                 kv_dev_ff lg = kv_dev_logit(q, data, aligned, &pg.k, t, head_dim, scale);
+#endif
                                 kv_dev_ff mq = {ml[at], ml[at + 1]};
                                 sum += KV_EXP(kv_dev_ff_sub(lg, mq)) / lsum;
                             }

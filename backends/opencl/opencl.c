@@ -20,7 +20,7 @@
  *  - Work-groups: KV_WG = the largest power of two <= min(64, the device's
  *    maximum); KVSIM_OPENCL_WG_MAX=n caps it (tests check that results do not
  *    depend on it). Attention's shape: GPUs KV_LANES 1 and KV_ATTN_WG =
- *    KV_WG, CPU devices 16 lanes in work-groups of 2 (choose_lanes);
+ *    KV_WG, CPU devices KV_LANES 16 in work-groups of 1 (choose_lanes);
  *    KVSIM_OPENCL_LANES=n forces the lanes. Its split over the context is
  *    kv_dev_attn_splits (kv_device.h), as on CUDA and HIP.
  *  - Asynchrony: kernels are enqueued on one in-order queue and return at
@@ -164,6 +164,7 @@ typedef struct cl_ctx {
     size_t attn_wg;             /* KV_ATTN_WG: attention's work-group size (<= wg) */
     int lanes;                  /* KV_LANES: tokens per attention work-item (1 on GPUs) */
     int div_mode;               /* KV_DIV_MODE the program was built with */
+    int fp64;                   /* KV_FP64: the device has cl_khr_fp64 (CPU attention's dot products) */
     kv_backend_props props;
 } cl_ctx;
 
@@ -230,10 +231,11 @@ static int choose_div_mode(cl_device_id dev, int *mode, kv_error *err)
     return KV_OK;
 }
 
-/* Attention's shape on a CPU device (kernels.cl, kv_attention): 16 tokens per
-   work-item, the CPU compiler's SIMD width for fp32 on AVX-512, in
-   work-groups of 2 (a 32-token tile, the usual page). */
-enum { CPU_LANES = 16, CPU_ATTN_WG = 2 };
+/* Attention's shape on a CPU device (kernels.cl, kv_attention with
+   KV_CPU_ATTENTION): work-groups of one work-item, each serving a batch of a
+   GQA group's query heads, rows read 16 values at a time in vector types
+   (KV_LANES > 1 selects it; the lane count itself no longer matters there). */
+enum { CPU_LANES = 16, CPU_ATTN_WG = 1 };
 
 /* KV_LANES for a device: CPU devices CPU_LANES, others 1 (the GPU shape);
    KVSIM_OPENCL_LANES=n forces n (1, 2, 4, 8 or 16: tests run the GPU shape on PoCL). */
@@ -252,6 +254,25 @@ static int choose_lanes(cl_device_id dev, int *lanes, kv_error *err)
     return KV_OK;
 }
 
+/* KV_FP64: 1 when the device has cl_khr_fp64 (the CPU shape's attention then
+   sums its dot products in double, else in float-float); KVSIM_OPENCL_FP64=0
+   turns it off (tests run both on PoCL). */
+static int choose_fp64(cl_device_id dev, int *fp64, kv_error *err)
+{
+    char ext[4096] = "";
+    clGetDeviceInfo(dev, CL_DEVICE_EXTENSIONS, sizeof ext - 1, ext, NULL);
+    *fp64 = strstr(ext, "cl_khr_fp64") != NULL;
+    const char *force = getenv("KVSIM_OPENCL_FP64");
+    if (force && *force) {
+        if (strcmp(force, "0") != 0 && strcmp(force, "1") != 0)
+            return kv_error_set(err, KV_EINPUT, "KVSIM_OPENCL_FP64=%s: want 0 or 1", force);
+        if (strcmp(force, "1") == 0 && !*fp64)
+            return kv_error_set(err, KV_EINPUT, "KVSIM_OPENCL_FP64=1: the device has no cl_khr_fp64");
+        *fp64 = force[0] == '1';
+    }
+    return KV_OK;
+}
+
 static int build_program(cl_ctx *c, kv_error *err)
 {
     const char *src = kv_opencl_source;
@@ -261,8 +282,9 @@ static int build_program(cl_ctx *c, kv_error *err)
         return cl_fail(err, e, "clCreateProgramWithSource");
     char options[256];
     c->attn_wg = c->lanes > 1 && c->wg > CPU_ATTN_WG ? CPU_ATTN_WG : c->wg;
-    snprintf(options, sizeof options, "-cl-std=CL1.2 -DKV_WG=%zu -DKV_ATTN_WG=%zu -DKV_LANES=%d -DKV_DIV_MODE=%d%s",
-             c->wg, c->attn_wg, c->lanes, c->div_mode,
+    snprintf(options, sizeof options,
+             "-cl-std=CL1.2 -DKV_WG=%zu -DKV_ATTN_WG=%zu -DKV_LANES=%d -DKV_DIV_MODE=%d -DKV_FP64=%d%s", c->wg,
+             c->attn_wg, c->lanes, c->div_mode, c->fp64,
              c->div_mode == 0 ? " -cl-fp32-correctly-rounded-divide-sqrt" : "");
     e = clBuildProgram(c->program, 1, &c->device, options, NULL, NULL);
     if (e != CL_SUCCESS) {
@@ -310,6 +332,8 @@ static int opencl_open(int index, const kv_backend_i **iface, void **out, kv_err
     rc = choose_div_mode(c->device, &c->div_mode, err);
     if (!rc)
         rc = choose_lanes(c->device, &c->lanes, err);
+    if (!rc)
+        rc = choose_fp64(c->device, &c->fp64, err);
     if (rc)
         goto fail;
     rc = build_program(c, err);
