@@ -6,6 +6,7 @@
 
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,6 +57,34 @@ static inline kv_backend *kvt_open(const char *name, int device)
 static inline kv_backend *kvt_open_reference(void)
 {
     return kvt_open("cpu", 1);
+}
+
+/* Skips the calling test (visibly: "skipped: opencl: ..." on stderr) when no OpenCL device is usable. */
+static inline void kvt_require_opencl(void)
+{
+    const kv_backend_reg *reg = kv_backend_reg_find("opencl");
+    kv_error why = {0};
+    if (!reg) {
+        fprintf(stderr, "skipped: opencl: not built\n");
+        cr_skip_test("opencl: not built");
+    }
+    if (reg->device_count(&why) <= 0) {
+        fprintf(stderr, "skipped: opencl: %s\n", why.msg[0] ? why.msg : "no device");
+        cr_skip_test("opencl: no device");
+    }
+}
+
+/* opencl:0 opened with environment variable var set to value for the open (value NULL: unset). */
+static inline kv_backend *kvt_open_opencl_with(const char *var, const char *value)
+{
+    if (value)
+        setenv(var, value, 1);
+    kv_backend *be = NULL;
+    kv_error err = {0};
+    int rc = kv_backend_open("opencl", 0, &be, &err);
+    unsetenv(var);
+    cr_assert_eq(rc, KV_OK, "opencl (%s %s): %s", var, value ? value : "default", err.msg);
+    return be;
 }
 
 /* Test values: mostly normal(0, sd) with, when `awkward` is set, a sprinkling

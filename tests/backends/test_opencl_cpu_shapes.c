@@ -21,34 +21,6 @@
 #include "core/base/rng.h"
 #include "tests/kernels_util.h"
 
-/* Skips the calling test (visibly) when no OpenCL device is usable. */
-static void require_opencl(void)
-{
-    const kv_backend_reg *reg = kv_backend_reg_find("opencl");
-    kv_error why = {0};
-    if (!reg) {
-        fprintf(stderr, "skipped: opencl: not built\n");
-        cr_skip_test("opencl: not built");
-    }
-    if (reg->device_count(&why) <= 0) {
-        fprintf(stderr, "skipped: opencl: %s\n", why.msg[0] ? why.msg : "no device");
-        cr_skip_test("opencl: no device");
-    }
-}
-
-/* opencl:0 with KVSIM_OPENCL_FP64 set to fp64 (NULL: the device's default). */
-static kv_backend *open_fp64(const char *fp64)
-{
-    if (fp64)
-        setenv("KVSIM_OPENCL_FP64", fp64, 1);
-    kv_backend *be = NULL;
-    kv_error err = {0};
-    int rc = kv_backend_open("opencl", 0, &be, &err);
-    unsetenv("KVSIM_OPENCL_FP64");
-    cr_assert_eq(rc, KV_OK, "opencl (fp64 %s): %s", fp64 ? fp64 : "default", err.msg);
-    return be;
-}
-
 /* ---- Encode ------------------------------------------------------------------------ */
 
 typedef struct planes {
@@ -123,8 +95,8 @@ static void check_encode(kv_backend *be, kv_backend *ref, const kv_quant_layout 
    constant runs mixed in. */
 Test(opencl_cpu_shapes, encode_token_groups_bit_exact)
 {
-    require_opencl();
-    kv_backend *be = open_fp64(NULL), *ref = kvt_open_reference();
+    kvt_require_opencl();
+    kv_backend *be = kvt_open_opencl_with("KVSIM_OPENCL_FP64", NULL), *ref = kvt_open_reference();
     kv_rng rng;
     kv_rng_seed(&rng, 2207);
     for (size_t s = 0; s < sizeof enc_shapes / sizeof enc_shapes[0]; s++) {
@@ -150,8 +122,8 @@ Test(opencl_cpu_shapes, encode_token_groups_bit_exact)
    NaN/Inf, the extremes of fp32, and subnormals. */
 Test(opencl_cpu_shapes, encode_min_max_keys_bit_exact)
 {
-    require_opencl();
-    kv_backend *be = open_fp64(NULL), *ref = kvt_open_reference();
+    kvt_require_opencl();
+    kv_backend *be = kvt_open_opencl_with("KVSIM_OPENCL_FP64", NULL), *ref = kvt_open_reference();
     enum { COLS = 40, ROWS = 8 };
     float x[ROWS * COLS];
     for (int i = 0; i < COLS; i++) {
@@ -223,8 +195,8 @@ static const attn_case cases[] = {
 /* Every case against the reference, on opencl:0 with KVSIM_OPENCL_FP64=fp64. */
 static void check_attention(const char *fp64)
 {
-    require_opencl();
-    kv_backend *be = open_fp64(fp64), *ref = kvt_open_reference();
+    kvt_require_opencl();
+    kv_backend *be = kvt_open_opencl_with("KVSIM_OPENCL_FP64", fp64), *ref = kvt_open_reference();
     for (size_t i = 0; i < N_CASES; i++) {
         const attn_case *c = &cases[i];
         kv_attn_spec spec = {c->n_queries, c->n_heads, c->n_kv_heads, c->head_dim, c->tokens, c->page_tokens,
@@ -263,7 +235,7 @@ Test(opencl_cpu_shapes, attention_float_float_dot_product)
 
 Test(opencl_cpu_shapes, bad_fp64_is_bad_input_naming_the_variable)
 {
-    require_opencl();
+    kvt_require_opencl();
     setenv("KVSIM_OPENCL_FP64", "2", 1);
     kv_backend *be = NULL;
     kv_error err = {0};

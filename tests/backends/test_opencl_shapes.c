@@ -16,34 +16,6 @@
 #include "backends/kernels/kv_device.h"
 #include "tests/kernels_util.h"
 
-/* Skips the calling test (visibly) when no OpenCL device is usable. */
-static void require_opencl(void)
-{
-    const kv_backend_reg *reg = kv_backend_reg_find("opencl");
-    kv_error why = {0};
-    if (!reg) {
-        fprintf(stderr, "skipped: opencl: not built\n");
-        cr_skip_test("opencl: not built");
-    }
-    if (reg->device_count(&why) <= 0) {
-        fprintf(stderr, "skipped: opencl: %s\n", why.msg[0] ? why.msg : "no device");
-        cr_skip_test("opencl: no device");
-    }
-}
-
-/* opencl:0 with KVSIM_OPENCL_LANES set to lanes (NULL: the device's default shape). */
-static kv_backend *open_shape(const char *lanes)
-{
-    if (lanes)
-        setenv("KVSIM_OPENCL_LANES", lanes, 1);
-    kv_backend *be = NULL;
-    kv_error err = {0};
-    int rc = kv_backend_open("opencl", 0, &be, &err);
-    unsetenv("KVSIM_OPENCL_LANES");
-    cr_assert_eq(rc, KV_OK, "opencl (lanes %s): %s", lanes ? lanes : "default", err.msg);
-    return be;
-}
-
 static void run(kv_backend *be, const kv_attn_problem *prob, float *out, float *scores)
 {
     kv_error err = {0};
@@ -81,8 +53,8 @@ static const shape_case cases[] = {
 /* Every case on one shape of the kernel, against the reference. */
 static void check_shape(const char *lanes)
 {
-    require_opencl();
-    kv_backend *be = open_shape(lanes), *ref = kvt_open_reference();
+    kvt_require_opencl();
+    kv_backend *be = kvt_open_opencl_with("KVSIM_OPENCL_LANES", lanes), *ref = kvt_open_reference();
     for (size_t i = 0; i < N_CASES; i++) {
         const shape_case *c = &cases[i];
         kv_attn_spec spec = {c->n_queries, c->n_heads, c->n_kv_heads, c->head_dim, c->tokens, c->page_tokens,
@@ -121,7 +93,7 @@ Test(opencl_shapes, device_default_shape)
 
 Test(opencl_shapes, four_lanes_and_work_group_of_one)
 {
-    require_opencl();
+    kvt_require_opencl();
     setenv("KVSIM_OPENCL_WG_MAX", "1", 1); /* the GPU shape at one work-item, the CPU shape at lanes 4 */
     check_shape("4");
     unsetenv("KVSIM_OPENCL_WG_MAX");
@@ -140,7 +112,7 @@ Test(opencl_shapes, split_depends_on_the_shape_only)
 
 Test(opencl_shapes, bad_lanes_is_bad_input_naming_the_variable)
 {
-    require_opencl();
+    kvt_require_opencl();
     setenv("KVSIM_OPENCL_LANES", "3", 1);
     kv_backend *be = NULL;
     kv_error err = {0};
