@@ -1007,6 +1007,18 @@ KV_FN void kv_dev_head_range(KV_GLOBAL const kv_u32 *head_pages, kv_u32 kh, kv_u
     *count = c;
 }
 
+/* The pages [*p0, *p1) that split `split` of n_split takes of KV head kh's pages (kv_dev_head_range):
+   equal chunks of ceil(count / n_split) pages, the last ones short or empty. */
+KV_FN void kv_dev_split_range(KV_GLOBAL const kv_u32 *head_pages, kv_u32 kh, kv_u32 n_pages, kv_u32 split,
+                              kv_u32 n_split, kv_u32 *p0, kv_u32 *p1)
+{
+    kv_u32 first, count;
+    kv_dev_head_range(head_pages, kh, n_pages, &first, &count);
+    kv_u32 chunk = (kv_u32)kv_dev_ceil_div(count, n_split);
+    *p0 = first + (split * chunk < count ? split * chunk : count);
+    *p1 = first + ((split + 1) * chunk < count ? (split + 1) * chunk : count);
+}
+
 #if defined(KV_CPU_ATTENTION)
 /* Attention on CPU devices (KV_LANES > 1): the same split over the context
    and the same arguments as the GPU shape below, but a work-group is one
@@ -1231,11 +1243,8 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
             continue; /* served by the work-group of its batch's first head */
         kv_u32 nh = group - hg < KV_CPU_HEADS ? group - hg : KV_CPU_HEADS;
         kv_u32 qpos = KV_CPTR(kv_u32, qpb, qpo)[qi];
-        kv_u32 first, count;
-        kv_dev_head_range(KV_CPTR(kv_u32, hpb, hpo), kh, n_pages, &first, &count);
-        kv_u32 chunk = (kv_u32)kv_dev_ceil_div(count, n_split);
-        kv_u32 p0 = first + (split * chunk < count ? split * chunk : count);
-        kv_u32 p1 = first + ((split + 1) * chunk < count ? (split + 1) * chunk : count);
+        kv_u32 p0, p1;
+        kv_dev_split_range(KV_CPTR(kv_u32, hpb, hpo), kh, n_pages, split, n_split, &p0, &p1);
 
         for (kv_u32 hh = 0; hh < nh; hh++) {
             kv_cpu_q16(KV_CPTR(float, qb, qo) + (row0 + hh) * head_dim, head_dim, qv[hh]);
@@ -1419,11 +1428,8 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
         kv_u32 kh = h / (n_heads / n_kv_heads);
         KV_GLOBAL const float *q = KV_CPTR(float, qb, qo) + row * head_dim;
         kv_u32 qpos = KV_CPTR(kv_u32, qpb, qpo)[qi];
-        kv_u32 first, count;
-        kv_dev_head_range(KV_CPTR(kv_u32, hpb, hpo), kh, n_pages, &first, &count);
-        kv_u32 chunk = (kv_u32)kv_dev_ceil_div(count, n_split);
-        kv_u32 p0 = first + (split * chunk < count ? split * chunk : count);
-        kv_u32 p1 = first + ((split + 1) * chunk < count ? (split + 1) * chunk : count);
+        kv_u32 p0, p1;
+        kv_dev_split_range(KV_CPTR(kv_u32, hpb, hpo), kh, n_pages, split, n_split, &p0, &p1);
 
         for (kv_u32 j = 0; j < per; j++)
             acc[j] = 0.0f;
