@@ -1024,18 +1024,9 @@ static int describe_stuck(engine *e, kv_error *err)
     return KV_OK;
 }
 
-/* One run: its inputs, its results, and the timeline as it was before it (kv_net_run_body). */
-typedef struct engine_run {
-    const kv_run_inputs *in;
-    kv_run_result *out;
-    kv_timeline_mark mark;
-} engine_run;
-
 /* The simulation; its network from host (NULL: kv_net_create). */
-static int run_loop(void *arg, kv_net_host *host, kv_error *err)
+int kv_engine_run_loop(const kv_run_inputs *in, kv_run_result *out, kv_net_host *host, kv_error *err)
 {
-    const kv_run_inputs *in = ((engine_run *)arg)->in;
-    kv_run_result *out = ((engine_run *)arg)->out;
     engine e;
     memset(&e, 0, sizeof e);
     int rc = kv_engine_setup(&e, in, host, out, err);
@@ -1115,79 +1106,6 @@ static int run_loop(void *arg, kv_net_host *host, kv_error *err)
     }
     kv_engine_free(&e);
     return rc;
-}
-
-/* ---- The run in the SimGrid child (docs/network.md "How it runs") ----
-   The child runs run_loop with SimGrid a function call away, then writes back everything of the run
-   the caller keeps: the whole kv_run_result and what the run added to the timeline. The rest stays in
-   the child: the policy's Lua state (nothing reads it after a run but its parameters, which a run does
-   not change; a caller whose later runs must continue it sets keep_policy_state) and the backend the
-   engine opened. The child draws the progress line itself and clears it at the end. */
-
-static int run_in_child(void *arg, kv_net_host *host, kv_error *err)
-{
-    int rc = run_loop(arg, host, err);
-    kv_progress_clear(((engine_run *)arg)->in->progress);
-    return rc;
-}
-
-static int save_run(void *arg, kv_stream *s, kv_error *err)
-{
-    const engine_run *r = arg;
-    const kv_run_result *out = r->out;
-    kv_stream_put(s, out, sizeof *out); /* its pointers are the child's: load replaces them */
-    kv_stream_put(s, out->requests, out->n_requests * sizeof *out->requests);
-    kv_stream_put(s, out->links, out->n_links * sizeof *out->links);
-    kv_histogram_save(&out->itl_s, s);
-    if (r->in->timeline)
-        kv_timeline_save(r->in->timeline, &r->mark, s);
-    return s->failed ? kv_error_set(err, KV_EFAIL, "engine: writing the run's results failed") : KV_OK;
-}
-
-static int load_run(void *arg, kv_stream *s, kv_error *err)
-{
-    const engine_run *r = arg;
-    kv_run_result *out = r->out;
-    int bad = kv_stream_get(s, out, sizeof *out) != 0;
-    out->requests = NULL;
-    out->links = NULL;
-    memset(&out->itl_s, 0, sizeof out->itl_s);
-    if (!bad && (out->n_requests != kv_workload_count(r->in->workload) || out->n_links > (1u << 24)))
-        bad = 1; /* not this run's */
-    if (!bad) {
-        out->requests = kv_calloc(out->n_requests ? out->n_requests : 1, sizeof *out->requests);
-        out->links = kv_calloc(out->n_links ? out->n_links : 1, sizeof *out->links);
-        bad = kv_stream_get(s, out->requests, out->n_requests * sizeof *out->requests) != 0 ||
-              kv_stream_get(s, out->links, out->n_links * sizeof *out->links) != 0 ||
-              kv_histogram_load(&out->itl_s, s) != 0 ||
-              (r->in->timeline && kv_timeline_load(r->in->timeline, s) != 0);
-    }
-    if (!bad)
-        return KV_OK;
-    kv_run_result_free(out);
-    return kv_error_set(err, KV_EFAIL, "engine: the run's results came back incomplete from the SimGrid child");
-}
-
-/* Whether the run can go to the SimGrid child: a simgrid network asked to, a CPU backend the child
-   opens itself (a device opened here, or one a child of a process that used it cannot open, stays
-   here), and no later run that must continue this one's policy state. */
-static bool run_goes_to_child(const kv_run_inputs *in)
-{
-    const kv_engine_config *c = in->config;
-    const char *be = c->timing_backend ? c->timing_backend : "cpu";
-    return !c->colocated && c->net.model == KV_NET_SIMGRID && c->net.run_in_child && !in->backend &&
-           strcmp(be, "cpu") == 0 && !in->keep_policy_state;
-}
-
-int kv_engine_run(const kv_run_inputs *in, kv_run_result *out, kv_error *err)
-{
-    memset(out, 0, sizeof *out);
-    engine_run r = {.in = in, .out = out};
-    if (!run_goes_to_child(in))
-        return run_loop(&r, NULL, err);
-    kv_timeline_get_mark(in->timeline, &r.mark);
-    kv_net_body body = {.run = run_in_child, .save = save_run, .load = load_run, .arg = &r};
-    return kv_net_run_body(&in->config->net, &body, err);
 }
 
 void kv_run_result_free(kv_run_result *r)
