@@ -25,16 +25,17 @@ typedef struct engine_run {
 } engine_run;
 
 /* ---- The run in the SimGrid child (docs/network.md "How it runs") ----
-   The child runs kv_engine_run_loop with SimGrid a function call away, then writes back everything of the run
-   the caller keeps: the whole kv_run_result and what the run added to the timeline. The rest stays in
-   the child: the policy's Lua state (nothing reads it after a run but its parameters, which a run does
-   not change; a caller whose later runs must continue it sets keep_policy_state) and the backend the
-   engine opened. The child draws the progress line itself and clears it at the end. */
+   The child runs kv_engine_run_loop with SimGrid a function call away, then writes back everything of the
+   run the caller keeps: the whole kv_run_result and what the run added to the timeline. The rest stays in
+   the child: the policy's Lua state (nothing reads it after a run but its parameters, which a run does not
+   change; a caller whose later runs must continue it sets keep_policy_state) and the backend the engine
+   opened. The child draws the progress line itself and clears it at the end. */
 
 static int run_in_child(void *arg, kv_net_host *host, kv_error *err)
 {
-    int rc = kv_engine_run_loop(((engine_run *)arg)->in, ((engine_run *)arg)->out, host, err);
-    kv_progress_clear(((engine_run *)arg)->in->progress);
+    const engine_run *r = arg;
+    int rc = kv_engine_run_loop(r->in, r->out, host, err);
+    kv_progress_clear(r->in->progress);
     return rc;
 }
 

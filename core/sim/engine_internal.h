@@ -163,11 +163,11 @@ typedef struct engine {
 
 /* engine_setup.c: fills a zeroed engine for one run (the steps in order); frees what it made. */
 int kv_engine_setup(engine *e, const kv_run_inputs *in, kv_net_host *host, kv_run_result *out, kv_error *err);
+void kv_engine_free(engine *e);
 
 /* The simulation of one policy run in this process; its network from host (NULL: kv_net_create).
    kv_engine_run (engine_child.c) calls it here or inside the SimGrid child. */
 int kv_engine_run_loop(const kv_run_inputs *in, kv_run_result *out, kv_net_host *host, kv_error *err);
-void kv_engine_free(engine *e);
 
 /* What a policy hook sees of a request, its history included. */
 static inline kv_policy_request policy_request(const request *r)
