@@ -297,7 +297,8 @@ private:
     std::vector<LinkUse> uses_;
     std::unordered_map<const sg4::Link*, int> link_index_;
     std::vector<Flow*> active_;               /* in-flight flows; Flow::slot indexes this */
-    std::vector<sg4::CommPtr> comms_;         /* active_[i]->comm, for wait_any_for */
+    std::vector<sg4::ActivityPtr> comms_;     /* active_[i]->comm, for wait_any_for (Activity's: Comm's copies
+                                                 the vector, casting each element, at every call) */
     std::unordered_map<uint64_t, std::unique_ptr<Flow>> flows_;
     std::vector<Flow*> pending_;              /* flows whose class penalty waits for the latency */
     std::vector<Flow*> latent_;               /* flows whose action was last seen paying its latency */
@@ -445,6 +446,7 @@ private:
     void note_latency_paid();
     void stats();
     bool wait_until(double t);
+    long uncollected(const std::vector<Flow*>& done) const;
     void collect_done(std::vector<Flow*>* done);
     void finish(Flow* f, double t, uint64_t bytes_crossed);
 };
@@ -460,7 +462,7 @@ bool Driver::wait_until(double t)
             sg4::this_actor::sleep_for(d);
         steps_ = 0;
     } else {
-        ssize_t i = sg4::Comm::wait_any_for(comms_, d);
+        ssize_t i = sg4::Activity::wait_any_for(comms_, d);
         steps_ = 0;
         if (i >= 0)
             return false;
@@ -670,7 +672,7 @@ void Driver::start(const kv_sg_request& rq)
     }
     f->slot = active_.size();
     active_.push_back(f);
-    comms_.push_back(f->comm);
+    comms_.push_back(boost::static_pointer_cast<sg4::Activity>(f->comm));
     flows_.emplace(f->id, std::move(owned));
     find_action(f);
     if (f->action != nullptr && f->action->get_type() == ActionHeap::Type::latency) {
@@ -931,21 +933,32 @@ void Driver::cancel(const kv_sg_request& rq)
     reply_status(not_active, nullptr, 0);
 }
 
+/* Flows of active_ whose comm completed in SimGrid but is not yet in `done`; -1 when unknown. With
+   an LMM model each active comm's network action stays in the model's started set until it ends
+   (paying its latency, held or running alike) and no other action is there, so the difference
+   is exact; test_any, a simcall each, is then only called for a completion that is there. */
+long Driver::uncollected(const std::vector<Flow*>& done) const
+{
+    if (!lmm_ok_)
+        return -1;
+    return (long)active_.size() - (long)done.size() - (long)model_->get_started_action_set()->size();
+}
+
 /* Every active comm that has completed at the current date, in start (id) order. */
 void Driver::collect_done(std::vector<Flow*>* done)
 {
-    for (;;) {
-        std::vector<sg4::CommPtr> rest;
+    for (long left = uncollected(*done); left != 0; left = left > 0 ? left - 1 : left) {
+        std::vector<sg4::ActivityPtr> rest;
         std::vector<Flow*> rest_flows;
         for (Flow* f : active_) {
             if (std::find(done->begin(), done->end(), f) == done->end()) {
-                rest.push_back(f->comm);
+                rest.push_back(boost::static_pointer_cast<sg4::Activity>(f->comm));
                 rest_flows.push_back(f);
             }
         }
         if (rest.empty())
             break;
-        ssize_t i = sg4::Comm::test_any(rest);
+        ssize_t i = sg4::Activity::test_any(rest);
         if (i < 0)
             break;
         done->push_back(rest_flows[(size_t)i]);
@@ -1009,7 +1022,7 @@ void Driver::advance(double t_limit)
                 wait_until(t_limit);
         } else {
             double timeout = std::isfinite(t_limit) ? exact_delta(sg4::Engine::get_clock(), t_limit) : -1.0;
-            ssize_t i = sg4::Comm::wait_any_for(comms_, timeout);
+            ssize_t i = sg4::Activity::wait_any_for(comms_, timeout);
             steps_ = 0;
             if (i >= 0)
                 done.push_back(active_[(size_t)i]);
