@@ -176,6 +176,13 @@ struct LinkUse {
     int flows = 0;       /* flows on it now */
 };
 
+/* A src -> dst route as start needs it: the links kvsim reports (indices into Platform::links,
+   in route order) and SimGrid's route latency. Routes of a built platform never change. */
+struct Route {
+    std::vector<int> links;
+    double latency = 0;
+};
+
 struct Flow {
     uint64_t id, tag, bytes;
     int priority;
@@ -297,6 +304,8 @@ private:
     std::vector<LinkUse> uses_;
     std::unordered_map<const sg4::Link*, int> link_index_;
     std::vector<Flow*> active_;               /* in-flight flows; Flow::slot indexes this */
+    std::unordered_map<uint64_t, Route> routes_; /* start's routes by src x hosts + dst, looked up once */
+    const std::string no_link_;               /* the busiest link's name when a route has none */
     std::vector<sg4::ActivityPtr> comms_;     /* active_[i]->comm, for wait_any_for (Activity's: Comm's copies
                                                  the vector, casting each element, at every call) */
     std::unordered_map<uint64_t, std::unique_ptr<Flow>> flows_;
@@ -438,6 +447,7 @@ private:
     void relevel();
     void relevel_now();
     void route(const kv_sg_request& rq);
+    const Route& route_of(sg4::Host* src, sg4::Host* dst, int i, int j);
     void link_state();
     void start(const kv_sg_request& rq);
     void cancel(const kv_sg_request& rq);
@@ -618,19 +628,15 @@ void Driver::start(const kv_sg_request& rq)
     f->priority = rq.priority;
     sg4::Host* src = platform_.hosts[(size_t)rq.src];
     sg4::Host* dst = platform_.hosts[(size_t)rq.dst];
-    std::vector<sg4::Link*> route;
-    double latency = 0;
-    src->route_to(dst, route, &latency);
+    const Route& route = route_of(src, dst, rq.src, rq.dst);
+    double latency = route.latency;
     int busiest = 0;
-    std::string busiest_name;
-    for (const sg4::Link* l : route) {
-        auto it = link_index_.find(l);
-        if (it == link_index_.end())
-            continue; /* not a link kvsim reports (none expected) */
-        f->links.push_back(it->second);
-        if (uses_[(size_t)it->second].flows + 1 > busiest) {
-            busiest = uses_[(size_t)it->second].flows + 1;
-            busiest_name = l->get_name();
+    const std::string* busiest_name = &no_link_;
+    f->links = route.links;
+    for (int l : route.links) {
+        if (uses_[(size_t)l].flows + 1 > busiest) {
+            busiest = uses_[(size_t)l].flows + 1;
+            busiest_name = &platform_.links[(size_t)l]->get_name();
         }
     }
     f->level = rq.level;
@@ -653,10 +659,10 @@ void Driver::start(const kv_sg_request& rq)
         }
     }
     if (levels_) {
-        if (!start_levels(f, busiest, busiest_name))
+        if (!start_levels(f, busiest, *busiest_name))
             return;
     } else if (cfg_->priority != KV_PRIO_NONE) {
-        if (!admit(f, busiest, busiest_name))
+        if (!admit(f, busiest, *busiest_name))
             return; /* never handed to SimGrid; the run fails with the next answer */
     }
     for (int l : f->links) {
@@ -838,6 +844,24 @@ void Driver::relevel()
             f->level_penalty = p;
         }
     }
+}
+
+/* The route i -> j (hosts src, dst) for start: SimGrid's route_to the first time, then the copy. */
+const Route& Driver::route_of(sg4::Host* src, sg4::Host* dst, int i, int j)
+{
+    uint64_t key = (uint64_t)i * platform_.hosts.size() + (uint64_t)j;
+    auto it = routes_.find(key);
+    if (it != routes_.end())
+        return it->second;
+    Route r;
+    std::vector<sg4::Link*> links;
+    src->route_to(dst, links, &r.latency);
+    for (const sg4::Link* l : links) {
+        auto at = link_index_.find(l);
+        if (at != link_index_.end())
+            r.links.push_back(at->second); /* else not a link kvsim reports (none expected) */
+    }
+    return routes_.emplace(key, std::move(r)).first->second;
 }
 
 void Driver::route(const kv_sg_request& rq)
