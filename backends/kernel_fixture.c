@@ -214,6 +214,13 @@ const kv_attn_spec *kv_attn_problem_spec(const kv_attn_problem *p)
     return &p->spec;
 }
 
+void kv_attn_problem_scale_q(kv_attn_problem *p, uint32_t stride, float big, float small)
+{
+    size_t qn = (size_t)p->spec.n_queries * p->spec.n_heads * p->spec.head_dim;
+    for (size_t e = 0; e < qn; e++)
+        p->q[e] *= stride && e % stride == 0 ? big : small;
+}
+
 uint64_t kv_attn_problem_bytes(const kv_attn_problem *p)
 {
     return p->bytes;

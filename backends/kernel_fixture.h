@@ -33,6 +33,11 @@ typedef struct kv_attn_device kv_attn_device;   /* a problem uploaded to a backe
 int kv_attn_problem_create(const kv_attn_spec *spec, kv_attn_problem **out, kv_error *err);
 void kv_attn_problem_destroy(kv_attn_problem *p); /* NULL is fine */
 const kv_attn_spec *kv_attn_problem_spec(const kv_attn_problem *p);
+/* Tests of huge and tiny query elements: multiplies query element e (over
+   the whole [n_queries][n_heads][head_dim] array) by `big` where
+   e % stride == 0, else by `small` (stride 1: every element by big). Call
+   before kv_attn_device_create. */
+void kv_attn_problem_scale_q(kv_attn_problem *p, uint32_t stride, float big, float small);
 /* Bytes one attention pass must move at least: every page's K and V data
    and metadata, the positions, q and out (and the scores). */
 uint64_t kv_attn_problem_bytes(const kv_attn_problem *p);

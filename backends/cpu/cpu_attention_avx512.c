@@ -740,6 +740,102 @@ KV_AVX512 static void v_pass8_any(const src *p, uint32_t ntok, uint32_t hd, cons
 #undef V8_CALL
 }
 
+/* ---- Four row groups at once (verification: 16 rows and more) -------------------- */
+
+/* Readers of 16 elements per load: the 16-row passes keep one accumulator
+   per row, 16 in all. */
+static int is_step16(int kind)
+{
+    return kind != SRC_Q4P && kind != SRC_Q2Q && kind != SRC_CH;
+}
+
+/* k_pass() for the 16 rows of four row groups (q16: [16][hd], natural
+   order; row group g's logits at L + g * lstride): each token's chunk is
+   read and dequantized once for the 16 rows, one token at a time, its 16
+   logits formed by one reduce16. valid16: bit 4g + r for row r of group g. */
+KV_AVX512 static KV_INLINE void k_pass16(const src *p, int kind, int anchor, uint32_t ntok, uint32_t hd,
+                                         const float *q16, float scale, const uint32_t *pos, __m512i qpos16,
+                                         __mmask16 valid16, float *L, size_t lstride, pf_cursor *pf)
+{
+    const __m512 ninf16 = _mm512_set1_ps(-INFINITY), vscale16 = _mm512_set1_ps(scale);
+    for (uint32_t t = 0; t < ntok; t++) {
+        __m512 a[16], S = _mm512_setzero_ps(), Z = S, v[4];
+        for (int r = 0; r < 16; r++)
+            a[r] = _mm512_setzero_ps();
+        for (uint32_t e = 0; e < hd; e += 16) {
+            if (e % 32 == 0)
+                prefetch_step(pf);
+            tables(p, kind, t, e, &S, &Z);
+            load_values(p, kind, anchor, (size_t)t * hd + e, S, Z, v);
+            for (uint32_t r = 0; r < 16; r++)
+                a[r] = _mm512_fmadd_ps(_mm512_loadu_ps(q16 + (size_t)r * hd + e), v[0], a[r]);
+        }
+        __m512 l = _mm512_mul_ps(reduce16(a), vscale16);
+        __mmask16 see = _mm512_mask_cmple_epu32_mask(valid16, _mm512_set1_epi32((int)pos[t]), qpos16);
+        l = _mm512_mask_blend_ps(see, ninf16, l);
+        _mm_storeu_ps(L + 4 * (size_t)t, _mm512_castps512_ps128(l));
+        _mm_storeu_ps(L + lstride + 4 * (size_t)t, _mm512_extractf32x4_ps(l, 1));
+        _mm_storeu_ps(L + 2 * lstride + 4 * (size_t)t, _mm512_extractf32x4_ps(l, 2));
+        _mm_storeu_ps(L + 3 * lstride + 4 * (size_t)t, _mm512_extractf32x4_ps(l, 3));
+    }
+}
+
+/* v_pass() for four row groups (group g's probabilities at P + g * pstride;
+   acc: [16][hd], natural order): each token's chunk dequantized once for
+   the 16 rows. */
+KV_AVX512 static KV_INLINE void v_pass16(const src *p, int kind, int anchor, uint32_t ntok, uint32_t hd,
+                                         const float *P, size_t pstride, double *acc, pf_cursor *pf)
+{
+    for (uint32_t e = 0; e < hd; e += 16) {
+        __m512 o[16], S = _mm512_setzero_ps(), Z = S, v[4];
+        for (uint32_t r = 0; r < 16; r++)
+            o[r] = _mm512_setzero_ps();
+        for (uint32_t t = 0; t < ntok; t++) {
+            prefetch_step(pf);
+            tables(p, kind, t, e, &S, &Z);
+            load_values(p, kind, anchor, (size_t)t * hd + e, S, Z, v);
+            for (uint32_t r = 0; r < 16; r++)
+                o[r] = _mm512_fmadd_ps(_mm512_set1_ps(P[r / 4 * pstride + 4 * (size_t)t + r % 4]), v[0], o[r]);
+        }
+        for (uint32_t r = 0; r < 16; r++)
+            acc_add(acc + (size_t)r * hd + e, o[r]);
+    }
+}
+
+/* Only for is_step16() kinds. */
+KV_AVX512 static void k_pass16_any(const src *p, uint32_t ntok, uint32_t hd, const float *q16, float scale,
+                                   const uint32_t *pos, __m512i qpos16, __mmask16 valid16, float *L, size_t lstride,
+                                   pf_cursor *pf)
+{
+#define K16_CALL(kind, anchor)                                                                                  \
+    if (is_step16(kind))                                                                                       \
+        k_pass16(p, kind, anchor, ntok, hd, q16, scale, pos, qpos16, valid16, L, lstride, pf);
+    KV_SRC_SWITCH(K16_CALL)
+#undef K16_CALL
+}
+
+/* Only for is_step16() kinds. */
+KV_AVX512 static void v_pass16_any(const src *p, uint32_t ntok, uint32_t hd, const float *P, size_t pstride,
+                                   double *acc, pf_cursor *pf)
+{
+#define V16_CALL(kind, anchor)                                                                                  \
+    if (is_step16(kind))                                                                                       \
+        v_pass16(p, kind, anchor, ntok, hd, P, pstride, acc, pf);
+    KV_SRC_SWITCH(V16_CALL)
+#undef V16_CALL
+}
+
+/* Valid rows of row groups g4 .. g4 + 3 of nq rows: bit 4g + r. */
+static __mmask16 valid_of4(uint32_t nq, uint32_t g4)
+{
+    uint32_t m = 0;
+    for (uint32_t g = 0; g < 4; g++) {
+        uint32_t live = nq - (g4 + g) * 4 >= 4 ? 4 : nq - (g4 + g) * 4;
+        m |= ((1u << live) - 1u) << (4 * g);
+    }
+    return (__mmask16)m;
+}
+
 /* e^x for x <= 0 (Cephes-style: x = n ln2 + r, degree-6 polynomial in r,
    about 2 ulp); 0 where x is -Inf or below -87.3. */
 KV_AVX512 static KV_INLINE __m512 exp512(__m512 x)
@@ -888,6 +984,13 @@ KV_AVX512 void kv_cpu_attention_item_avx512(void *arg, size_t i0, size_t i1, int
                 src_prepare(t, w, pg, 0, &ks);
                 for (uint32_t g4 = 0; g4 < groups4; g4++) {
                     uint32_t live = nq - g4 * 4 >= 4 ? 4 : nq - g4 * 4;
+                    if (g4 + 4 <= groups4 && is_step16(ks.kind)) { /* four row groups share each chunk */
+                        k_pass16_any(&ks, pg->ntokens, hd, qord[0] + (size_t)g4 * 4 * hd, a->scale,
+                                     t->positions + pg->pos_index, _mm512_loadu_si512(qpos + g4 * 4),
+                                     valid_of4(nq, g4), w->logits + (size_t)g4 * 4 * T + 4 * base, 4 * T, &pf);
+                        g4 += 3;
+                        continue;
+                    }
                     if (g4 + 1 < groups4 && ks.kind != SRC_CH) { /* two row groups share each chunk */
                         uint32_t live2 = nq - (g4 + 1) * 4 >= 4 ? 4 : nq - (g4 + 1) * 4;
                         float *La = w->logits + (size_t)g4 * 4 * T + 4 * base;
@@ -932,6 +1035,11 @@ KV_AVX512 void kv_cpu_attention_item_avx512(void *arg, size_t i0, size_t i1, int
                 for (uint32_t g4 = 0; g4 < groups4; g4++) {
                     const float *Pa = w->logits + (size_t)g4 * 4 * T + 4 * base;
                     double *acca = acc[order_of(vs.kind)] + (size_t)g4 * 4 * hd;
+                    if (g4 + 4 <= groups4 && is_step16(vs.kind)) { /* four row groups share each chunk */
+                        v_pass16_any(&vs, pg->ntokens, hd, Pa, 4 * T, acca, &pf);
+                        g4 += 3;
+                        continue;
+                    }
                     if (g4 + 1 < groups4 && vs.kind != SRC_Q2Q) { /* two row groups share each chunk */
                         v_pass8_any(&vs, pg->ntokens, hd, Pa, Pa + 4 * T, acca, acca + 4 * hd, &pf);
                         g4++;

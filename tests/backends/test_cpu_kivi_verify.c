@@ -146,3 +146,84 @@ Test(cpu_kivi_verify, verify_rows_generic)
     setenv("KVSIM_CPU_ISA", "generic", 1);
     run_verify("generic");
 }
+
+/* ---- Session 8 (#22): the 16-row verification passes and the inlined KIVI reader ---- */
+
+/* One problem on cpu:0 and on the reference, with its queries scaled by
+   kv_attn_problem_scale_q(stride, big, small) first (stride 0: unscaled). */
+static double scaled_error(kv_backend *be, kv_backend *ref, const kv_attn_spec *spec, uint32_t stride, float big,
+                           float small)
+{
+    kv_attn_problem *prob = NULL;
+    kv_error err = {0};
+    cr_assert_eq(kv_attn_problem_create(spec, &prob, &err), KV_OK, "%s", err.msg);
+    if (stride)
+        kv_attn_problem_scale_q(prob, stride, big, small);
+    size_t no = kv_attn_problem_out_floats(prob);
+    float *o[2] = {malloc(no * 4 + 4), malloc(no * 4 + 4)};
+    kv_backend *bes[2] = {be, ref};
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(kv_attn_solve(prob, bes[i], o[i], NULL, &err), KV_OK, "%s", err.msg);
+    double e = kv_attn_rel_error(o[0], o[1], (size_t)spec->n_queries * spec->n_heads, spec->head_dim);
+    free(o[0]), free(o[1]);
+    kv_attn_problem_destroy(prob);
+    return e;
+}
+
+/* KIVI-2 (channel-grouped 2-bit K, token-grouped 2-bit V), int8 and f32
+   pages: context lengths 1, 15, 17, 63, 65, 4097 (inside and across 16- and
+   32-token vectors and groups); residual windows of 0 tokens (all pages
+   quantized), 1 (a last f32 page of one token) and the full context (all
+   f32); k = 1, 2, 4, 7 queries (query i at position T - k + i: the causal
+   mask cuts the last page of every row differently); GQA groups 1, 4, 8
+   (so 16 rows and more take the four-row-group passes, and 28 or 56 rows
+   leave a pair and a single group after them); queries normal, huge (x4:
+   logits some 100 apart, a softmax of a few tokens; from about x10 the f32
+   logits of the old and the new passes alike leave 1e-5 against the
+   reference's double ones), tiny (x1e-30: a flat softmax), and mixed (every
+   5th element x4, the rest x1e-40, subnormal floats). */
+Test(cpu_kivi_verify, rows16_kivi_shapes)
+{
+    kv_backend *be = kvt_open("cpu", 0), *ref = kvt_open_reference();
+    static const kv_store_format kq[][2] = {{QC(2, 32), F32}, {Q(8, 32), F32}, {F32, F32}};
+    static const kv_store_format vq[][2] = {{Q(2, 32), F32}, {Q(8, 32), F32}, {F32, F32}};
+    static const kv_store_format all_f32[1] = {F32};
+    static const char *names[] = {"kivi2", "int8 g32", "f32"};
+    static const uint32_t ctxs[] = {1, 15, 17, 63, 65, 4097}, ks[] = {1, 2, 4, 7}, gqa[] = {1, 4, 8};
+    static const struct {
+        const char *name;
+        uint32_t stride;
+        float big, small;
+    } qs[] = {{"normal", 0, 1, 1}, {"huge", 1, 4, 1}, {"tiny", 1, 1e-30f, 1}, {"mixed", 5, 4, 1e-40f}};
+    int checked = 0, windows[3] = {0, 0, 0}, qmodes[4] = {0, 0, 0, 0};
+    for (size_t fi = 0; fi < 3; fi++)
+        for (size_t xi = 0; xi < sizeof ctxs / sizeof ctxs[0]; xi++)
+            for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
+                for (size_t gi = 0; gi < sizeof gqa / sizeof gqa[0]; gi++) {
+                    uint32_t T = ctxs[xi], k = ks[ki];
+                    if (k > T)
+                        continue;
+                    size_t idx = fi + xi + ki + gi, wi = idx % 3, qi = (idx / 3 + gi) % 4;
+                    /* window 0: 32-token pages, all quantized; 1: a quantized page of T - 1
+                       tokens then an f32 page of 1 (T > 1); full: every page f32 */
+                    kv_attn_spec spec = {k, 2 * gqa[gi], 2, 128, T, 32, kq[fi], vq[fi], 1, 0, 0,
+                                         7700 + 97 * fi + 31 * xi + 11 * ki + gi};
+                    if (wi == 1 && T > 1)
+                        spec.page_tokens = T - 1, spec.n_formats = 2;
+                    else if (wi == 2)
+                        spec.key_formats = spec.value_formats = all_f32;
+                    double e = scaled_error(be, ref, &spec, qs[qi].stride, qs[qi].big, qs[qi].small);
+                    cr_expect(e <= 1e-5,
+                              "%s, %u tokens, residual window %s, k = %u, GQA %u, %s queries: relative error %.3g",
+                              names[fi], T, wi == 0 ? "0" : wi == 1 && T > 1 ? "1" : "full", k, gqa[gi],
+                              qs[qi].name, e);
+                    windows[wi]++, qmodes[qi]++, checked++;
+                }
+    cr_assert_gt(checked, 150);
+    for (int i = 0; i < 3; i++)
+        cr_assert_gt(windows[i], 20, "residual window case %d ran %d times", i, windows[i]);
+    for (int i = 0; i < 4; i++)
+        cr_assert_gt(qmodes[i], 20, "query mode %s ran %d times", qs[i].name, qmodes[i]);
+    kv_backend_close(be);
+    kv_backend_close(ref);
+}
