@@ -351,7 +351,7 @@ typedef struct ch_vec {
     uint32_t t, n;      /* first token (page-relative), tokens (1..16) */
 } ch_vec;
 
-static void ch_setup(const src *p, uint32_t hd, uint32_t t, ch_vec *v)
+static KV_INLINE void ch_setup(const src *p, uint32_t hd, uint32_t t, ch_vec *v)
 {
     uint32_t G = p->G, blk = t / G, off = t % G, glen = p->ntok - blk * G < G ? p->ntok - blk * G : G;
     size_t full = ((size_t)G * p->w + 7) / 8;
