@@ -1162,10 +1162,49 @@ KV_FN_INLINE float kv_cpu_max16f(float16 v)
     return fmax(c.x, c.y);
 }
 
+/* kv_dev_f16_to_f32 on 16 lanes with integer vector ops (its three cases
+   computed and one selected), bit for bit. PoCL's vload_half is a software
+   conversion of about 15 scalar instructions per value. */
+KV_FN_INLINE float16 kv_cpu_f16x16(ushort16 hb)
+{
+    uint16 h = convert_uint16(hb);
+    uint16 sign = (h & 0x8000u) << 16;
+    uint16 ex = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    uint16 sub = as_uint16(convert_float16(man) * 5.9604644775390625e-8f) | sign; /* 2^-24; exact */
+    uint16 special = sign | 0x7f800000u | (man << 13);
+    uint16 normal = sign | ((ex + 112u) << 23) | (man << 13);
+    return as_float16(select(select(normal, special, ex == 31u), sub, ex == 0u));
+}
+
+/* The metadata of rows t0 .. t0 + nt - 1 (nt <= KV_CPU_TILE) of a store that
+   kv_cpu_row reads as quantized TOKEN groups (rd->fast 3), as f32: s[i] the
+   scale and z[i] the zero of group t0 * per_row + i. A row's groups follow
+   one another, and so do the rows', so the tile's metadata is one run of
+   halves, converted 16 at a time (kv_cpu_f16x16). Other stores: nothing. */
+#define KV_CPU_META (KV_CPU_TILE * KV_CPU_CHUNKS)
+KV_FN_INLINE void kv_cpu_meta(KV_GLOBAL const kv_u8 *data, const kv_dev_store *st, const kv_cpu_rd *rd, kv_u32 t0,
+                              kv_u32 nt, float *s, float *z)
+{
+    if (rd->fast != 3)
+        return;
+    KV_GLOBAL const kv_u16 *m = KV_CPTR(kv_u16, data, st->meta);
+    kv_u64 g0 = (kv_u64)t0 * rd->per_row;
+    kv_u32 n = nt * rd->per_row, i = 0;
+    for (; i + 16 <= n; i += 16) {
+        vstore16(kv_cpu_f16x16(vload16(0, m + g0 + i)), 0, s + i);
+        vstore16(kv_cpu_f16x16(vload16(0, m + rd->groups + g0 + i)), 0, z + i);
+    }
+    for (; i < n; i++) {
+        s[i] = kv_dev_f16_to_f32(m[g0 + i]);
+        z[i] = kv_dev_f16_to_f32(m[rd->groups + g0 + i]);
+    }
+}
+
 /* Chunks 0 .. nch - 1 of row t of a page's K or V into out: one loop per
-   reader, and a quantized group's metadata converted once per group. */
+   reader. A quantized TOKEN-grouped row (rd->fast 3) takes its groups' scales
+   and zeros from s[0 .. per_row) and z[0 .. per_row) (kv_cpu_meta). */
 KV_FN_INLINE void kv_cpu_row(KV_GLOBAL const kv_u8 *data, int aligned, const kv_dev_store *st, const kv_cpu_rd *rd,
-                             kv_u32 t, kv_u32 nch, float16 *out)
+                             kv_u32 t, kv_u32 nch, const float *s, const float *z, float16 *out)
 {
     kv_u64 e0 = (kv_u64)t * st->l.cols;
     if (rd->fast == 1) {
@@ -1177,13 +1216,12 @@ KV_FN_INLINE void kv_cpu_row(KV_GLOBAL const kv_u8 *data, int aligned, const kv_
     } else if (rd->fast == 3) {
         kv_u32 pb = rd->pb, per_group = rd->gs / 16, ig = 0;
         KV_GLOBAL const kv_u8 *code = data + st->data + t * rd->row_bytes;
-        KV_GLOBAL const half *meta = KV_CPTR(half, data, st->meta);
-        kv_u64 g = (kv_u64)t * rd->per_row;
+        kv_u32 g = 0;
         float16 sv = (float16)0.0f, zv = (float16)0.0f;
         for (kv_u32 c = 0; c < nch; c++) {
-            if (ig == 0) { /* a new group: its metadata (vload_half: the exact conversion of a finite half) */
-                sv = (float16)vload_half(g, meta);
-                zv = (float16)vload_half(rd->groups + g, meta);
+            if (ig == 0) { /* a new group */
+                sv = (float16)s[g];
+                zv = (float16)z[g];
             }
             /* chunk c's codes start at byte 2 pb c of the row: groups hold whole chunks */
             KV_GLOBAL const kv_u8 *cc = code + (kv_u64)2 * pb * c;
@@ -1217,6 +1255,7 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
                        KV_GLOBAL float *part, kv_u32 n_queries, kv_u32 n_heads, kv_u32 n_kv_heads, kv_u32 head_dim,
                        kv_u32 n_pages, kv_u32 n_split, float scale)
 {
+    /* slot j = iq * nh + hh: query qi + iq, head h0 + hh */
     float16 qv[KV_CPU_HEADS][KV_CPU_CHUNKS], acc[KV_CPU_HEADS][KV_CPU_CHUNKS], tacc[KV_CPU_HEADS][KV_CPU_CHUNKS];
     float16 row[KV_CPU_CHUNKS];
 #if KV_FP64
@@ -1226,39 +1265,47 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
 #endif
     kv_dev_ff m[KV_CPU_HEADS];
     float pr[KV_CPU_HEADS][KV_CPU_TILE], l[KV_CPU_HEADS], f[KV_CPU_HEADS];
-    int vis[KV_CPU_TILE];
+    float ks[KV_CPU_META], kz[KV_CPU_META], vs[KV_CPU_META], vz[KV_CPU_META]; /* the tile's metadata */
+    int vis[KV_CPU_HEADS][KV_CPU_TILE], vany[KV_CPU_TILE], anyq[KV_CPU_HEADS], seen[KV_CPU_HEADS];
+    kv_u32 qpos[KV_CPU_HEADS];
 
     KV_GLOBAL const kv_u8 *data = datab + datao;
     int aligned = (datao % 4) == 0;
     KV_GLOBAL const kv_u32 *pages = KV_CPTR(kv_u32, pgb, pgo);
     KV_GLOBAL const kv_u32 *positions = KV_CPTR(kv_u32, posb, poso);
     kv_u32 group = n_heads / n_kv_heads, nch = (head_dim + 15) / 16;
+    kv_u32 hb = group < KV_CPU_HEADS ? group : KV_CPU_HEADS; /* heads of a batch */
+    kv_u32 qbat = KV_CPU_HEADS / hb;                        /* queries of a batch */
     KV_FOR_GROUPS(wg, (kv_u64)n_queries * n_heads * n_split) {
         kv_u32 split = (kv_u32)(wg % n_split);
         kv_u64 row0 = wg / n_split; /* qi * n_heads + h */
         kv_u32 h0 = (kv_u32)(row0 % n_heads);
-        kv_u64 qi = row0 / n_heads;
+        kv_u32 qi = (kv_u32)(row0 / n_heads);
         kv_u32 kh = h0 / group, hg = h0 - kh * group;
-        if (hg % KV_CPU_HEADS != 0)
-            continue; /* served by the work-group of its batch's first head */
-        kv_u32 nh = group - hg < KV_CPU_HEADS ? group - hg : KV_CPU_HEADS;
-        kv_u32 qpos = KV_CPTR(kv_u32, qpb, qpo)[qi];
+        if (hg % hb != 0 || qi % qbat != 0)
+            continue; /* served by the work-group of its batch's first (query, head) */
+        kv_u32 nh = group - hg < hb ? group - hg : hb;
+        kv_u32 nq = n_queries - qi < qbat ? n_queries - qi : qbat, nr = nq * nh;
         kv_u32 p0, p1;
         kv_dev_split_range(KV_CPTR(kv_u32, hpb, hpo), kh, n_pages, split, n_split, &p0, &p1);
 
-        for (kv_u32 hh = 0; hh < nh; hh++) {
-            kv_cpu_q16(KV_CPTR(float, qb, qo) + (row0 + hh) * head_dim, head_dim, qv[hh]);
+        for (kv_u32 iq = 0; iq < nq; iq++) {
+            qpos[iq] = KV_CPTR(kv_u32, qpb, qpo)[qi + iq];
+            seen[iq] = 0; /* visibility depends on the query only, so it is the same for its heads */
+        }
+        for (kv_u32 j = 0; j < nr; j++) {
+            kv_u64 rj = (kv_u64)(qi + j / nh) * n_heads + h0 + j % nh;
+            kv_cpu_q16(KV_CPTR(float, qb, qo) + rj * head_dim, head_dim, qv[j]);
             for (kv_u32 c = 0; c < nch; c++) {
-                acc[hh][c] = (float16)0.0f;
+                acc[j][c] = (float16)0.0f;
 #if KV_FP64
-                qd[hh][2 * c] = convert_double8(qv[hh][c].lo);
-                qd[hh][2 * c + 1] = convert_double8(qv[hh][c].hi);
+                qd[j][2 * c] = convert_double8(qv[j][c].lo);
+                qd[j][2 * c + 1] = convert_double8(qv[j][c].hi);
 #endif
             }
-            m[hh].hi = m[hh].lo = 0.0f;
-            l[hh] = 0.0f;
+            m[j].hi = m[j].lo = 0.0f;
+            l[j] = 0.0f;
         }
-        int seen = 0; /* visibility depends on the query only, so it is the same for every head */
         for (kv_u32 p = p0; p < p1; p++) {
             kv_dev_page pg = kv_dev_page_get(pages, p, head_dim, data_bytes, n_positions);
             if (!pg.ok)
@@ -1267,99 +1314,125 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
             for (kv_u32 t0 = 0; t0 < pg.ntok; t0 += KV_CPU_TILE) {
                 kv_u32 nt = pg.ntok - t0 < KV_CPU_TILE ? pg.ntok - t0 : KV_CPU_TILE;
                 int any = 0;
-                /* 1. The dot products of the tile's visible tokens (16 lanes
-                   each), every head; then per head the 16 tokens' lanes
-                   added by one transposing tree (kv_cpu_ff_tree). */
+                for (kv_u32 iq = 0; iq < nq; iq++)
+                    anyq[iq] = 0;
                 for (kv_u32 e = 0; e < KV_CPU_TILE; e++) {
-                    vis[e] = e < nt && positions[pg.pos_index + t0 + (e < nt ? e : 0)] <= qpos;
-                    any |= vis[e];
-                    if (!vis[e]) {
-                        for (kv_u32 hh = 0; hh < nh; hh++)
-#if KV_FP64
-                            dd[hh][e] = (double8)0.0;
-#else
-                            dh[hh][e] = dl[hh][e] = (float16)0.0f;
-#endif
-                        continue;
+                    kv_u32 pos = positions[pg.pos_index + t0 + (e < nt ? e : 0)];
+                    vany[e] = 0;
+                    for (kv_u32 iq = 0; iq < nq; iq++) {
+                        vis[iq][e] = e < nt && pos <= qpos[iq];
+                        anyq[iq] |= vis[iq][e];
+                        vany[e] |= vis[iq][e];
                     }
-                    kv_cpu_row(data, aligned, &pg.k, &krd, t0 + e, nch, row);
-                    for (kv_u32 hh = 0; hh < nh; hh++)
-#if KV_FP64
-                        dd[hh][e] = kv_cpu_dot_d(qd[hh], row, nch);
-#else
-                        kv_cpu_dot16(qv[hh], row, nch, &dh[hh][e], &dl[hh][e]);
-#endif
+                    any |= vany[e];
                 }
                 if (!any)
                     continue; /* M, l and acc stay as they are (f would be 1) */
-                int16 visv = vload16(0, vis) != 0;
-                /* 2. Per head: the running max (the tile's largest logit.hi
+                kv_cpu_meta(data, &pg.k, &krd, t0, nt, ks, kz);
+                kv_cpu_meta(data, &pg.v, &vrd, t0, nt, vs, vz);
+                /* 1. The dot products of the tile's tokens that some query of
+                   the batch sees (16 lanes each), every slot, each K row
+                   decoded once for all of them; then per slot the 16 tokens'
+                   lanes added by one transposing tree (kv_cpu_ff_tree). */
+                for (kv_u32 e = 0; e < KV_CPU_TILE; e++) {
+                    if (!vany[e]) {
+                        for (kv_u32 j = 0; j < nr; j++)
+#if KV_FP64
+                            dd[j][e] = (double8)0.0;
+#else
+                            dh[j][e] = dl[j][e] = (float16)0.0f;
+#endif
+                        continue;
+                    }
+                    kv_cpu_row(data, aligned, &pg.k, &krd, t0 + e, nch, ks + e * krd.per_row, kz + e * krd.per_row,
+                               row);
+                    for (kv_u32 j = 0; j < nr; j++)
+#if KV_FP64
+                        dd[j][e] = kv_cpu_dot_d(qd[j], row, nch);
+#else
+                        kv_cpu_dot16(qv[j], row, nch, &dh[j][e], &dl[j][e]);
+#endif
+                }
+                /* 2. Per slot: the running max (the tile's largest logit.hi
                    when it is larger: any M near the maximum will do, as f
-                   rescales what came before), the probabilities, l. */
-                for (kv_u32 hh = 0; hh < nh; hh++) {
+                   rescales what came before), the probabilities, l. A slot
+                   whose query sees none of the tile keeps M, l and acc
+                   (f = 1, p = 0). */
+                for (kv_u32 j = 0; j < nr; j++) {
+                    kv_u32 iq = j / nh;
+                    for (kv_u32 c = 0; c < nch; c++)
+                        tacc[j][c] = (float16)0.0f;
+                    if (!anyq[iq]) {
+                        f[j] = 1.0f;
+                        continue;
+                    }
+                    int16 visv = vload16(0, vis[iq]) != 0;
                     float16 lh, ll;
 #if KV_FP64
-                    kv_cpu_d_tree(dd[hh], scale, &lh, &ll);
+                    kv_cpu_d_tree(dd[j], scale, &lh, &ll);
 #else
-                    kv_cpu_ff_tree(dh[hh], dl[hh], scale, &lh, &ll);
+                    kv_cpu_ff_tree(dh[j], dl[j], scale, &lh, &ll);
 #endif
                     float tmax = kv_cpu_max16f(select((float16)(-INFINITY), lh, visv));
-                    kv_dev_ff tm = m[hh];
-                    if (!seen || tmax > tm.hi) {
+                    kv_dev_ff tm = m[j];
+                    if (!seen[iq] || tmax > tm.hi) {
                         tm.hi = tmax;
                         tm.lo = 0.0f;
                     }
-                    f[hh] = seen ? KV_EXP(kv_dev_ff_sub(m[hh], tm)) : 1.0f;
-                    m[hh] = tm;
+                    f[j] = seen[iq] ? KV_EXP(kv_dev_ff_sub(m[j], tm)) : 1.0f;
+                    m[j] = tm;
                     float16 pv = select((float16)0.0f, exp((lh - (float16)tm.hi) + (ll - (float16)tm.lo)), visv);
-                    vstore16(pv, 0, pr[hh]);
+                    vstore16(pv, 0, pr[j]);
                     float tl = 0.0f;
                     for (kv_u32 e = 0; e < KV_CPU_TILE; e++)
-                        tl += pr[hh][e];
-                    l[hh] = l[hh] * f[hh] + tl;
-                    for (kv_u32 c = 0; c < nch; c++)
-                        tacc[hh][c] = (float16)0.0f;
+                        tl += pr[j][e];
+                    l[j] = l[j] * f[j] + tl;
                 }
-                seen = 1;
-                /* 3. The tile's weighted V, each row decoded once for every head. */
+                for (kv_u32 iq = 0; iq < nq; iq++)
+                    seen[iq] |= anyq[iq];
+                /* 3. The tile's weighted V, each row decoded once for every slot. */
                 for (kv_u32 e = 0; e < nt; e++) {
-                    if (!vis[e])
+                    if (!vany[e])
                         continue;
-                    kv_cpu_row(data, aligned, &pg.v, &vrd, t0 + e, nch, row);
-                    for (kv_u32 hh = 0; hh < nh; hh++) {
-                        float16 pw = (float16)pr[hh][e];
+                    kv_cpu_row(data, aligned, &pg.v, &vrd, t0 + e, nch, vs + e * vrd.per_row, vz + e * vrd.per_row,
+                               row);
+                    for (kv_u32 j = 0; j < nr; j++) {
+                        if (!vis[j / nh][e])
+                            continue;
+                        float16 pw = (float16)pr[j][e];
                         for (kv_u32 c = 0; c < nch; c++)
-                            tacc[hh][c] += pw * row[c];
+                            tacc[j][c] += pw * row[c];
                     }
                 }
-                for (kv_u32 hh = 0; hh < nh; hh++)
-                    for (kv_u32 c = 0; c < nch; c++)
-                        acc[hh][c] = acc[hh][c] * (float16)f[hh] + tacc[hh][c];
+                for (kv_u32 j = 0; j < nr; j++)
+                    if (anyq[j / nh])
+                        for (kv_u32 c = 0; c < nch; c++)
+                            acc[j][c] = acc[j][c] * (float16)f[j] + tacc[j][c];
             }
         }
 
-        for (kv_u32 hh = 0; hh < nh; hh++) {
-            kv_u64 row = row0 + hh;
+        for (kv_u32 j = 0; j < nr; j++) {
+            kv_u64 row = (kv_u64)(qi + j / nh) * n_heads + h0 + j % nh;
+            int sn = seen[j / nh];
             float tmp[KV_MAX_HEAD_DIM];
             for (kv_u32 c = 0; c < nch; c++)
-                vstore16(n_split == 1 ? (seen ? acc[hh][c] / (float16)l[hh] : (float16)0.0f) : acc[hh][c], 0,
-                         tmp + 16 * c);
+                vstore16(n_split == 1 ? (sn ? acc[j][c] / (float16)l[j] : (float16)0.0f) : acc[j][c], 0, tmp + 16 * c);
             if (n_split == 1) {
                 KV_GLOBAL float *out = KV_PTR(float, ob, oo) + row * head_dim;
                 for (kv_u32 d = 0; d < head_dim; d++)
                     out[d] = tmp[d];
                 if (ml) {
-                    ml[3 * row] = seen ? m[hh].hi : 0.0f;
-                    ml[3 * row + 1] = seen ? m[hh].lo : 0.0f;
-                    ml[3 * row + 2] = seen ? l[hh] : 0.0f;
+                    ml[3 * row] = sn ? m[j].hi : 0.0f;
+                    ml[3 * row + 1] = sn ? m[j].lo : 0.0f;
+                    ml[3 * row + 2] = sn ? l[j] : 0.0f;
                 }
             } else {
                 KV_GLOBAL float *pp = part + (row * n_split + split) * ((kv_u64)head_dim + 3);
                 for (kv_u32 d = 0; d < head_dim; d++)
-                    pp[3 + d] = seen ? tmp[d] : 0.0f;
-                pp[0] = seen ? m[hh].hi : 0.0f;
-                pp[1] = seen ? m[hh].lo : 0.0f;
-                pp[2] = seen ? l[hh] : 0.0f; /* a chunk that saw a token has l >= 1 */
+                    pp[3 + d] = sn ? tmp[d] : 0.0f;
+                pp[0] = sn ? m[j].hi : 0.0f;
+                pp[1] = sn ? m[j].lo : 0.0f;
+                pp[2] = sn ? l[j] : 0.0f; /* a chunk that saw a token has l >= 1 */
             }
         }
     }
@@ -1656,6 +1729,7 @@ KV_KERNEL kv_attention_scores(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL co
 #if defined(KV_CPU_ATTENTION)
                 kv_cpu_rd krd = kv_cpu_rd_get(aligned, &pg.k);
                 float16 row[KV_CPU_CHUNKS], qc[KV_CPU_CHUNKS];
+                float ks[KV_CPU_CHUNKS], kz[KV_CPU_CHUNKS];
 #endif
                 for (kv_u32 t = 0; t < ntok && base + t < score_stride; t++) {
                     float best = 0.0f;
@@ -1664,7 +1738,8 @@ KV_KERNEL kv_attention_scores(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL co
 #if defined(KV_CPU_ATTENTION)
                         /* CPU: the K row decoded once for every (head, query) */
                         kv_u32 nch = (head_dim + 15) / 16;
-                        kv_cpu_row(data, aligned, &pg.k, &krd, t, nch, row);
+                        kv_cpu_meta(data, &pg.k, &krd, t, 1, ks, kz);
+                        kv_cpu_row(data, aligned, &pg.k, &krd, t, nch, ks, kz, row);
 #endif
                         for (kv_u32 hh = 0; hh < group; hh++) {
                             kv_u32 h = kh * group + hh;
