@@ -1121,14 +1121,14 @@ KV_FN_INLINE void kv_cpu_ff_tree(const float16 *h, const float16 *l, float scale
    double instead of float-float: each product of two floats is exact in
    double and the sums lose about 2^-53 of the largest partial, four vector
    operations per 16 values instead of nine. *acc: 8 lanes, lane j summing
-   dimensions j, j + 8, ... (q as doubles, qd[2c] and qd[2c + 1] the two
-   halves of chunk c). */
-KV_FN_INLINE double8 kv_cpu_dot_d(const double8 *qd, const float16 *k, kv_u32 nch)
+   dimensions j, j + 8, ... (q and k as doubles, qd[2c] and qd[2c + 1] the
+   two halves of chunk c; the row is converted once for every slot). */
+KV_FN_INLINE double8 kv_cpu_dot_d(const double8 *qd, const double8 *kd, kv_u32 nch)
 {
     double8 a0 = (double8)0.0, a1 = (double8)0.0;
     for (kv_u32 c = 0; c < nch; c++) {
-        a0 = fma(qd[2 * c], convert_double8(k[c].lo), a0);
-        a1 = fma(qd[2 * c + 1], convert_double8(k[c].hi), a1);
+        a0 = fma(qd[2 * c], kd[2 * c], a0);
+        a1 = fma(qd[2 * c + 1], kd[2 * c + 1], a1);
     }
     return a0 + a1;
 }
@@ -1256,10 +1256,11 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
                        kv_u32 n_pages, kv_u32 n_split, float scale)
 {
     /* slot j = iq * nh + hh: query qi + iq, head h0 + hh */
-    float16 qv[KV_CPU_HEADS][KV_CPU_CHUNKS], acc[KV_CPU_HEADS][KV_CPU_CHUNKS], tacc[KV_CPU_HEADS][KV_CPU_CHUNKS];
+    float16 qv[KV_CPU_HEADS][KV_CPU_CHUNKS], acc[KV_CPU_HEADS][KV_CPU_CHUNKS];
     float16 row[KV_CPU_CHUNKS];
 #if KV_FP64
     double8 qd[KV_CPU_HEADS][2 * KV_CPU_CHUNKS], dd[KV_CPU_HEADS][KV_CPU_TILE]; /* q; dot-product lanes */
+    double8 kd[2 * KV_CPU_CHUNKS];                                              /* the K row */
 #else
     float16 dh[KV_CPU_HEADS][KV_CPU_TILE], dl[KV_CPU_HEADS][KV_CPU_TILE]; /* dot-product lanes */
 #endif
@@ -1346,9 +1347,15 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
                     }
                     kv_cpu_row(data, aligned, &pg.k, &krd, t0 + e, nch, ks + e * krd.per_row, kz + e * krd.per_row,
                                row);
+#if KV_FP64
+                    for (kv_u32 c = 0; c < nch; c++) {
+                        kd[2 * c] = convert_double8(row[c].lo);
+                        kd[2 * c + 1] = convert_double8(row[c].hi);
+                    }
+#endif
                     for (kv_u32 j = 0; j < nr; j++)
 #if KV_FP64
-                        dd[j][e] = kv_cpu_dot_d(qd[j], row, nch);
+                        dd[j][e] = kv_cpu_dot_d(qd[j], kd, nch);
 #else
                         kv_cpu_dot16(qv[j], row, nch, &dh[j][e], &dl[j][e]);
 #endif
@@ -1360,12 +1367,8 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
                    (f = 1, p = 0). */
                 for (kv_u32 j = 0; j < nr; j++) {
                     kv_u32 iq = j / nh;
-                    for (kv_u32 c = 0; c < nch; c++)
-                        tacc[j][c] = (float16)0.0f;
-                    if (!anyq[iq]) {
-                        f[j] = 1.0f;
+                    if (!anyq[iq])
                         continue;
-                    }
                     int16 visv = vload16(0, vis[iq]) != 0;
                     float16 lh, ll;
 #if KV_FP64
@@ -1387,6 +1390,9 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
                     for (kv_u32 e = 0; e < KV_CPU_TILE; e++)
                         tl += pr[j][e];
                     l[j] = l[j] * f[j] + tl;
+                    if (f[j] != 1.0f)
+                        for (kv_u32 c = 0; c < nch; c++)
+                            acc[j][c] *= (float16)f[j];
                 }
                 for (kv_u32 iq = 0; iq < nq; iq++)
                     seen[iq] |= anyq[iq];
@@ -1401,13 +1407,9 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
                             continue;
                         float16 pw = (float16)pr[j][e];
                         for (kv_u32 c = 0; c < nch; c++)
-                            tacc[j][c] += pw * row[c];
+                            acc[j][c] = fma(pw, row[c], acc[j][c]);
                     }
                 }
-                for (kv_u32 j = 0; j < nr; j++)
-                    if (anyq[j / nh])
-                        for (kv_u32 c = 0; c < nch; c++)
-                            acc[j][c] = acc[j][c] * (float16)f[j] + tacc[j][c];
             }
         }
 
