@@ -4,6 +4,7 @@
 
 #include "core/base/datadir.h"
 #include "core/cli/commands.h"
+#include "core/refmodel/model.h"
 
 static const kv_command commands[] = {
     {"run", "SCENARIO [--set key.path=value]... [--seed N] [--seeds N] [--out DIR] [--quiet] [--plot]",
@@ -57,6 +58,7 @@ static void print_version(void)
 
 int main(int argc, char **argv)
 {
+    kv_model_blas_park(); /* BLAS threads would spin idle for 0.1 CPU-s per core otherwise */
     if (argc < 2) {
         usage(stderr);
         return 2;

@@ -254,6 +254,15 @@ int kv_model_read_config(const char *path, kv_model_config *out, kv_error *err)
     return rc;
 }
 
+/* OpenBLAS's fork handler (exported, in no header); weak, so other BLAS builds link without it. */
+extern int blas_thread_shutdown_(void) __attribute__((weak));
+
+void kv_model_blas_park(void)
+{
+    if (blas_thread_shutdown_ != NULL)
+        (void)blas_thread_shutdown_(); /* always 0 */
+}
+
 void kv_model_destroy(kv_model *m)
 {
     if (!m)

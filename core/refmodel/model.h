@@ -38,6 +38,13 @@ typedef struct kv_model_config {
    for a missing, malformed or unsupported model. *out is the caller's. */
 int kv_model_load(const char *path, kv_model **out, kv_error *err);
 void kv_model_destroy(kv_model *m); /* NULL is fine */
+
+/* Stops OpenBLAS's worker threads, which its pthread build starts as it loads (one per core)
+   and which then spin for about 2^28 cycles each waiting for work: 0.1 CPU-s of every kvsim
+   run on 2 cores, seconds on a many-core machine, in runs that never multiply a matrix.
+   OpenBLAS starts them again at its next threaded call (its own path after a fork), and
+   openblas_get_num_threads() is unchanged. Nothing happens with a BLAS that has no such pool. */
+void kv_model_blas_park(void);
 /* Reads only the hyper-parameters from the file's metadata (no weights, no
    tokenizer; vocab and parameters are 0). Errors as kv_model_load. */
 int kv_model_read_config(const char *path, kv_model_config *out, kv_error *err);
