@@ -191,7 +191,7 @@ struct Flow {
     bool held = false;        /* levels mode: suspended, a higher level fills a link of its route */
     double level_penalty = 0; /* levels mode: the penalty relevel last set (0: none yet) */
     sg4::CommPtr comm;
-    std::vector<int> links;   /* indices into Platform::links, forward route */
+    const std::vector<int>* links = nullptr; /* Driver::routes_' indices into Platform::links, forward route */
     Action* action = nullptr; /* SimGrid's network action (nullptr without an LMM model) */
     double base_ratio = 0;    /* its SimGrid penalty / the reference flow's */
     bool latency_due = false; /* still paying its latency: the penalty waits (in pending_) */
@@ -304,11 +304,17 @@ private:
     std::vector<LinkUse> uses_;
     std::unordered_map<const sg4::Link*, int> link_index_;
     std::vector<Flow*> active_;               /* in-flight flows; Flow::slot indexes this */
-    std::unordered_map<uint64_t, Route> routes_; /* start's routes by src x hosts + dst, looked up once */
+    std::unordered_map<uint64_t, Route> routes_; /* start's routes by src x hosts + dst, looked up once;
+                                                    Flow::links points into it (map nodes never move) */
+    std::vector<Flow*> done_;                 /* advance's completions, kept to reuse their storage */
+    std::vector<kv_sg_done> done_items_;      /* and their answer */
+    std::vector<sg4::ActivityPtr> rest_;      /* collect_done: the comms not yet in done_ */
+    std::vector<Flow*> rest_flows_;           /* and their flows */
     const std::string no_link_;               /* the busiest link's name when a route has none */
     std::vector<sg4::ActivityPtr> comms_;     /* active_[i]->comm, for wait_any_for (Activity's: Comm's copies
                                                  the vector, casting each element, at every call) */
     std::unordered_map<uint64_t, std::unique_ptr<Flow>> flows_;
+    std::vector<std::unique_ptr<Flow>> spare_; /* finished flows, reset, for start to reuse */
     std::vector<Flow*> pending_;              /* flows whose class penalty waits for the latency */
     std::vector<Flow*> latent_;               /* flows whose action was last seen paying its latency */
     double latency_paid_at_ = -INFINITY;      /* SimGrid's clock when a flow of latent_ was last seen past it */
@@ -556,7 +562,7 @@ double Driver::base_ratio(const Flow* f, double route_latency_s)
 {
     double base = route_latency_s;
     if (weight_s_ > 0)
-        for (int l : f->links)
+        for (int l : *f->links)
             base += weight_s_ / platform_.links[(size_t)l]->get_bandwidth();
     if (!(base > 0))
         base = 1.0;
@@ -620,7 +626,13 @@ void Driver::start(const kv_sg_request& rq)
                            " starts after a completion that was not reported; advance to its start time first");
         return;
     }
-    auto owned = std::make_unique<Flow>();
+    std::unique_ptr<Flow> owned;
+    if (spare_.empty()) {
+        owned = std::make_unique<Flow>();
+    } else {
+        owned = std::move(spare_.back());
+        spare_.pop_back();
+    }
     Flow* f = owned.get();
     f->id = rq.id;
     f->tag = rq.tag;
@@ -632,7 +644,7 @@ void Driver::start(const kv_sg_request& rq)
     double latency = route.latency;
     int busiest = 0;
     const std::string* busiest_name = &no_link_;
-    f->links = route.links;
+    f->links = &route.links;
     for (int l : route.links) {
         if (uses_[(size_t)l].flows + 1 > busiest) {
             busiest = uses_[(size_t)l].flows + 1;
@@ -665,7 +677,7 @@ void Driver::start(const kv_sg_request& rq)
         if (!admit(f, busiest, *busiest_name))
             return; /* never handed to SimGrid; the run fails with the next answer */
     }
-    for (int l : f->links) {
+    for (int l : *f->links) {
         LinkUse& u = uses_[(size_t)l];
         if (u.flows++ == 0)
             u.since_s = now_;
@@ -767,12 +779,12 @@ void Driver::relevel()
             j++;
         size_t live = 0;
         for (size_t k = i; k < j; k++) {
-            for (int l : ready[k]->links)
+            for (int l : *ready[k]->links)
                 if (left[(size_t)l] <= kLevelEps * platform_.links[(size_t)l]->get_bandwidth())
                     hold[k] = true;
             if (!hold[k]) {
                 live++;
-                for (int l : ready[k]->links)
+                for (int l : *ready[k]->links)
                     sumw[(size_t)l] += ready[k]->weight / ready[k]->base_ratio;
             } else {
                 fixed[k] = true;
@@ -787,7 +799,7 @@ void Driver::relevel()
             for (size_t k = i; k < j; k++) {
                 if (fixed[k])
                     continue;
-                for (int l : ready[k]->links) {
+                for (int l : *ready[k]->links) {
                     double t = (left[(size_t)l] - used[(size_t)l]) / sumw[(size_t)l];
                     if (t < t_min || (t == t_min && l < l_min)) {
                         t_min = t;
@@ -799,12 +811,12 @@ void Driver::relevel()
                 break;
             t_min = std::max(t_min, 0.0);
             for (size_t k = i; k < j; k++) {
-                if (fixed[k] || std::find(ready[k]->links.begin(), ready[k]->links.end(), l_min) == ready[k]->links.end())
+                if (fixed[k] || std::find(ready[k]->links->begin(), ready[k]->links->end(), l_min) == ready[k]->links->end())
                     continue;
                 double w = ready[k]->weight / ready[k]->base_ratio;
                 fixed[k] = true;
                 done++;
-                for (int l : ready[k]->links) {
+                for (int l : *ready[k]->links) {
                     used[(size_t)l] += w * t_min;
                     sumw[(size_t)l] -= w;
                 }
@@ -901,7 +913,7 @@ void Driver::link_state()
             rem = f->comm->get_remaining();
         }
         rem = std::min(std::max(std::ceil(rem), 0.0), (double)f->bytes);
-        for (int l : f->links) {
+        for (int l : *f->links) {
             out[(size_t)l].flows++;
             rate[(size_t)l] += r;
             left[(size_t)l] += rem;
@@ -920,7 +932,7 @@ void Driver::link_state()
 /* Removes f from the active set, closes its link intervals at time t, frees it. */
 void Driver::finish(Flow* f, double t, uint64_t bytes_crossed)
 {
-    for (int l : f->links) {
+    for (int l : *f->links) {
         LinkUse& u = uses_[(size_t)l];
         u.bytes += bytes_crossed;
         if (--u.flows == 0)
@@ -936,7 +948,10 @@ void Driver::finish(Flow* f, double t, uint64_t bytes_crossed)
         pending_.erase(std::find(pending_.begin(), pending_.end(), f));
     if (f->in_latency)
         latent_.erase(std::find(latent_.begin(), latent_.end(), f));
-    flows_.erase(f->id);
+    auto it = flows_.find(f->id);
+    *f = Flow{}; /* drops its comm */
+    spare_.push_back(std::move(it->second));
+    flows_.erase(it);
 }
 
 void Driver::cancel(const kv_sg_request& rq)
@@ -972,20 +987,21 @@ long Driver::uncollected(const std::vector<Flow*>& done) const
 void Driver::collect_done(std::vector<Flow*>* done)
 {
     for (long left = uncollected(*done); left != 0; left = left > 0 ? left - 1 : left) {
-        std::vector<sg4::ActivityPtr> rest;
-        std::vector<Flow*> rest_flows;
+        rest_.clear();
+        rest_flows_.clear();
         for (Flow* f : active_) {
             if (std::find(done->begin(), done->end(), f) == done->end()) {
-                rest.push_back(boost::static_pointer_cast<sg4::Activity>(f->comm));
-                rest_flows.push_back(f);
+                rest_.push_back(comms_[f->slot]);
+                rest_flows_.push_back(f);
             }
         }
-        if (rest.empty())
+        if (rest_.empty())
             break;
-        ssize_t i = sg4::Activity::test_any(rest);
+        ssize_t i = sg4::Activity::test_any(rest_);
+        rest_.clear(); /* no reference to a comm outlives its flow */
         if (i < 0)
             break;
-        done->push_back(rest_flows[(size_t)i]);
+        done->push_back(rest_flows_[(size_t)i]);
     }
     std::sort(done->begin(), done->end(), [](const Flow* a, const Flow* b) { return a->id < b->id; });
 }
@@ -1035,7 +1051,8 @@ double Driver::horizon_after_timeout() const
 
 void Driver::advance(double t_limit)
 {
-    std::vector<Flow*> done;
+    std::vector<Flow*>& done = done_;
+    done.clear();
     if (error_code_ != KV_OK) {
         reply_status(0, nullptr, 0); /* a request failed: the run stops here */
         return;
@@ -1063,7 +1080,8 @@ void Driver::advance(double t_limit)
     } else if (!comms_.empty()) {
         collect_done(&done); /* completions exactly at now_ not yet reported */
     }
-    std::vector<kv_sg_done> items;
+    std::vector<kv_sg_done>& items = done_items_;
+    items.clear();
     for (Flow* f : done) {
         items.push_back({f->id, f->tag, now_});
         finish(f, now_, f->bytes);
