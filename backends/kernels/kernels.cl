@@ -1133,6 +1133,31 @@ KV_FN_INLINE double8 kv_cpu_dot_d(const double8 *qd, const double8 *kd, kv_u32 n
     return a0 + a1;
 }
 
+/* kv_cpu_dot_d for the 4 slots qd[0 .. 3] at once, bit for bit, on the K
+   row as floats: each chunk is loaded and converted once for the 4, and the
+   8 sums are independent (one slot at a time, each slot's two sums were a
+   chain of dependent fma). */
+KV_FN_INLINE void kv_cpu_dot_d4(const double8 (*qd)[2 * KV_CPU_CHUNKS], const float16 *row, kv_u32 nch, double8 *o0,
+                                double8 *o1, double8 *o2, double8 *o3)
+{
+    double8 a0 = (double8)0.0, b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0, a3 = a0, b3 = a0;
+    for (kv_u32 c = 0; c < nch; c++) {
+        double8 k0 = convert_double8(row[c].lo), k1 = convert_double8(row[c].hi); /* exact */
+        a0 = fma(qd[0][2 * c], k0, a0);
+        b0 = fma(qd[0][2 * c + 1], k1, b0);
+        a1 = fma(qd[1][2 * c], k0, a1);
+        b1 = fma(qd[1][2 * c + 1], k1, b1);
+        a2 = fma(qd[2][2 * c], k0, a2);
+        b2 = fma(qd[2][2 * c + 1], k1, b2);
+        a3 = fma(qd[3][2 * c], k0, a3);
+        b3 = fma(qd[3][2 * c + 1], k1, b3);
+    }
+    *o0 = a0 + b0;
+    *o1 = a1 + b1;
+    *o2 = a2 + b2;
+    *o3 = a3 + b3;
+}
+
 /* The 16 tokens' logits scale * (sum of the lanes of d[e]) as float-float
    vectors (lane e: token e), by a transposing tree (16 x 8 -> 8 x (2 x 4) ->
    4 x (4 x 2) -> 2 x (8 x 1) lanes), in double. */
@@ -1248,6 +1273,46 @@ KV_FN_INLINE void kv_cpu_row(KV_GLOBAL const kv_u8 *data, int aligned, const kv_
     }
 }
 
+/* Asks the cache for rows t0 .. t0 + nt - 1 of a store that kv_cpu_row reads
+   with a vector reader (rd->fast 1-3) (kv_cpu_prefetch_rows), and for their
+   metadata (kv_cpu_prefetch_meta); other stores: nothing. A page holds a few
+   KB, too little for the hardware prefetcher to get going before the walk
+   moves on to the next page elsewhere in kv_data, so every tile waited on
+   its first loads (perf: about a fifth of the kernel's samples on the loads
+   of codes and metadata). The kernel asks for the next tile's rows one at a
+   time while it reads this tile's K rows: a burst of a whole tile's lines
+   stalled on the cache's few outstanding misses. A hint only: nothing is
+   read, so the results do not change. */
+#if defined(__clang__)
+#define KV_CPU_PREFETCH(p) __builtin_prefetch((p), 0, 3) /* PoCL's prefetch() is a no-op (no instruction) */
+#else
+#define KV_CPU_PREFETCH(p) prefetch((p), 64)
+#endif
+KV_FN_INLINE void kv_cpu_prefetch_rows(KV_GLOBAL const kv_u8 *data, const kv_dev_store *st, const kv_cpu_rd *rd,
+                                       kv_u32 t0, kv_u32 nt)
+{
+    kv_u64 rb = rd->fast == 1 ? 4 * (kv_u64)st->l.cols
+                : rd->fast == 2 ? 2 * (kv_u64)st->l.cols
+                : rd->fast == 3 ? rd->row_bytes
+                                : 0;
+    KV_GLOBAL const kv_u8 *p = data + st->data + t0 * rb;
+    for (kv_u64 o = 0; o < nt * rb; o += 64)
+        KV_CPU_PREFETCH(p + o);
+}
+
+KV_FN_INLINE void kv_cpu_prefetch_meta(KV_GLOBAL const kv_u8 *data, const kv_dev_store *st, const kv_cpu_rd *rd,
+                                       kv_u32 t0, kv_u32 nt)
+{
+    if (rd->fast != 3)
+        return;
+    kv_u64 mb = 2 * (kv_u64)nt * rd->per_row;
+    KV_GLOBAL const kv_u8 *m = data + st->meta + 2 * (kv_u64)t0 * rd->per_row;
+    for (kv_u64 o = 0; o < mb; o += 64) {
+        KV_CPU_PREFETCH(m + o);
+        KV_CPU_PREFETCH(m + 2 * rd->groups + o);
+    }
+}
+
 KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_u8 *qpb, kv_u64 qpo,
                        KV_GLOBAL const kv_u8 *pgb, kv_u64 pgo, KV_GLOBAL const kv_u8 *hpb, kv_u64 hpo,
                        KV_GLOBAL const kv_u8 *posb, kv_u64 poso, kv_u64 n_positions, KV_GLOBAL const kv_u8 *datab,
@@ -1268,7 +1333,7 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
     float pr[KV_CPU_HEADS][KV_CPU_TILE], l[KV_CPU_HEADS], f[KV_CPU_HEADS];
     float ks[KV_CPU_META], kz[KV_CPU_META], vs[KV_CPU_META], vz[KV_CPU_META]; /* the tile's metadata */
     int vis[KV_CPU_HEADS][KV_CPU_TILE], vany[KV_CPU_TILE], anyq[KV_CPU_HEADS], seen[KV_CPU_HEADS];
-    kv_u32 qpos[KV_CPU_HEADS];
+    kv_u32 qpos[KV_CPU_HEADS], sq[KV_CPU_HEADS]; /* sq[j]: slot j's query (j / nh), no division in the loops */
 
     KV_GLOBAL const kv_u8 *data = datab + datao;
     int aligned = (datao % 4) == 0;
@@ -1295,6 +1360,7 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
             seen[iq] = 0; /* visibility depends on the query only, so it is the same for its heads */
         }
         for (kv_u32 j = 0; j < nr; j++) {
+            sq[j] = j / nh;
             kv_u64 rj = (kv_u64)(qi + j / nh) * n_heads + h0 + j % nh;
             kv_cpu_q16(KV_CPTR(float, qb, qo) + rj * head_dim, head_dim, qv[j]);
             for (kv_u32 c = 0; c < nch; c++) {
@@ -1307,11 +1373,23 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
             m[j].hi = m[j].lo = 0.0f;
             l[j] = 0.0f;
         }
+        kv_dev_page nx = {0}; /* page p + 1, for kv_cpu_prefetch_rows/meta */
+        kv_cpu_rd nkrd = {0}, nvrd = {0};
+        if (p0 < p1) {
+            nx = kv_dev_page_get(pages, p0, head_dim, data_bytes, n_positions);
+            nkrd = kv_cpu_rd_get(aligned, &nx.k);
+            nvrd = kv_cpu_rd_get(aligned, &nx.v);
+        }
         for (kv_u32 p = p0; p < p1; p++) {
-            kv_dev_page pg = kv_dev_page_get(pages, p, head_dim, data_bytes, n_positions);
+            kv_dev_page pg = nx;
+            kv_cpu_rd krd = nkrd, vrd = nvrd;
+            if (p + 1 < p1) {
+                nx = kv_dev_page_get(pages, p + 1, head_dim, data_bytes, n_positions);
+                nkrd = kv_cpu_rd_get(aligned, &nx.k);
+                nvrd = kv_cpu_rd_get(aligned, &nx.v);
+            }
             if (!pg.ok)
                 continue;
-            kv_cpu_rd krd = kv_cpu_rd_get(aligned, &pg.k), vrd = kv_cpu_rd_get(aligned, &pg.v);
             for (kv_u32 t0 = 0; t0 < pg.ntok; t0 += KV_CPU_TILE) {
                 kv_u32 nt = pg.ntok - t0 < KV_CPU_TILE ? pg.ntok - t0 : KV_CPU_TILE;
                 int any = 0;
@@ -1327,6 +1405,19 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
                     }
                     any |= vany[e];
                 }
+                /* the next tile: of this page, or the next page's first (n2 = 0: none) */
+                const kv_dev_store *nks = &pg.k, *nvs = &pg.v;
+                const kv_cpu_rd *nkr = &krd, *nvr = &vrd;
+                kv_u32 tn = t0 + KV_CPU_TILE, n2 = 0;
+                if (tn < pg.ntok) {
+                    n2 = pg.ntok - tn < KV_CPU_TILE ? pg.ntok - tn : KV_CPU_TILE;
+                } else if (p + 1 < p1 && nx.ok) {
+                    nks = &nx.k, nvs = &nx.v, nkr = &nkrd, nvr = &nvrd;
+                    tn = 0;
+                    n2 = nx.ntok < KV_CPU_TILE ? nx.ntok : KV_CPU_TILE;
+                }
+                kv_cpu_prefetch_meta(data, nks, nkr, tn, n2);
+                kv_cpu_prefetch_meta(data, nvs, nvr, tn, n2);
                 if (!any)
                     continue; /* M, l and acc stay as they are (f would be 1) */
                 kv_cpu_meta(data, &pg.k, &krd, t0, nt, ks, kz);
@@ -1336,6 +1427,10 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
                    decoded once for all of them; then per slot the 16 tokens'
                    lanes added by one transposing tree (kv_cpu_ff_tree). */
                 for (kv_u32 e = 0; e < KV_CPU_TILE; e++) {
+                    if (e < n2) { /* row e of the next tile, spread over this loop */
+                        kv_cpu_prefetch_rows(data, nks, nkr, tn + e, 1);
+                        kv_cpu_prefetch_rows(data, nvs, nvr, tn + e, 1);
+                    }
                     if (!vany[e]) {
                         for (kv_u32 j = 0; j < nr; j++)
 #if KV_FP64
@@ -1348,15 +1443,18 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
                     kv_cpu_row(data, aligned, &pg.k, &krd, t0 + e, nch, ks + e * krd.per_row, kz + e * krd.per_row,
                                row);
 #if KV_FP64
-                    for (kv_u32 c = 0; c < nch; c++) {
-                        kd[2 * c] = convert_double8(row[c].lo);
-                        kd[2 * c + 1] = convert_double8(row[c].hi);
-                    }
-#endif
-                    for (kv_u32 j = 0; j < nr; j++)
-#if KV_FP64
+                    kv_u32 j4 = 0;
+                    for (; j4 + 4 <= nr; j4 += 4)
+                        kv_cpu_dot_d4(qd + j4, row, nch, &dd[j4][e], &dd[j4 + 1][e], &dd[j4 + 2][e], &dd[j4 + 3][e]);
+                    if (j4 < nr) /* the K row as doubles for the last slots */
+                        for (kv_u32 c = 0; c < nch; c++) {
+                            kd[2 * c] = convert_double8(row[c].lo);
+                            kd[2 * c + 1] = convert_double8(row[c].hi);
+                        }
+                    for (kv_u32 j = j4; j < nr; j++)
                         dd[j][e] = kv_cpu_dot_d(qd[j], kd, nch);
 #else
+                    for (kv_u32 j = 0; j < nr; j++)
                         kv_cpu_dot16(qv[j], row, nch, &dh[j][e], &dl[j][e]);
 #endif
                 }
@@ -1366,7 +1464,7 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
                    whose query sees none of the tile keeps M, l and acc
                    (f = 1, p = 0). */
                 for (kv_u32 j = 0; j < nr; j++) {
-                    kv_u32 iq = j / nh;
+                    kv_u32 iq = sq[j];
                     if (!anyq[iq])
                         continue;
                     int16 visv = vload16(0, vis[iq]) != 0;
@@ -1386,9 +1484,10 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
                     m[j] = tm;
                     float16 pv = select((float16)0.0f, exp((lh - (float16)tm.hi) + (ll - (float16)tm.lo)), visv);
                     vstore16(pv, 0, pr[j]);
-                    float tl = 0.0f;
-                    for (kv_u32 e = 0; e < KV_CPU_TILE; e++)
-                        tl += pr[j][e];
+                    float8 p8 = pv.lo + pv.hi; /* the tile's sum by halves (a serial sum was 16 dependent adds) */
+                    float4 p4 = p8.lo + p8.hi;
+                    float2 p2 = p4.lo + p4.hi;
+                    float tl = p2.x + p2.y;
                     l[j] = l[j] * f[j] + tl;
                     if (f[j] != 1.0f)
                         for (kv_u32 c = 0; c < nch; c++)
@@ -1402,8 +1501,21 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
                         continue;
                     kv_cpu_row(data, aligned, &pg.v, &vrd, t0 + e, nch, vs + e * vrd.per_row, vz + e * vrd.per_row,
                                row);
-                    for (kv_u32 j = 0; j < nr; j++) {
-                        if (!vis[j / nh][e])
+                    kv_u32 j4 = 0; /* 4 slots at once when all 4 see the token: each V chunk loaded once for them */
+                    for (; j4 + 4 <= nr && vis[sq[j4]][e] && vis[sq[j4 + 1]][e] && vis[sq[j4 + 2]][e] && vis[sq[j4 + 3]][e];
+                         j4 += 4) {
+                        float16 w0 = (float16)pr[j4][e], w1 = (float16)pr[j4 + 1][e];
+                        float16 w2 = (float16)pr[j4 + 2][e], w3 = (float16)pr[j4 + 3][e];
+                        for (kv_u32 c = 0; c < nch; c++) {
+                            float16 r = row[c];
+                            acc[j4][c] = fma(w0, r, acc[j4][c]);
+                            acc[j4 + 1][c] = fma(w1, r, acc[j4 + 1][c]);
+                            acc[j4 + 2][c] = fma(w2, r, acc[j4 + 2][c]);
+                            acc[j4 + 3][c] = fma(w3, r, acc[j4 + 3][c]);
+                        }
+                    }
+                    for (kv_u32 j = j4; j < nr; j++) {
+                        if (!vis[sq[j]][e])
                             continue;
                         float16 pw = (float16)pr[j][e];
                         for (kv_u32 c = 0; c < nch; c++)
@@ -1702,6 +1814,83 @@ KV_KERNEL kv_attention_merge(KV_GLOBAL const float *part, KV_GLOBAL kv_u8 *ob, k
    know where each page's tokens start). For each token: per query head of the
    GQA group, the probability summed over the queries that see it; then the
    maximum over the group's heads. */
+#if defined(KV_CPU_ATTENTION) && KV_FP64
+/* The scores of one page's tokens on CPU devices with doubles, when a KV
+   head's (query head, query) slots fit in KV_CPU_HEADS: as the kernel below
+   (per token, the largest over the group's heads of sum over queries of
+   e^(logit - M) / l), but KV_CPU_TILE tokens at a time as kv_attention does
+   it: each K row decoded once, the dot products in double (kv_cpu_dot_d4 /
+   kv_cpu_dot_d; q converted once per page), the tile's logits by
+   kv_cpu_d_tree and e^ on 16 tokens at once. Writes scores[0 .. min(ntok,
+   room)). ks, kz: room for a tile's metadata (KV_CPU_META). */
+KV_FN_INLINE void kv_cpu_scores_page(KV_GLOBAL const float *qall, KV_GLOBAL const kv_u32 *qpos,
+                                     KV_GLOBAL const kv_u32 *positions, KV_GLOBAL const kv_u8 *data, int aligned,
+                                     const kv_dev_page *pg, const kv_cpu_rd *krd, KV_GLOBAL const float *ml,
+                                     KV_GLOBAL float *scores, kv_u64 room, kv_u32 kh, kv_u32 group, kv_u32 n_queries,
+                                     kv_u32 n_heads, kv_u32 head_dim, float scale, float *ks, float *kz)
+{
+    double8 qd[KV_CPU_HEADS][2 * KV_CPU_CHUNKS], dd[KV_CPU_HEADS][KV_CPU_TILE], kd[2 * KV_CPU_CHUNKS];
+    float16 row[KV_CPU_CHUNKS], qc[KV_CPU_CHUNKS];
+    kv_u32 nch = (head_dim + 15) / 16, nr = group * n_queries; /* slot j = hh * n_queries + qi */
+    for (kv_u32 j = 0; j < nr; j++) {
+        kv_u32 hh = j / n_queries, qi = j % n_queries;
+        kv_cpu_q16(qall + ((kv_u64)qi * n_heads + kh * group + hh) * head_dim, head_dim, qc);
+        for (kv_u32 c = 0; c < nch; c++) {
+            qd[j][2 * c] = convert_double8(qc[c].lo);
+            qd[j][2 * c + 1] = convert_double8(qc[c].hi);
+        }
+    }
+    kv_u32 ntok = pg->ntok < room ? pg->ntok : (kv_u32)room;
+    for (kv_u32 t0 = 0; t0 < ntok; t0 += KV_CPU_TILE) {
+        kv_u32 nt = ntok - t0 < KV_CPU_TILE ? ntok - t0 : KV_CPU_TILE;
+        kv_cpu_meta(data, &pg->k, krd, t0, nt, ks, kz);
+        for (kv_u32 e = 0; e < KV_CPU_TILE; e++) {
+            if (e >= nt) {
+                for (kv_u32 j = 0; j < nr; j++)
+                    dd[j][e] = (double8)0.0;
+                continue;
+            }
+            kv_cpu_row(data, aligned, &pg->k, krd, t0 + e, nch, ks + e * krd->per_row, kz + e * krd->per_row, row);
+            kv_u32 j4 = 0;
+            for (; j4 + 4 <= nr; j4 += 4)
+                kv_cpu_dot_d4(qd + j4, row, nch, &dd[j4][e], &dd[j4 + 1][e], &dd[j4 + 2][e], &dd[j4 + 3][e]);
+            if (j4 < nr)
+                for (kv_u32 c = 0; c < nch; c++) {
+                    kd[2 * c] = convert_double8(row[c].lo);
+                    kd[2 * c + 1] = convert_double8(row[c].hi);
+                }
+            for (kv_u32 j = j4; j < nr; j++)
+                dd[j][e] = kv_cpu_dot_d(qd[j], kd, nch);
+        }
+        int16 inpage = (int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15) < (int16)nt;
+        kv_u32 tp[KV_CPU_TILE];
+        for (kv_u32 e = 0; e < KV_CPU_TILE; e++)
+            tp[e] = positions[pg->pos_index + t0 + (e < nt ? e : 0)];
+        uint16 tpos = vload16(0, tp);
+        float16 best = (float16)0.0f;
+        for (kv_u32 hh = 0; hh < group; hh++) {
+            float16 sum = (float16)0.0f;
+            for (kv_u32 qi = 0; qi < n_queries; qi++) {
+                kv_u64 at = 3 * ((kv_u64)qi * n_heads + kh * group + hh);
+                float lsum = ml[at + 2];
+                int16 vis = inpage & (tpos <= (uint16)qpos[qi]);
+                if (lsum == 0.0f || !any(vis))
+                    continue;
+                float16 lh, ll;
+                kv_cpu_d_tree(dd[hh * n_queries + qi], scale, &lh, &ll);
+                float16 pv = exp((lh - (float16)ml[at]) + (ll - (float16)ml[at + 1])) / (float16)lsum;
+                sum += select((float16)0.0f, pv, vis);
+            }
+            best = hh == 0 ? sum : select(best, sum, sum > best);
+        }
+        float tmp[KV_CPU_TILE];
+        vstore16(best, 0, tmp);
+        for (kv_u32 e = 0; e < nt; e++)
+            scores[t0 + e] = tmp[e];
+    }
+}
+#endif
+
 KV_KERNEL kv_attention_scores(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_u8 *qpb, kv_u64 qpo,
                               KV_GLOBAL const kv_u8 *pgb, kv_u64 pgo, KV_GLOBAL const kv_u8 *hpb, kv_u64 hpo,
                               KV_GLOBAL const kv_u8 *posb, kv_u64 poso, kv_u64 n_positions,
@@ -1731,7 +1920,16 @@ KV_KERNEL kv_attention_scores(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL co
 #if defined(KV_CPU_ATTENTION)
                 kv_cpu_rd krd = kv_cpu_rd_get(aligned, &pg.k);
                 float16 row[KV_CPU_CHUNKS], qc[KV_CPU_CHUNKS];
-                float ks[KV_CPU_CHUNKS], kz[KV_CPU_CHUNKS];
+                float ks[KV_CPU_META], kz[KV_CPU_META];
+#if KV_FP64
+                if (pg.ok && group * n_queries <= KV_CPU_HEADS) {
+                    kv_cpu_scores_page(qall, qpos, positions, data, aligned, &pg, &krd, ml, scores + base,
+                                       base < score_stride ? score_stride - base : 0, kh, group, n_queries, n_heads,
+                                       head_dim, scale, ks, kz);
+                    base += ntok;
+                    continue;
+                }
+#endif
 #endif
                 for (kv_u32 t = 0; t < ntok && base + t < score_stride; t++) {
                     float best = 0.0f;
