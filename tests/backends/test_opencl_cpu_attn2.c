@@ -4,8 +4,9 @@
  * head) slots at once and the slots left over (kv_cpu_dot_d4 / kv_cpu_dot_d:
  * GQA 1, 3, 4, 8, 12, verification k = 1, 2, 4, 7), the V update of 4 slots at
  * once only when all 4 see the token (queries out of position order), the
- * tile's probability sum by halves, the next tile's prefetch across page and
- * tile remainders (1, 63, 65, 4097 tokens, pages of 16 and 32 and odd ones),
+ * tile's probability sum by halves, tile and page remainders (1, 63, 65,
+ * 4097 tokens, pages of 16, 17 and 32; the prefetch of the next tile runs in
+ * all of them but changes no result, so no case here can catch it),
  * the scores of a page 16 tokens at a time with double dot products
  * (kv_cpu_scores_page: slots <= 8; more slots keep the per-token path),
  * queries scaled by 1e-30, by 4 and mixed, and pages whose codes all sit on
