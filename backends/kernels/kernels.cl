@@ -41,6 +41,433 @@
 #define KV_PTR(type, base, off) ((KV_GLOBAL type *)((KV_GLOBAL kv_u8 *)(base) + (off)))
 #define KV_CPTR(type, base, off) ((KV_GLOBAL const type *)((KV_GLOBAL const kv_u8 *)(base) + (off)))
 
+/* ---- The codecs on CPU devices (OpenCL, KV_LANES > 1; token groups) --------------- */
+
+/* The CPU shape of the codec kernels: one work-item per TOKEN group, which
+   works on 16 values at a time with OpenCL vector types, so that PoCL emits
+   SIMD instructions itself (its implicit vectoriser gives up on a kernel
+   whose work-items run loops of their own length, as these do). Every 16
+   codes of a group fill exactly 2w bytes of its w-bit stream (a stream
+   starts on a byte boundary): they are packed and unpacked by swizzles and
+   shifts for w = 1, 2, 4, 8, 16 and through a 64-bit shift-and-or or a byte
+   gather for the other widths. The host launches decode, dequantize, pack
+   and unpack one work-item per group when KV_LANES > 1 and the layout is
+   TOKEN-grouped (opencl.c, cpu_codec); CHANNEL groups keep the kernels below
+   (KIVI's encode: kv_cpu_encode_channels).
+
+   encode and quantize (KV_CPU_ENCODE): the group's min and max are taken over
+   order-preserving integer keys of the floats (integer min/max vectorise;
+   fp32 min/max with the N3 and NaN rules do not), and the codes are the
+   vector transcription of kv_dev_quant_code. Bit for bit the scalar kernel's
+   result: the keys order every finite value as `<` does but -0 before +0,
+   which N3's `+ 0.0f` makes the same metadata. Only with the native division
+   (KV_DIV_MODE 0): `/` on float16 is the correctly rounded vector division
+   there. decode and dequantize: the same fma as kv_dev_dequant (and
+   kv_dev_dequant_anchor) on 16 values, so bit for bit too. */
+#if defined(__OPENCL_VERSION__)
+#if KV_LANES > 1
+#define KV_CPU_CODEC 1
+
+/* A float's order-preserving integer key (an involution: it is its own inverse). */
+KV_FN_INLINE int16 kv_cpu_key16(int16 k)
+{
+    return k ^ ((k >> 31) & (int16)0x7fffffff);
+}
+
+KV_FN_INLINE int kv_cpu_min16(int16 v)
+{
+    int8 a = min(v.lo, v.hi);
+    int4 b = min(a.lo, a.hi);
+    int2 c = min(b.lo, b.hi);
+    return min(c.x, c.y);
+}
+
+KV_FN_INLINE int kv_cpu_max16(int16 v)
+{
+    int8 a = max(v.lo, v.hi);
+    int4 b = max(a.lo, a.hi);
+    int2 c = max(b.lo, b.hi);
+    return max(c.x, c.y);
+}
+
+/* Values c0 .. c0 + 15 of the group at x (n values); lanes at or past n repeat
+   value n - 1 (valid is then -1 only for the lanes below n). */
+KV_FN_INLINE float16 kv_cpu_load16(KV_GLOBAL const float *x, kv_u32 c0, kv_u32 n, int16 *valid)
+{
+    const int16 lane = (int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    *valid = lane < (int16)(int)(n - c0);
+    if (n - c0 >= 16)
+        return vload16(0, x + c0);
+    float tmp[16];
+    for (kv_u32 j = 0; j < 16; j++)
+        tmp[j] = x[c0 + (j < n - c0 ? j : n - c0 - 1)];
+    return vload16(0, tmp);
+}
+
+/* 16 codes of w bits (1 <= w <= 16, masked to w) as the 2w bytes of their
+   little-endian bit stream, into out[0 .. 2w). */
+KV_FN_INLINE void kv_cpu_pack16(uint16 c, kv_u32 w, kv_u8 *out)
+{
+    if (w == 8) {
+        vstore16(convert_uchar16(c), 0, out);
+    } else if (w == 4) {
+        vstore8(convert_uchar8(c.even | (c.odd << 4)), 0, out);
+    } else if (w == 2) {
+        vstore4(convert_uchar4(c.even.even | (c.odd.even << 2) | (c.even.odd << 4) | (c.odd.odd << 6)), 0, out);
+    } else if (w == 1) {
+        uint8 p = c.even | (c.odd << 1);   /* bits of codes 2k, 2k + 1 */
+        uint4 p2 = p.even | (p.odd << 2);  /* 4 codes */
+        uint2 p4 = p2.even | (p2.odd << 4); /* 8 codes: one byte each */
+        out[0] = (kv_u8)p4.x;
+        out[1] = (kv_u8)p4.y;
+    } else if (w == 16) { /* little-endian u16 each: low byte first */
+        ushort16 h = convert_ushort16(c);
+        uchar16 lo = convert_uchar16(h & (ushort)0xff), hi = convert_uchar16(h >> (ushort)8);
+        uchar16 a = (uchar16)(lo.s0, hi.s0, lo.s1, hi.s1, lo.s2, hi.s2, lo.s3, hi.s3, lo.s4, hi.s4, lo.s5, hi.s5,
+                              lo.s6, hi.s6, lo.s7, hi.s7);
+        uchar16 b = (uchar16)(lo.s8, hi.s8, lo.s9, hi.s9, lo.sa, hi.sa, lo.sb, hi.sb, lo.sc, hi.sc, lo.sd, hi.sd,
+                              lo.se, hi.se, lo.sf, hi.sf);
+        vstore16(a, 0, out);
+        vstore16(b, 0, out + 16);
+    } else {
+        /* Eight codes make exactly w bytes: two 64-bit words per half. */
+        kv_u32 cc[16];
+        vstore16(c, 0, cc);
+        for (kv_u32 h = 0; h < 2; h++) {
+            ulong lo = 0, hi = 0;
+            for (kv_u32 j = 0; j < 8; j++) {
+                kv_u32 pos = j * w;
+                ulong v = (ulong)cc[8 * h + j];
+                lo |= pos < 64 ? v << pos : 0ul;
+                hi |= pos >= 64 ? v << (pos - 64) : (pos + w > 64 ? v >> (64 - pos) : 0ul);
+            }
+            for (kv_u32 k = 0; k < w; k++)
+                out[h * w + k] = (kv_u8)((k < 8 ? lo >> (8 * k) : hi >> (8 * (k - 8))) & 0xffu);
+        }
+    }
+}
+
+/* Stores the first nb bytes of the 2w at p (nb == 2w but in a group's last, short chunk). */
+KV_FN_INLINE void kv_cpu_store(KV_GLOBAL kv_u8 *out, const kv_u8 *p, kv_u32 nb)
+{
+    if (nb == 16) {
+        vstore16(vload16(0, p), 0, out);
+    } else if (nb == 8) {
+        vstore8(vload8(0, p), 0, out);
+    } else if (nb == 32) {
+        vstore16(vload16(0, p), 0, out);
+        vstore16(vload16(0, p + 16), 0, out + 16);
+    } else {
+        for (kv_u32 k = 0; k < nb; k++)
+            out[k] = p[k];
+    }
+}
+
+/* Token group g of layout l: its row, its index in the row and its length. */
+typedef struct kv_cpu_tg {
+    kv_u64 row;
+    kv_u32 gc, n;
+} kv_cpu_tg;
+
+/* The layout arithmetic of kv_dev_group_elem / _len with one division (they
+   take four 64-bit ones between them, which cost as much as a group's codes). */
+KV_FN_INLINE kv_cpu_tg kv_cpu_tgroup(kv_dev_layout l, kv_u64 g)
+{
+    kv_cpu_tg t;
+    kv_u32 per_row = (kv_u32)kv_dev_ceil_div(l.cols, l.group_size);
+    t.row = g <= 0xffffffffu ? (kv_u64)((kv_u32)g / per_row) : g / per_row; /* 32-bit division: faster */
+    t.gc = (kv_u32)(g - t.row * per_row);
+    t.n = l.cols - t.gc * l.group_size < l.group_size ? l.cols - t.gc * l.group_size : l.group_size;
+    return t;
+}
+
+/* kv_dev_group_offset of token group t in a plane of w-bit codes (w 0: 0). */
+KV_FN_INLINE kv_u64 kv_cpu_tg_offset(kv_dev_layout l, kv_cpu_tg t, kv_u32 w)
+{
+    kv_u32 last = l.cols % l.group_size;
+    kv_u64 full = kv_dev_stream_bytes(l.group_size, w);
+    kv_u64 row_bytes = (l.cols / l.group_size) * full + (last ? kv_dev_stream_bytes(last, w) : 0);
+    return t.row * row_bytes + t.gc * full;
+}
+
+/* Element offset of token group t's first value. */
+KV_FN_INLINE kv_u64 kv_cpu_tg_elem(kv_dev_layout l, kv_cpu_tg t)
+{
+    return t.row * l.cols + (kv_u64)t.gc * l.group_size;
+}
+
+/* The nb bytes at p (nb <= 2w; nb < 2w only in a group's last, short chunk)
+   as two uchar16 (lo: bytes 0-15, hi: 16-31; 0 past nb). */
+KV_FN_INLINE void kv_cpu_load_bytes(KV_GLOBAL const kv_u8 *p, kv_u32 w, kv_u32 nb, uchar16 *lo, uchar16 *hi)
+{
+    *lo = (uchar16)0;
+    *hi = (uchar16)0;
+    if (nb == 2 * w && w == 8) {
+        *lo = vload16(0, p);
+    } else if (nb == 2 * w && w == 4) {
+        (*lo).lo = vload8(0, p);
+    } else if (nb == 2 * w && w == 2) {
+        (*lo).lo.lo = vload4(0, p);
+    } else if (nb == 2 * w && w == 16) {
+        *lo = vload16(0, p);
+        *hi = vload16(0, p + 16);
+    } else {
+        kv_u8 tmp[32];
+        for (kv_u32 k = 0; k < 32; k++)
+            tmp[k] = k < nb ? p[k] : 0;
+        *lo = vload16(0, tmp);
+        *hi = vload16(0, tmp + 16);
+    }
+}
+
+/* The 16 codes of w bits (1 <= w <= 16) in the 2w bytes (lo, hi) of their
+   little-endian bit stream: kv_cpu_pack16's inverse. */
+KV_FN_INLINE uint16 kv_cpu_unpack16(uchar16 lo, uchar16 hi, kv_u32 w)
+{
+    uint16 c;
+    if (w == 8) {
+        c = convert_uint16(lo);
+    } else if (w == 4) {
+        uint8 b = convert_uint8(lo.lo);
+        c.even = b & 0xfu;
+        c.odd = b >> 4;
+    } else if (w == 2) {
+        uint4 b = convert_uint4(lo.lo.lo);
+        c.even.even = b & 3u;
+        c.odd.even = (b >> 2) & 3u;
+        c.even.odd = (b >> 4) & 3u;
+        c.odd.odd = b >> 6;
+    } else if (w == 1) {
+        uint x = (uint)lo.s0 | ((uint)lo.s1 << 8);
+        c = ((uint16)x >> (uint16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)) & 1u;
+    } else if (w == 16) { /* little-endian u16 each */
+        c.lo = convert_uint8(lo.even) | (convert_uint8(lo.odd) << 8);
+        c.hi = convert_uint8(hi.even) | (convert_uint8(hi.odd) << 8);
+    } else {
+        /* Code j starts at bit j*w: three bytes hold it (bit 7 + 16 < 24). */
+        kv_u8 b[34];
+        vstore16(lo, 0, b);
+        vstore16(hi, 0, b + 16);
+        b[32] = b[33] = 0;
+        kv_u32 cc[16];
+        for (kv_u32 j = 0; j < 16; j++) {
+            kv_u32 pos = j * w, k = pos >> 3;
+            kv_u32 v = (kv_u32)b[k] | ((kv_u32)b[k + 1] << 8) | ((kv_u32)b[k + 2] << 16);
+            cc[j] = (v >> (pos & 7u)) & kv_dev_code_max(w);
+        }
+        c = vload16(0, cc);
+    }
+    return c;
+}
+
+/* Codes c0 .. c0 + 15 (c0 < n) of the w-bit stream at p of a group of n codes. */
+KV_FN_INLINE uint16 kv_cpu_stream16(KV_GLOBAL const kv_u8 *p, kv_u32 w, kv_u32 c0, kv_u32 n)
+{
+    uchar16 lo, hi;
+    kv_u32 m = n - c0 < 16 ? n - c0 : 16;
+    kv_cpu_load_bytes(p + 2 * (c0 / 16) * w, w, (kv_u32)kv_dev_stream_bytes(m, w), &lo, &hi);
+    return kv_cpu_unpack16(lo, hi, w);
+}
+
+/* Stores the first m (<= 16) lanes of v at o. */
+KV_FN_INLINE void kv_cpu_store_f16x(KV_GLOBAL float *o, float16 v, kv_u32 m)
+{
+    if (m == 16) {
+        vstore16(v, 0, o);
+        return;
+    }
+    float tmp[16];
+    vstore16(v, 0, tmp);
+    for (kv_u32 j = 0; j < m; j++)
+        o[j] = tmp[j];
+}
+
+KV_FN_INLINE void kv_cpu_store_u16x(KV_GLOBAL kv_u16 *o, uint16 v, kv_u32 m)
+{
+    ushort16 h = convert_ushort16(v);
+    if (m == 16) {
+        vstore16(h, 0, o);
+        return;
+    }
+    kv_u16 tmp[16];
+    vstore16(h, 0, tmp);
+    for (kv_u32 j = 0; j < m; j++)
+        o[j] = tmp[j];
+}
+
+/* Codes c0 .. c0 + 15 of the group at codes (n of them; 0 past n). */
+KV_FN_INLINE uint16 kv_cpu_codes_load16(KV_GLOBAL const kv_u16 *codes, kv_u32 c0, kv_u32 n)
+{
+    if (n - c0 >= 16)
+        return convert_uint16(vload16(0, codes + c0));
+    kv_u16 tmp[16];
+    for (kv_u32 j = 0; j < 16; j++)
+        tmp[j] = j < n - c0 ? codes[c0 + j] : 0;
+    return convert_uint16(vload16(0, tmp));
+}
+
+/* kv_dev_dequant (r 0, anchor 0) or kv_dev_dequant_anchor (anchor 1) of 16
+   codes: the same fma, lane by lane. */
+KV_FN_INLINE float16 kv_cpu_dequant16(uint16 q, int anchor, kv_u32 r, float s, float z)
+{
+    float16 v = convert_float16(q << r);
+    if (anchor)
+        v = v + (float16)((float)((1u << r) - 1u) / 2.0f); /* exact, as there */
+    return fma(v, (float16)s, (float16)z);
+}
+
+/* Group g of a TOKEN-grouped decode (the arguments of kv_decode). */
+KV_FN void kv_cpu_decode_group(KV_GLOBAL const kv_u8 *apl, KV_GLOBAL const kv_u8 *rpl, KV_GLOBAL const kv_u16 *scale,
+                               KV_GLOBAL const kv_u16 *zero, KV_GLOBAL float *out, kv_dev_layout l, kv_u64 g,
+                               kv_u32 bits, kv_u32 anchor_bits, kv_u32 has_residual)
+{
+    kv_cpu_tg t = kv_cpu_tgroup(l, g);
+    float s = kv_dev_f16_to_f32(scale[g]), z = kv_dev_f16_to_f32(zero[g]);
+    kv_u32 abits = anchor_bits ? anchor_bits : bits;
+    kv_u32 r = anchor_bits ? bits - anchor_bits : 0;
+    KV_GLOBAL const kv_u8 *ap = apl + kv_cpu_tg_offset(l, t, abits);
+    KV_GLOBAL float *o = out + kv_cpu_tg_elem(l, t);
+    if (anchor_bits && has_residual) {
+        KV_GLOBAL const kv_u8 *rp = rpl + kv_cpu_tg_offset(l, t, r);
+        for (kv_u32 c0 = 0; c0 < t.n; c0 += 16) {
+            uint16 q = (kv_cpu_stream16(ap, abits, c0, t.n) << r) | kv_cpu_stream16(rp, r, c0, t.n);
+            kv_cpu_store_f16x(o + c0, kv_cpu_dequant16(q, 0, 0, s, z), t.n - c0 < 16 ? t.n - c0 : 16);
+        }
+        return;
+    }
+    for (kv_u32 c0 = 0; c0 < t.n; c0 += 16) {
+        uint16 q = kv_cpu_stream16(ap, abits, c0, t.n);
+        kv_cpu_store_f16x(o + c0, kv_cpu_dequant16(q, anchor_bits != 0, r, s, z), t.n - c0 < 16 ? t.n - c0 : 16);
+    }
+}
+
+/* Group g of a TOKEN-grouped dequantize (the arguments of kv_dequantize). */
+KV_FN void kv_cpu_dequantize_group(KV_GLOBAL const kv_u16 *codes, KV_GLOBAL const kv_u16 *scale,
+                                   KV_GLOBAL const kv_u16 *zero, KV_GLOBAL float *out, kv_dev_layout l, kv_u64 g,
+                                   kv_u32 bits, kv_u32 anchor_bits)
+{
+    kv_cpu_tg t = kv_cpu_tgroup(l, g);
+    float s = kv_dev_f16_to_f32(scale[g]), z = kv_dev_f16_to_f32(zero[g]);
+    kv_u32 r = anchor_bits ? bits - anchor_bits : 0;
+    uint16 mask = (uint16)kv_dev_code_max(anchor_bits ? anchor_bits : bits);
+    kv_u64 e0 = kv_cpu_tg_elem(l, t);
+    for (kv_u32 c0 = 0; c0 < t.n; c0 += 16) {
+        uint16 q = kv_cpu_codes_load16(codes + e0, c0, t.n) & mask;
+        kv_cpu_store_f16x(out + e0 + c0, kv_cpu_dequant16(q, anchor_bits != 0, r, s, z), t.n - c0 < 16 ? t.n - c0 : 16);
+    }
+}
+
+/* Group g of a TOKEN-grouped pack of w-bit codes (kv_pack). */
+KV_FN void kv_cpu_pack_group(KV_GLOBAL const kv_u16 *codes, KV_GLOBAL kv_u8 *pl, kv_dev_layout l, kv_u64 g, kv_u32 w)
+{
+    kv_cpu_tg t = kv_cpu_tgroup(l, g);
+    KV_GLOBAL const kv_u16 *c = codes + kv_cpu_tg_elem(l, t);
+    KV_GLOBAL kv_u8 *p = pl + kv_cpu_tg_offset(l, t, w);
+    uint16 mask = (uint16)kv_dev_code_max(w);
+    kv_u8 buf[32];
+    for (kv_u32 c0 = 0; c0 < t.n; c0 += 16) {
+        kv_u32 m = t.n - c0 < 16 ? t.n - c0 : 16;
+        kv_cpu_pack16(kv_cpu_codes_load16(c, c0, t.n) & mask, w, buf);
+        kv_cpu_store(p + 2 * (c0 / 16) * w, buf, (kv_u32)kv_dev_stream_bytes(m, w));
+    }
+}
+
+/* Group g of a TOKEN-grouped unpack of w-bit codes (kv_unpack). */
+KV_FN void kv_cpu_unpack_group(KV_GLOBAL const kv_u8 *pl, KV_GLOBAL kv_u16 *codes, kv_dev_layout l, kv_u64 g, kv_u32 w)
+{
+    kv_cpu_tg t = kv_cpu_tgroup(l, g);
+    KV_GLOBAL const kv_u8 *p = pl + kv_cpu_tg_offset(l, t, w);
+    KV_GLOBAL kv_u16 *c = codes + kv_cpu_tg_elem(l, t);
+    for (kv_u32 c0 = 0; c0 < t.n; c0 += 16)
+        kv_cpu_store_u16x(c + c0, kv_cpu_stream16(p, w, c0, t.n), t.n - c0 < 16 ? t.n - c0 : 16);
+}
+
+#if KV_DIV_MODE == 0
+#define KV_CPU_ENCODE 1
+
+/* kv_dev_quant_code on 16 values (s, z, bits as there). */
+KV_FN_INLINE uint16 kv_cpu_codes16(float16 x, float s, float z, kv_u32 bits)
+{
+    float maxq = (float)kv_dev_code_max(bits);
+    float16 v = (x - (float16)z) / (float16)s;
+    v = select(v, (float16)0.0f, v < (float16)0.0f);
+    v = select(v, (float16)maxq, v > (float16)maxq);
+    uint16 q = convert_uint16(rint(v));
+    q = s == 0.0f ? (uint16)0u : q;
+    q = select(q, select((uint16)0u, (uint16)kv_dev_code_max(bits), x > (float16)0.0f), isinf(x));
+    return select(q, (uint16)0u, isnan(x));
+}
+
+/* The metadata of the n values at x (kv_dev_quant_meta of their finite min and max). */
+KV_FN_INLINE kv_u32 kv_cpu_group_meta(KV_GLOBAL const float *x, kv_u32 n, kv_u32 bits)
+{
+    int16 kmin = (int16)0x7fffffff, kmax = (int16)(-0x7fffffff - 1);
+    for (kv_u32 c0 = 0; c0 < n; c0 += 16) {
+        int16 valid;
+        int16 u = as_int16(kv_cpu_load16(x, c0, n, &valid));
+        int16 fin = (u & 0x7f800000) != (int16)0x7f800000; /* finite: -1 */
+        int16 key = kv_cpu_key16(u);
+        kmin = min(kmin, select((int16)0x7fffffff, key, fin));
+        kmax = max(kmax, select((int16)(-0x7fffffff - 1), key, fin));
+    }
+    int kn = kv_cpu_min16(kmin), kx = kv_cpu_max16(kmax);
+    int have = kx >= kn;
+    float mn = as_float(kv_cpu_key16((int16)kn).s0), mx = as_float(kv_cpu_key16((int16)kx).s0);
+    return kv_dev_quant_meta(mn, mx, have, bits);
+}
+
+/* Group g of a TOKEN-grouped encode (the arguments of kv_encode). */
+KV_FN void kv_cpu_encode_group(KV_GLOBAL const float *xall, KV_GLOBAL kv_u8 *apl, KV_GLOBAL kv_u8 *rpl,
+                               KV_GLOBAL kv_u16 *scale, KV_GLOBAL kv_u16 *zero, kv_dev_layout l, kv_u64 g,
+                               kv_u32 bits, kv_u32 anchor_bits)
+{
+    kv_cpu_tg t = kv_cpu_tgroup(l, g);
+    kv_u32 n = t.n;
+    KV_GLOBAL const float *x = xall + kv_cpu_tg_elem(l, t);
+    kv_u32 meta = kv_cpu_group_meta(x, n, bits);
+    scale[g] = (kv_u16)(meta & 0xffffu);
+    zero[g] = (kv_u16)(meta >> 16);
+    float s = kv_dev_f16_to_f32(meta & 0xffffu), z = kv_dev_f16_to_f32(meta >> 16);
+
+    kv_u32 abits = anchor_bits ? anchor_bits : bits;
+    kv_u32 r = anchor_bits ? bits - anchor_bits : 0;
+    KV_GLOBAL kv_u8 *ap = apl + kv_cpu_tg_offset(l, t, abits);
+    KV_GLOBAL kv_u8 *rp = anchor_bits ? rpl + kv_cpu_tg_offset(l, t, r) : ap;
+    kv_u8 buf[32];
+    for (kv_u32 c0 = 0; c0 < n; c0 += 16) {
+        int16 valid;
+        float16 v = kv_cpu_load16(x, c0, n, &valid);
+        uint16 q = select((uint16)0u, kv_cpu_codes16(v, s, z, bits), valid);
+        kv_u32 m = n - c0 < 16 ? n - c0 : 16;
+        kv_cpu_pack16(q >> r, abits, buf);
+        kv_cpu_store(ap + 2 * (c0 / 16) * abits, buf, (kv_u32)kv_dev_stream_bytes(m, abits));
+        if (anchor_bits) {
+            kv_cpu_pack16(q & (uint16)kv_dev_code_max(r), r, buf);
+            kv_cpu_store(rp + 2 * (c0 / 16) * r, buf, (kv_u32)kv_dev_stream_bytes(m, r));
+        }
+    }
+}
+
+/* Group g of a TOKEN-grouped quantize (the arguments of kv_quantize). */
+KV_FN void kv_cpu_quantize_group(KV_GLOBAL const float *xall, KV_GLOBAL kv_u16 *codes, KV_GLOBAL kv_u16 *scale,
+                                 KV_GLOBAL kv_u16 *zero, kv_dev_layout l, kv_u64 g, kv_u32 bits)
+{
+    kv_cpu_tg t = kv_cpu_tgroup(l, g);
+    kv_u64 e0 = kv_cpu_tg_elem(l, t);
+    kv_u32 meta = kv_cpu_group_meta(xall + e0, t.n, bits);
+    scale[g] = (kv_u16)(meta & 0xffffu);
+    zero[g] = (kv_u16)(meta >> 16);
+    float s = kv_dev_f16_to_f32(meta & 0xffffu), z = kv_dev_f16_to_f32(meta >> 16);
+    for (kv_u32 c0 = 0; c0 < t.n; c0 += 16) {
+        int16 valid;
+        float16 v = kv_cpu_load16(xall + e0, c0, t.n, &valid);
+        kv_cpu_store_u16x(codes + e0 + c0, kv_cpu_codes16(v, s, z, bits), t.n - c0 < 16 ? t.n - c0 : 16);
+    }
+}
+#endif /* KV_DIV_MODE == 0 */
+#endif
+#endif
+
 /* ---- Quantize: one work-item per group --------------------------------------------- */
 
 KV_KERNEL kv_quantize(KV_GLOBAL const kv_u8 *xb, kv_u64 xo, KV_GLOBAL kv_u8 *cb, kv_u64 co,
@@ -48,6 +475,15 @@ KV_KERNEL kv_quantize(KV_GLOBAL const kv_u8 *xb, kv_u64 xo, KV_GLOBAL kv_u8 *cb,
                       kv_u32 cols, kv_u32 group_size, kv_u32 grouping, kv_u32 bits)
 {
     kv_dev_layout l = {rows, cols, group_size, grouping};
+#if defined(KV_CPU_ENCODE)
+    if (grouping == 0) { /* one work-item per group, as below */
+        kv_u64 g = KV_GLOBAL_ID();
+        if (g < kv_dev_groups(l))
+            kv_cpu_quantize_group(KV_CPTR(float, xb, xo), KV_PTR(kv_u16, cb, co), KV_PTR(kv_u16, sb, so),
+                                  KV_PTR(kv_u16, zb, zo), l, g, bits);
+        return;
+    }
+#endif
     KV_FOR_ITEMS(g, kv_dev_groups(l)) {
         KV_GLOBAL const float *x = KV_CPTR(float, xb, xo);
         KV_GLOBAL kv_u16 *codes = KV_PTR(kv_u16, cb, co);
@@ -76,7 +512,7 @@ KV_KERNEL kv_quantize(KV_GLOBAL const kv_u8 *xb, kv_u64 xo, KV_GLOBAL kv_u8 *cb,
     KV_KERNEL_END();
 }
 
-/* ---- Dequantize: one work-item per element ------------------------------------------ */
+/* ---- Dequantize: one work-item per element (CPU devices: one per group) ---------- */
 
 /* anchor_bits == 0: codes are b-bit codes; else a-bit anchors, midpoint reconstruction. */
 KV_KERNEL kv_dequantize(KV_GLOBAL const kv_u8 *cb, kv_u64 co, KV_GLOBAL const kv_u8 *sb, kv_u64 so,
@@ -84,6 +520,15 @@ KV_KERNEL kv_dequantize(KV_GLOBAL const kv_u8 *cb, kv_u64 co, KV_GLOBAL const kv
                         kv_u32 cols, kv_u32 group_size, kv_u32 grouping, kv_u32 bits, kv_u32 anchor_bits)
 {
     kv_dev_layout l = {rows, cols, group_size, grouping};
+#if defined(KV_CPU_CODEC)
+    if (grouping == 0) { /* one work-item per group (opencl.c launches that many) */
+        kv_u64 g = KV_GLOBAL_ID();
+        if (g < kv_dev_groups(l))
+            kv_cpu_dequantize_group(KV_CPTR(kv_u16, cb, co), KV_CPTR(kv_u16, sb, so), KV_CPTR(kv_u16, zb, zo),
+                                    KV_PTR(float, ob, oo), l, g, bits, anchor_bits);
+        return;
+    }
+#endif
     KV_FOR_ITEMS(e, (kv_u64)rows * cols) {
         kv_u32 i;
         kv_u64 g = kv_dev_elem_group(l, e / cols, e % cols, &i);
@@ -156,6 +601,14 @@ KV_KERNEL kv_pack(KV_GLOBAL const kv_u8 *cb, kv_u64 co, KV_GLOBAL kv_u8 *pb, kv_
                   kv_u32 rows, kv_u32 cols, kv_u32 group_size, kv_u32 grouping, kv_u32 bits)
 {
     kv_dev_layout l = {rows, cols, group_size, grouping};
+#if defined(KV_CPU_CODEC)
+    if (grouping == 0) { /* one work-item per group (opencl.c launches that many) */
+        kv_u64 g = KV_GLOBAL_ID();
+        if (g < kv_dev_groups(l))
+            kv_cpu_pack_group(KV_CPTR(kv_u16, cb, co), KV_PTR(kv_u8, pb, po), l, g, bits);
+        return;
+    }
+#endif
     KV_FOR_ITEMS(byte, total_bytes) {
         kv_u64 k;
         kv_u64 g = kv_dev_byte_group(l, bits, byte, &k);
@@ -191,6 +644,14 @@ KV_KERNEL kv_unpack(KV_GLOBAL const kv_u8 *pb, kv_u64 po, KV_GLOBAL kv_u8 *cb, k
                     kv_u32 cols, kv_u32 group_size, kv_u32 grouping, kv_u32 bits)
 {
     kv_dev_layout l = {rows, cols, group_size, grouping};
+#if defined(KV_CPU_CODEC)
+    if (grouping == 0) { /* one work-item per group (opencl.c launches that many) */
+        kv_u64 g = KV_GLOBAL_ID();
+        if (g < kv_dev_groups(l))
+            kv_cpu_unpack_group(KV_CPTR(kv_u8, pb, po), KV_PTR(kv_u16, cb, co), l, g, bits);
+        return;
+    }
+#endif
     KV_FOR_ITEMS(e, (kv_u64)rows * cols) {
         KV_PTR(kv_u16, cb, co)[e] = (kv_u16)kv_dev_plane_code(KV_CPTR(kv_u8, pb, po), l, bits, e / cols, e % cols);
     }
@@ -243,188 +704,6 @@ KV_FN void kv_dev_flush_bits(KV_GLOBAL kv_u8 *out, kv_u64 *pos, kv_u32 acc, kv_u
         out[*pos] = (kv_u8)(acc & 0xffu);
 }
 
-/* ---- Encode on CPU devices (OpenCL, KV_LANES > 1; token groups) --------------------- */
-
-/* The CPU shape of encode: still one work-item per group, but the work-item
-   works on 16 values at a time with OpenCL vector types, so that PoCL emits
-   SIMD instructions itself (its implicit vectoriser gives up on a kernel
-   whose work-items run loops of their own length, as this one does). The
-   group's min and max are taken over order-preserving integer keys of the
-   floats (integer min/max vectorise; fp32 min/max with the N3 and NaN rules
-   do not), the codes are the vector transcription of kv_dev_quant_code, and
-   every 16 codes of a group fill exactly 2b bytes of its stream (a stream
-   starts on a byte boundary), packed by swizzles for b = 1, 2, 4, 8, 16 and
-   by a 64-bit shift-and-or for the other widths. Bit for bit the scalar
-   kernel's result: the keys order every finite value as `<` does but -0
-   before +0, which N3's `+ 0.0f` makes the same metadata. Only with the
-   native division (KV_DIV_MODE 0): `/` on float16 is the correctly rounded
-   vector division there. */
-#if defined(__OPENCL_VERSION__)
-#if KV_LANES > 1 && KV_DIV_MODE == 0
-#define KV_CPU_ENCODE 1
-
-/* A float's order-preserving integer key (an involution: it is its own inverse). */
-KV_FN_INLINE int16 kv_cpu_key16(int16 k)
-{
-    return k ^ ((k >> 31) & (int16)0x7fffffff);
-}
-
-KV_FN_INLINE int kv_cpu_min16(int16 v)
-{
-    int8 a = min(v.lo, v.hi);
-    int4 b = min(a.lo, a.hi);
-    int2 c = min(b.lo, b.hi);
-    return min(c.x, c.y);
-}
-
-KV_FN_INLINE int kv_cpu_max16(int16 v)
-{
-    int8 a = max(v.lo, v.hi);
-    int4 b = max(a.lo, a.hi);
-    int2 c = max(b.lo, b.hi);
-    return max(c.x, c.y);
-}
-
-/* Values c0 .. c0 + 15 of the group at x (n values); lanes at or past n repeat
-   value n - 1 (valid is then -1 only for the lanes below n). */
-KV_FN_INLINE float16 kv_cpu_load16(KV_GLOBAL const float *x, kv_u32 c0, kv_u32 n, int16 *valid)
-{
-    const int16 lane = (int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    *valid = lane < (int16)(int)(n - c0);
-    if (n - c0 >= 16)
-        return vload16(0, x + c0);
-    float tmp[16];
-    for (kv_u32 j = 0; j < 16; j++)
-        tmp[j] = x[c0 + (j < n - c0 ? j : n - c0 - 1)];
-    return vload16(0, tmp);
-}
-
-/* kv_dev_quant_code on 16 values (s, z, bits as there). */
-KV_FN_INLINE uint16 kv_cpu_codes16(float16 x, float s, float z, kv_u32 bits)
-{
-    float maxq = (float)kv_dev_code_max(bits);
-    float16 v = (x - (float16)z) / (float16)s;
-    v = select(v, (float16)0.0f, v < (float16)0.0f);
-    v = select(v, (float16)maxq, v > (float16)maxq);
-    uint16 q = convert_uint16(rint(v));
-    q = s == 0.0f ? (uint16)0u : q;
-    q = select(q, select((uint16)0u, (uint16)kv_dev_code_max(bits), x > (float16)0.0f), isinf(x));
-    return select(q, (uint16)0u, isnan(x));
-}
-
-/* 16 codes of w bits (1 <= w <= 16, masked to w) as the 2w bytes of their
-   little-endian bit stream, into out[0 .. 2w). */
-KV_FN_INLINE void kv_cpu_pack16(uint16 c, kv_u32 w, kv_u8 *out)
-{
-    if (w == 8) {
-        vstore16(convert_uchar16(c), 0, out);
-    } else if (w == 4) {
-        vstore8(convert_uchar8(c.even | (c.odd << 4)), 0, out);
-    } else if (w == 2) {
-        vstore4(convert_uchar4(c.even.even | (c.odd.even << 2) | (c.even.odd << 4) | (c.odd.odd << 6)), 0, out);
-    } else if (w == 1) {
-        uint8 p = c.even | (c.odd << 1);   /* bits of codes 2k, 2k + 1 */
-        uint4 p2 = p.even | (p.odd << 2);  /* 4 codes */
-        uint2 p4 = p2.even | (p2.odd << 4); /* 8 codes: one byte each */
-        out[0] = (kv_u8)p4.x;
-        out[1] = (kv_u8)p4.y;
-    } else if (w == 16) { /* little-endian u16 each: low byte first */
-        ushort16 h = convert_ushort16(c);
-        uchar16 lo = convert_uchar16(h & (ushort)0xff), hi = convert_uchar16(h >> (ushort)8);
-        uchar16 a = (uchar16)(lo.s0, hi.s0, lo.s1, hi.s1, lo.s2, hi.s2, lo.s3, hi.s3, lo.s4, hi.s4, lo.s5, hi.s5,
-                              lo.s6, hi.s6, lo.s7, hi.s7);
-        uchar16 b = (uchar16)(lo.s8, hi.s8, lo.s9, hi.s9, lo.sa, hi.sa, lo.sb, hi.sb, lo.sc, hi.sc, lo.sd, hi.sd,
-                              lo.se, hi.se, lo.sf, hi.sf);
-        vstore16(a, 0, out);
-        vstore16(b, 0, out + 16);
-    } else {
-        /* Eight codes make exactly w bytes: two 64-bit words per half. */
-        kv_u32 cc[16];
-        vstore16(c, 0, cc);
-        for (kv_u32 h = 0; h < 2; h++) {
-            ulong lo = 0, hi = 0;
-            for (kv_u32 j = 0; j < 8; j++) {
-                kv_u32 pos = j * w;
-                ulong v = (ulong)cc[8 * h + j];
-                lo |= pos < 64 ? v << pos : 0ul;
-                hi |= pos >= 64 ? v << (pos - 64) : (pos + w > 64 ? v >> (64 - pos) : 0ul);
-            }
-            for (kv_u32 k = 0; k < w; k++)
-                out[h * w + k] = (kv_u8)((k < 8 ? lo >> (8 * k) : hi >> (8 * (k - 8))) & 0xffu);
-        }
-    }
-}
-
-/* Stores the first nb bytes of the 2w at p (nb == 2w but in a group's last, short chunk). */
-KV_FN_INLINE void kv_cpu_store(KV_GLOBAL kv_u8 *out, const kv_u8 *p, kv_u32 nb)
-{
-    if (nb == 16) {
-        vstore16(vload16(0, p), 0, out);
-    } else if (nb == 8) {
-        vstore8(vload8(0, p), 0, out);
-    } else if (nb == 32) {
-        vstore16(vload16(0, p), 0, out);
-        vstore16(vload16(0, p + 16), 0, out + 16);
-    } else {
-        for (kv_u32 k = 0; k < nb; k++)
-            out[k] = p[k];
-    }
-}
-
-/* Group g of a TOKEN-grouped encode (the arguments of kv_encode). */
-KV_FN void kv_cpu_encode_group(KV_GLOBAL const float *xall, KV_GLOBAL kv_u8 *apl, KV_GLOBAL kv_u8 *rpl,
-                               KV_GLOBAL kv_u16 *scale, KV_GLOBAL kv_u16 *zero, kv_dev_layout l, kv_u64 g,
-                               kv_u32 bits, kv_u32 anchor_bits)
-{
-    /* The layout arithmetic of kv_dev_group_elem / _len / _offset with one
-       division (they take four 64-bit ones between them, which cost as much
-       as the group's codes). */
-    kv_u32 per_row = (kv_u32)kv_dev_ceil_div(l.cols, l.group_size);
-    kv_u64 row = g <= 0xffffffffu ? (kv_u64)((kv_u32)g / per_row) : g / per_row; /* 32-bit division: faster */
-    kv_u32 gc = (kv_u32)(g - row * per_row);
-    kv_u32 n = l.cols - gc * l.group_size < l.group_size ? l.cols - gc * l.group_size : l.group_size;
-    KV_GLOBAL const float *x = xall + row * l.cols + (kv_u64)gc * l.group_size;
-    int16 kmin = (int16)0x7fffffff, kmax = (int16)(-0x7fffffff - 1);
-    for (kv_u32 c0 = 0; c0 < n; c0 += 16) {
-        int16 valid;
-        int16 u = as_int16(kv_cpu_load16(x, c0, n, &valid));
-        int16 fin = (u & 0x7f800000) != (int16)0x7f800000; /* finite: -1 */
-        int16 key = kv_cpu_key16(u);
-        kmin = min(kmin, select((int16)0x7fffffff, key, fin));
-        kmax = max(kmax, select((int16)(-0x7fffffff - 1), key, fin));
-    }
-    int kn = kv_cpu_min16(kmin), kx = kv_cpu_max16(kmax);
-    int have = kx >= kn;
-    float mn = as_float(kv_cpu_key16((int16)kn).s0), mx = as_float(kv_cpu_key16((int16)kx).s0);
-    kv_u32 meta = kv_dev_quant_meta(mn, mx, have, bits);
-    scale[g] = (kv_u16)(meta & 0xffffu);
-    zero[g] = (kv_u16)(meta >> 16);
-    float s = kv_dev_f16_to_f32(meta & 0xffffu), z = kv_dev_f16_to_f32(meta >> 16);
-
-    kv_u32 abits = anchor_bits ? anchor_bits : bits;
-    kv_u32 r = anchor_bits ? bits - anchor_bits : 0;
-    kv_u32 last = l.cols % l.group_size;
-    kv_u64 afull = kv_dev_stream_bytes(l.group_size, abits), rfull = kv_dev_stream_bytes(l.group_size, r);
-    kv_u64 arow = (l.cols / l.group_size) * afull + (last ? kv_dev_stream_bytes(last, abits) : 0);
-    kv_u64 rrow = (l.cols / l.group_size) * rfull + (last ? kv_dev_stream_bytes(last, r) : 0);
-    KV_GLOBAL kv_u8 *ap = apl + row * arow + gc * afull;
-    KV_GLOBAL kv_u8 *rp = anchor_bits ? rpl + row * rrow + gc * rfull : ap;
-    kv_u8 buf[32];
-    for (kv_u32 c0 = 0; c0 < n; c0 += 16) {
-        int16 valid;
-        float16 v = kv_cpu_load16(x, c0, n, &valid);
-        uint16 q = select((uint16)0u, kv_cpu_codes16(v, s, z, bits), valid);
-        kv_u32 m = n - c0 < 16 ? n - c0 : 16;
-        kv_cpu_pack16(q >> r, abits, buf);
-        kv_cpu_store(ap + 2 * (c0 / 16) * abits, buf, (kv_u32)kv_dev_stream_bytes(m, abits));
-        if (anchor_bits) {
-            kv_cpu_pack16(q & (uint16)kv_dev_code_max(r), r, buf);
-            kv_cpu_store(rp + 2 * (c0 / 16) * r, buf, (kv_u32)kv_dev_stream_bytes(m, r));
-        }
-    }
-}
-#endif
-#endif
 
 /* anchor_bits == 0: the whole b-bit code goes to the anchor plane, no residual. */
 KV_KERNEL kv_encode(KV_GLOBAL const kv_u8 *xb, kv_u64 xo, KV_GLOBAL kv_u8 *apb, kv_u64 apo, KV_GLOBAL kv_u8 *rpb,
@@ -490,6 +769,16 @@ KV_KERNEL kv_decode(KV_GLOBAL const kv_u8 *apb, kv_u64 apo, KV_GLOBAL const kv_u
                     kv_u32 anchor_bits, kv_u32 has_residual)
 {
     kv_dev_layout l = {rows, cols, group_size, grouping};
+#if defined(KV_CPU_CODEC)
+    if (grouping == 0) { /* one work-item per group (opencl.c launches that many) */
+        kv_u64 g = KV_GLOBAL_ID();
+        if (g < kv_dev_groups(l))
+            kv_cpu_decode_group(KV_CPTR(kv_u8, apb, apo), has_residual ? KV_CPTR(kv_u8, rpb, rpo) : 0,
+                                KV_CPTR(kv_u16, sb, so), KV_CPTR(kv_u16, zb, zo), KV_PTR(float, ob, oo), l, g, bits,
+                                anchor_bits, has_residual);
+        return;
+    }
+#endif
     KV_FOR_ITEMS(e, (kv_u64)rows * cols) {
         kv_u64 row = e / cols, col = e % cols;
         kv_u32 i;

@@ -538,6 +538,14 @@ static uint64_t layout_count(const kv_quant_layout *l)
     return (uint64_t)l->rows * l->cols;
 }
 
+/* Work-items of decode, dequantize, pack and unpack: on CPU devices
+   (KV_LANES > 1: kernels.cl's KV_CPU_CODEC) TOKEN groups take one work-item
+   per group, everything else one per element (pack: per packed byte). */
+static uint64_t codec_items(const cl_ctx *c, const kv_quant_layout *l, uint64_t per_item)
+{
+    return c->lanes > 1 && l->grouping == KV_GROUP_TOKEN ? kv_layout_groups(l) : per_item;
+}
+
 /* ---- Kernels ------------------------------------------------------------------------- */
 
 static int opencl_quantize(void *vctx, const kv_quantize_args *q, kv_error *err)
@@ -590,7 +598,7 @@ static int opencl_dequantize(void *vctx, const kv_dequantize_args *q, kv_error *
     arg_layout(&a, &q->layout);
     arg_u32(&a, q->bits);
     arg_u32(&a, q->anchor_bits);
-    return launch(c, K_DEQUANTIZE, &a, n, c->wg, err);
+    return launch(c, K_DEQUANTIZE, &a, codec_items(c, &q->layout, n), c->wg, err);
 }
 
 static int pack_common(cl_ctx *c, const kv_pack_args *p, int unpack, kv_error *err)
@@ -617,7 +625,7 @@ static int pack_common(cl_ctx *c, const kv_pack_args *p, int unpack, kv_error *e
     }
     arg_layout(&a, &p->layout);
     arg_u32(&a, p->bits);
-    return launch(c, id, &a, unpack ? n : bytes, c->wg, err);
+    return launch(c, id, &a, codec_items(c, &p->layout, unpack ? n : bytes), c->wg, err);
 }
 
 static int opencl_pack(void *vctx, const kv_pack_args *p, kv_error *err)
@@ -731,7 +739,7 @@ static int opencl_decode(void *vctx, const kv_decode_args *q, kv_error *err)
     arg_u32(&a, q->bits);
     arg_u32(&a, q->anchor_bits);
     arg_u32(&a, (uint32_t)has_residual);
-    return launch(c, K_DECODE, &a, n, c->wg, err);
+    return launch(c, K_DECODE, &a, codec_items(c, &q->layout, n), c->wg, err);
 }
 
 static int opencl_bf16_round(void *vctx, const kv_bf16_args *b, kv_error *err)
