@@ -464,6 +464,135 @@ KV_FN void kv_cpu_quantize_group(KV_GLOBAL const float *xall, KV_GLOBAL kv_u16 *
         kv_cpu_store_u16x(codes + e0 + c0, kv_cpu_codes16(v, s, z, bits), t.n - c0 < 16 ? t.n - c0 : 16);
     }
 }
+
+/* ---- KIVI's CHANNEL groups: encode 16 columns at a time ---- */
+
+/* A bit stream per lane (one group's, 16 groups side by side): the low
+   `have` bits of acc are pending; pos bytes of each stream are written. */
+typedef struct kv_cpu_bits16 {
+    ulong16 acc;
+    kv_u32 have, pos;
+} kv_cpu_bits16;
+
+/* Writes the low nb (<= 4) bytes of each valid lane's pending bits to its
+   stream: lane j's at base + j * sb + pos. */
+KV_FN_INLINE void kv_cpu_bits16_out(KV_GLOBAL kv_u8 *base, kv_u64 sb, kv_u32 m, kv_cpu_bits16 *b, kv_u32 nb)
+{
+    kv_u32 w32[16];
+    vstore16(convert_uint16(b->acc & (ulong16)0xfffffffful), 0, w32);
+    for (kv_u32 j = 0; j < m; j++) {
+        KV_GLOBAL kv_u8 *o = base + j * sb + b->pos;
+        if (nb == 4) {
+            vstore4(as_uchar4(w32[j]), 0, o);
+        } else {
+            for (kv_u32 k = 0; k < nb; k++)
+                o[k] = (kv_u8)(w32[j] >> (8 * k));
+        }
+    }
+}
+
+/* Appends a w-bit code per lane (w <= 16); 32 pending bits go out. */
+KV_FN_INLINE void kv_cpu_bits16_put(KV_GLOBAL kv_u8 *base, kv_u64 sb, kv_u32 m, kv_cpu_bits16 *b, uint16 q, kv_u32 w)
+{
+    b->acc |= convert_ulong16(q) << (ulong16)b->have;
+    b->have += w;
+    if (b->have >= 32) {
+        kv_cpu_bits16_out(base, sb, m, b, 4);
+        b->acc >>= (ulong16)32;
+        b->have -= 32;
+        b->pos += 4;
+    }
+}
+
+/* The last, partial bytes of every lane's stream. */
+KV_FN_INLINE void kv_cpu_bits16_flush(KV_GLOBAL kv_u8 *base, kv_u64 sb, kv_u32 m, kv_cpu_bits16 *b)
+{
+    if (b->have)
+        kv_cpu_bits16_out(base, sb, m, b, (b->have + 7) / 8);
+}
+
+/* kv_cpu_codes16 with a scale and zero per lane. */
+KV_FN_INLINE uint16 kv_cpu_codes16v(float16 x, float16 s, float16 z, kv_u32 bits)
+{
+    float maxq = (float)kv_dev_code_max(bits);
+    float16 v = (x - z) / s;
+    v = select(v, (float16)0.0f, v < (float16)0.0f);
+    v = select(v, (float16)maxq, v > (float16)maxq);
+    uint16 q = convert_uint16(rint(v));
+    q = select(q, (uint16)0u, s == (float16)0.0f);
+    q = select(q, select((uint16)0u, (uint16)kv_dev_code_max(bits), x > (float16)0.0f), isinf(x));
+    return select(q, (uint16)0u, isnan(x));
+}
+
+/* Columns c0 .. c0 + 15 of row `row` (columns at or past cols repeat column cols - 1). */
+KV_FN_INLINE float16 kv_cpu_row_load16(KV_GLOBAL const float *x, kv_dev_layout l, kv_u64 row, kv_u32 c0)
+{
+    KV_GLOBAL const float *p = x + row * l.cols + c0;
+    if (l.cols - c0 >= 16)
+        return vload16(0, p);
+    float tmp[16];
+    for (kv_u32 j = 0; j < 16; j++)
+        tmp[j] = p[j < l.cols - c0 ? j : l.cols - c0 - 1];
+    return vload16(0, tmp);
+}
+
+/* Work-item `item` of a CHANNEL-grouped encode: block item / ceil(cols / 16)
+   of group_size rows, columns 16 * (item % ceil(cols / 16)) on, one group
+   per column (the arguments of kv_encode). The same values, metadata and
+   stream bits as kv_encode's scalar loop, group by group. */
+KV_FN void kv_cpu_encode_channels(KV_GLOBAL const float *x, KV_GLOBAL kv_u8 *apl, KV_GLOBAL kv_u8 *rpl,
+                                  KV_GLOBAL kv_u16 *scale, KV_GLOBAL kv_u16 *zero, kv_dev_layout l, kv_u64 item,
+                                  kv_u32 bits, kv_u32 anchor_bits)
+{
+    kv_u32 chunks = (l.cols + 15) / 16;
+    kv_u64 block = item / chunks;
+    kv_u32 c0 = (kv_u32)(item - block * chunks) * 16;
+    kv_u32 m = l.cols - c0 < 16 ? l.cols - c0 : 16;
+    kv_u64 r0 = block * l.group_size;
+    kv_u32 n = l.rows - r0 < l.group_size ? (kv_u32)(l.rows - r0) : l.group_size;
+    int16 kmin = (int16)0x7fffffff, kmax = (int16)(-0x7fffffff - 1);
+    for (kv_u32 i = 0; i < n; i++) {
+        int16 u = as_int16(kv_cpu_row_load16(x, l, r0 + i, c0));
+        int16 fin = (u & 0x7f800000) != (int16)0x7f800000; /* finite: -1 */
+        int16 key = kv_cpu_key16(u);
+        kmin = min(kmin, select((int16)0x7fffffff, key, fin));
+        kmax = max(kmax, select((int16)(-0x7fffffff - 1), key, fin));
+    }
+    int16 have = kmax >= kmin;
+    float mn[16], mx[16], sv[16], zv[16];
+    vstore16(as_float16(kv_cpu_key16(kmin)), 0, mn);
+    vstore16(as_float16(kv_cpu_key16(kmax)), 0, mx);
+    kv_i32 hv[16];
+    vstore16(have, 0, hv);
+    kv_u64 g0 = block * l.cols + c0;
+    for (kv_u32 j = 0; j < 16; j++) {
+        kv_u32 meta = kv_dev_quant_meta(mn[j], mx[j], hv[j] != 0, bits);
+        if (j < m) {
+            scale[g0 + j] = (kv_u16)(meta & 0xffffu);
+            zero[g0 + j] = (kv_u16)(meta >> 16);
+        }
+        sv[j] = kv_dev_f16_to_f32(meta & 0xffffu);
+        zv[j] = kv_dev_f16_to_f32(meta >> 16);
+    }
+    float16 s = vload16(0, sv), z = vload16(0, zv);
+
+    kv_u32 abits = anchor_bits ? anchor_bits : bits;
+    kv_u32 r = anchor_bits ? bits - anchor_bits : 0;
+    kv_u64 asb = kv_dev_stream_bytes(n, abits), rsb = kv_dev_stream_bytes(n, r);
+    /* kv_dev_group_offset of group g0: block * cols * full + c0 * (this block's stream bytes) */
+    KV_GLOBAL kv_u8 *ap = apl + block * l.cols * kv_dev_stream_bytes(l.group_size, abits) + c0 * asb;
+    KV_GLOBAL kv_u8 *rp = anchor_bits ? rpl + block * l.cols * kv_dev_stream_bytes(l.group_size, r) + c0 * rsb : ap;
+    kv_cpu_bits16 ab = {(ulong16)0, 0, 0}, rb = {(ulong16)0, 0, 0};
+    for (kv_u32 i = 0; i < n; i++) {
+        uint16 q = kv_cpu_codes16v(kv_cpu_row_load16(x, l, r0 + i, c0), s, z, bits);
+        kv_cpu_bits16_put(ap, asb, m, &ab, q >> r, abits);
+        if (anchor_bits)
+            kv_cpu_bits16_put(rp, rsb, m, &rb, q & (uint16)kv_dev_code_max(r), r);
+    }
+    kv_cpu_bits16_flush(ap, asb, m, &ab);
+    if (anchor_bits)
+        kv_cpu_bits16_flush(rp, rsb, m, &rb);
+}
 #endif /* KV_DIV_MODE == 0 */
 #endif
 #endif
@@ -718,6 +847,14 @@ KV_KERNEL kv_encode(KV_GLOBAL const kv_u8 *xb, kv_u64 xo, KV_GLOBAL kv_u8 *apb, 
             kv_cpu_encode_group(KV_CPTR(float, xb, xo), KV_PTR(kv_u8, apb, apo),
                                 anchor_bits ? KV_PTR(kv_u8, rpb, rpo) : 0, KV_PTR(kv_u16, sb, so),
                                 KV_PTR(kv_u16, zb, zo), l, g, bits, anchor_bits);
+        return;
+    }
+    { /* CHANNEL groups: one work-item per group_size rows x 16 columns (opencl.c launches that many) */
+        kv_u64 item = KV_GLOBAL_ID();
+        if (item < kv_dev_ceil_div(rows, group_size) * ((cols + 15) / 16))
+            kv_cpu_encode_channels(KV_CPTR(float, xb, xo), KV_PTR(kv_u8, apb, apo),
+                                   anchor_bits ? KV_PTR(kv_u8, rpb, rpo) : 0, KV_PTR(kv_u16, sb, so),
+                                   KV_PTR(kv_u16, zb, zo), l, item, bits, anchor_bits);
         return;
     }
 #endif

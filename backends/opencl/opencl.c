@@ -704,7 +704,13 @@ static int opencl_encode(void *vctx, const kv_encode_args *q, kv_error *err)
     arg_layout(&a, &q->layout);
     arg_u32(&a, q->bits);
     arg_u32(&a, q->anchor_bits);
-    return launch(c, K_ENCODE, &a, groups, c->wg, err);
+    /* CPU devices with the native division (kernels.cl's KV_CPU_ENCODE): CHANNEL
+       groups one work-item per group_size rows x 16 columns; else one per group. */
+    const kv_quant_layout *l = &q->layout;
+    uint64_t items = c->lanes > 1 && c->div_mode == 0 && l->grouping == KV_GROUP_CHANNEL
+                         ? (((uint64_t)l->rows + l->group_size - 1) / l->group_size) * ((l->cols + 15u) / 16u)
+                         : groups;
+    return launch(c, K_ENCODE, &a, items, c->wg, err);
 }
 
 static int opencl_decode(void *vctx, const kv_decode_args *q, kv_error *err)

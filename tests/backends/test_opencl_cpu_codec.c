@@ -96,11 +96,11 @@ static void free_inputs(inputs *in)
 
 /* ---- One kernel on one backend: its outputs ------------------------------------------ */
 
-enum { OP_DECODE, OP_DEQUANTIZE, OP_PACK, OP_UNPACK, OP_QUANTIZE };
+enum { OP_DECODE, OP_DEQUANTIZE, OP_PACK, OP_UNPACK, OP_QUANTIZE, OP_ENCODE };
 
 typedef struct outputs {
-    void *out[3];
-    size_t bytes[3];
+    void *out[4];
+    size_t bytes[4];
     int count;
 } outputs;
 
@@ -142,6 +142,18 @@ static outputs run_op(kv_backend *be, int op, const kv_quant_layout *l, unsigned
         }
         o.count = 1;
         kv_buffer_free(be, bc), kv_buffer_free(be, bp);
+    } else if (op == OP_ENCODE) {
+        size_t pa = kv_layout_packed_bytes(l, a ? a : bits), pr = a ? kv_layout_packed_bytes(l, bits - a) : 0;
+        kv_buffer *bx = kvt_put(be, in->x, n * 4), *ba = kvt_fill(be, pa, 0xa5), *br = kvt_fill(be, pr ? pr : 1, 0xa5);
+        kv_buffer *bs = kvt_fill(be, groups * 2, 0xa5), *bz = kvt_fill(be, groups * 2, 0xa5);
+        kv_encode_args e = {*l, bits, a, {bx, 0}, {ba, 0}, a ? (kv_bref){br, 0} : none, {bs, 0}, {bz, 0}};
+        cr_assert_eq(kv_backend_encode(be, &e, &err), KV_OK, "%s", err.msg);
+        o.out[0] = kvt_get(be, ba, pa), o.bytes[0] = pa;
+        o.out[1] = kvt_get(be, br, pr), o.bytes[1] = pr;
+        o.out[2] = kvt_get(be, bs, groups * 2), o.bytes[2] = groups * 2;
+        o.out[3] = kvt_get(be, bz, groups * 2), o.bytes[3] = groups * 2, o.count = 4;
+        kv_buffer_free(be, bx), kv_buffer_free(be, ba), kv_buffer_free(be, br), kv_buffer_free(be, bs);
+        kv_buffer_free(be, bz);
     } else {
         kv_buffer *bx = kvt_put(be, in->x, n * 4), *bc = kvt_fill(be, n * 2, 0xa5);
         kv_buffer *bs = kvt_fill(be, groups * 2, 0xa5), *bz = kvt_fill(be, groups * 2, 0xa5);
@@ -155,9 +167,9 @@ static outputs run_op(kv_backend *be, int op, const kv_quant_layout *l, unsigned
     return o;
 }
 
-static const char *const op_names[] = {"decode", "dequantize", "pack", "unpack", "quantize"};
-static const char *const out_names[][3] = {
-    {"out"}, {"out"}, {"packed"}, {"codes"}, {"codes", "scale", "zero"},
+static const char *const op_names[] = {"decode", "dequantize", "pack", "unpack", "quantize", "encode"};
+static const char *const out_names[][4] = {
+    {"out"}, {"out"}, {"packed"}, {"codes"}, {"codes", "scale", "zero"}, {"anchor", "residual", "scale", "zero"},
 };
 
 /* op on opencl and the reference; returns 1 when every output is equal. */
@@ -182,20 +194,20 @@ static int check_op(kv_backend *be, kv_backend *ref, int op, const kv_quant_layo
 
 /* op over every shape and width (and, for decode and dequantize, splits);
    stops at the first shape with a difference (one message per shape). */
-static void check_all(int op)
+static void check_shapes(int op, const kv_quant_layout *shapes, size_t n_shapes)
 {
     kvt_require_opencl();
     kv_backend *be = kvt_open_opencl_with("KVSIM_OPENCL_LANES", NULL), *ref = kvt_open_reference();
     kv_rng rng;
     kv_rng_seed(&rng, 2209 + (uint64_t)op);
     size_t checked = 0;
-    for (size_t s = 0; s < N_SHAPES; s++) {
+    for (size_t s = 0; s < n_shapes; s++) {
         const kv_quant_layout *l = &shapes[s];
         inputs in = make_inputs(&rng, l);
         int ok = 1;
         for (unsigned bits = 1; bits <= 16 && ok; bits++) {
             unsigned splits[3] = {0, bits > 1 ? 1 : 0, bits > 2 ? bits / 2 : 0};
-            int nsplit = op == OP_DECODE || op == OP_DEQUANTIZE ? 3 : 1;
+            int nsplit = op == OP_DECODE || op == OP_DEQUANTIZE || op == OP_ENCODE ? 3 : 1;
             for (int k = 0; k < nsplit && ok; k++) {
                 if (k > 0 && !splits[k])
                     continue;
@@ -209,9 +221,14 @@ static void check_all(int op)
         }
         free_inputs(&in);
     }
-    cr_assert_gt(checked, N_SHAPES * 16 - 1, "%s: only %zu cases ran", op_names[op], checked);
+    cr_assert_gt(checked, n_shapes * 16 - 1, "%s: only %zu cases ran", op_names[op], checked);
     kv_backend_close(be);
     kv_backend_close(ref);
+}
+
+static void check_all(int op)
+{
+    check_shapes(op, shapes, N_SHAPES);
 }
 
 Test(opencl_cpu_codec, decode_bit_exact)
@@ -237,6 +254,21 @@ Test(opencl_cpu_codec, unpack_bit_exact)
 Test(opencl_cpu_codec, quantize_bit_exact)
 {
     check_all(OP_QUANTIZE);
+}
+
+/* KIVI's CHANNEL groups (kv_cpu_encode_channels: 16 columns a work-item):
+   columns not a multiple of 16 (a short last chunk of 1, 4 and 15), rows
+   not a multiple of G (a short last block), one block, G 1, and streams of
+   more than 32 bits (the accumulator's flush), every width and split. */
+static const kv_quant_layout channel_shapes[] = {
+    {1, 1, 1, KV_GROUP_CHANNEL},     {5, 7, 5, KV_GROUP_CHANNEL},     {37, 40, 16, KV_GROUP_CHANNEL},
+    {64, 32, 32, KV_GROUP_CHANNEL},  {70, 33, 32, KV_GROUP_CHANNEL},  {3, 47, 1, KV_GROUP_CHANNEL},
+    {100, 20, 48, KV_GROUP_CHANNEL}, {9, 128, 32, KV_GROUP_CHANNEL},  {129, 17, 128, KV_GROUP_CHANNEL},
+};
+
+Test(opencl_cpu_codec, encode_channel_groups_bit_exact)
+{
+    check_shapes(OP_ENCODE, channel_shapes, sizeof channel_shapes / sizeof channel_shapes[0]);
 }
 
 /* Planes made by encode itself (the reference's), decoded on both: the
