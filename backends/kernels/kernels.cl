@@ -384,6 +384,14 @@ KV_FN void kv_cpu_unpack_group(KV_GLOBAL const kv_u8 *pl, KV_GLOBAL kv_u16 *code
 
 #if KV_DIV_MODE == 0
 #define KV_CPU_ENCODE 1
+/* Token groups per work-item of encode and quantize: their metadata is
+   worked out 16 at a time (kv_cpu_meta16). opencl.c passes its own count. */
+#ifndef KV_CPU_GROUPS
+#define KV_CPU_GROUPS 16
+#endif
+#if KV_CPU_GROUPS != 16
+#error "KV_CPU_GROUPS must be 16 (kv_cpu_groups_meta)"
+#endif
 
 /* kv_dev_quant_code on 16 values (s, z, bits as there). */
 KV_FN_INLINE uint16 kv_cpu_codes16(float16 x, float s, float z, kv_u32 bits)
@@ -398,8 +406,9 @@ KV_FN_INLINE uint16 kv_cpu_codes16(float16 x, float s, float z, kv_u32 bits)
     return select(q, (uint16)0u, isnan(x));
 }
 
-/* The metadata of the n values at x (kv_dev_quant_meta of their finite min and max). */
-KV_FN_INLINE kv_u32 kv_cpu_group_meta(KV_GLOBAL const float *x, kv_u32 n, kv_u32 bits)
+/* The min and max keys of the finite values among the n at x (none:
+   *kn = INT_MAX > *kx = INT_MIN). */
+KV_FN_INLINE void kv_cpu_group_keys(KV_GLOBAL const float *x, kv_u32 n, int *kn, int *kx)
 {
     int16 kmin = (int16)0x7fffffff, kmax = (int16)(-0x7fffffff - 1);
     for (kv_u32 c0 = 0; c0 < n; c0 += 16) {
@@ -410,58 +419,129 @@ KV_FN_INLINE kv_u32 kv_cpu_group_meta(KV_GLOBAL const float *x, kv_u32 n, kv_u32
         kmin = min(kmin, select((int16)0x7fffffff, key, fin));
         kmax = max(kmax, select((int16)(-0x7fffffff - 1), key, fin));
     }
-    int kn = kv_cpu_min16(kmin), kx = kv_cpu_max16(kmax);
-    int have = kx >= kn;
-    float mn = as_float(kv_cpu_key16((int16)kn).s0), mx = as_float(kv_cpu_key16((int16)kx).s0);
-    return kv_dev_quant_meta(mn, mx, have, bits);
+    *kn = kv_cpu_min16(kmin);
+    *kx = kv_cpu_max16(kmax);
 }
 
-/* Group g of a TOKEN-grouped encode (the arguments of kv_encode). */
-KV_FN void kv_cpu_encode_group(KV_GLOBAL const float *xall, KV_GLOBAL kv_u8 *apl, KV_GLOBAL kv_u8 *rpl,
-                               KV_GLOBAL kv_u16 *scale, KV_GLOBAL kv_u16 *zero, kv_dev_layout l, kv_u64 g,
-                               kv_u32 bits, kv_u32 anchor_bits)
+/* kv_dev_f16_from_f32_sat on 16 values: every case of kv_dev_f16_from_f32
+   computed, one selected (the subnormal shift clamped where unused). */
+KV_FN_INLINE uint16 kv_cpu_f16_sat16(float16 f)
 {
-    kv_cpu_tg t = kv_cpu_tgroup(l, g);
-    kv_u32 n = t.n;
-    KV_GLOBAL const float *x = xall + kv_cpu_tg_elem(l, t);
-    kv_u32 meta = kv_cpu_group_meta(x, n, bits);
-    scale[g] = (kv_u16)(meta & 0xffffu);
-    zero[g] = (kv_u16)(meta >> 16);
-    float s = kv_dev_f16_to_f32(meta & 0xffffu), z = kv_dev_f16_to_f32(meta >> 16);
+    uint16 x = as_uint16(f);
+    uint16 sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    uint16 qnan = sign | 0x7e00u | ((ax >> 13) & 0x3ffu);
+    uint16 e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u;
+    uint16 shift = clamp((uint16)126u - min(e, (uint16)126u), (uint16)1u, (uint16)31u);
+    uint16 q = m >> shift, rem = m & (((uint16)1u << shift) - 1u), hw = (uint16)1u << (shift - 1u);
+    q += select((uint16)0u, (uint16)1u, rem > hw || (rem == hw && (q & 1u) != 0u));
+    uint16 r = ax - 0x38000000u;
+    r += 0x0fffu + ((r >> 13) & 1u);
+    uint16 h = sign | (r >> 13);
+    h = select(h, sign | q, ax < 0x38800000u);
+    h = select(h, sign, ax < 0x33000000u);
+    h = select(h, sign | 0x7c00u, ax >= 0x477ff000u);
+    h = select(h, qnan, ax > 0x7f800000u);
+    return select(h, (h & 0x8000u) | 0x7bffu, (h & 0x7fffu) == 0x7c00u); /* N2: saturate */
+}
 
+/* kv_dev_f16_to_f32 on 16 values (the same branch-free cases). */
+KV_FN_INLINE float16 kv_cpu_f16_to_f32_16(uint16 h)
+{
+    uint16 sign = (h & 0x8000u) << 16;
+    uint16 ex = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    uint16 sub = as_uint16(convert_float16(man) * 5.9604644775390625e-8f) | sign; /* 2^-24; exact */
+    uint16 special = sign | 0x7f800000u | (man << 13);
+    uint16 normal = sign | ((ex + 112u) << 23) | (man << 13);
+    return as_float16(select(select(normal, special, ex == 31u), sub, ex == 0u));
+}
+
+/* kv_dev_quant_meta of 16 groups from their min and max keys (kx < kn: no
+   finite value); scale_h in the low 16 bits, zero_h in the high 16. */
+KV_FN_INLINE uint16 kv_cpu_meta16(int16 kn, int16 kx, kv_u32 bits)
+{
+    float16 mn = as_float16(kv_cpu_key16(kn)) + 0.0f, mx = as_float16(kv_cpu_key16(kx)) + 0.0f; /* N3: -0 -> +0 */
+    uint16 sh = kv_cpu_f16_sat16((mx - mn) / (float16)(float)kv_dev_code_max(bits));
+    uint16 zh = kv_cpu_f16_sat16(mn);
+    return select((uint16)0u, sh | (zh << 16), kx >= kn);
+}
+
+/* The metadata of token groups g0 .. g0 + ng - 1 (ng <= 16): stored, and
+   their scale and zero as floats in s[], z[]. */
+KV_FN_INLINE void kv_cpu_groups_meta(KV_GLOBAL const float *xall, KV_GLOBAL kv_u16 *scale, KV_GLOBAL kv_u16 *zero,
+                                     kv_dev_layout l, kv_u64 g0, kv_u32 ng, kv_u32 bits, float *s, float *z)
+{
+    int kn[16], kx[16];
+    for (kv_u32 j = 0; j < 16; j++) {
+        kn[j] = 0x7fffffff;
+        kx[j] = -0x7fffffff - 1;
+    }
+    for (kv_u32 j = 0; j < ng; j++) {
+        kv_cpu_tg t = kv_cpu_tgroup(l, g0 + j);
+        kv_cpu_group_keys(xall + kv_cpu_tg_elem(l, t), t.n, &kn[j], &kx[j]);
+    }
+    uint16 meta = kv_cpu_meta16(vload16(0, kn), vload16(0, kx), bits);
+    kv_u32 mv[16];
+    vstore16(meta, 0, mv);
+    for (kv_u32 j = 0; j < ng; j++) {
+        scale[g0 + j] = (kv_u16)(mv[j] & 0xffffu);
+        zero[g0 + j] = (kv_u16)(mv[j] >> 16);
+    }
+    vstore16(kv_cpu_f16_to_f32_16(meta & 0xffffu), 0, s);
+    vstore16(kv_cpu_f16_to_f32_16(meta >> 16), 0, z);
+}
+
+/* Token groups KV_CPU_GROUPS * item on (KV_CPU_GROUPS of them, fewer at the
+   end) of an encode (the arguments of kv_encode): their metadata 16 at a
+   time, then each group's codes and streams. */
+KV_FN void kv_cpu_encode_groups(KV_GLOBAL const float *xall, KV_GLOBAL kv_u8 *apl, KV_GLOBAL kv_u8 *rpl,
+                                KV_GLOBAL kv_u16 *scale, KV_GLOBAL kv_u16 *zero, kv_dev_layout l, kv_u64 item,
+                                kv_u32 bits, kv_u32 anchor_bits)
+{
+    kv_u64 g0 = item * KV_CPU_GROUPS, groups = kv_dev_groups(l);
+    kv_u32 ng = groups - g0 < KV_CPU_GROUPS ? (kv_u32)(groups - g0) : KV_CPU_GROUPS;
+    float sv[16], zv[16];
+    kv_cpu_groups_meta(xall, scale, zero, l, g0, ng, bits, sv, zv);
     kv_u32 abits = anchor_bits ? anchor_bits : bits;
     kv_u32 r = anchor_bits ? bits - anchor_bits : 0;
-    KV_GLOBAL kv_u8 *ap = apl + kv_cpu_tg_offset(l, t, abits);
-    KV_GLOBAL kv_u8 *rp = anchor_bits ? rpl + kv_cpu_tg_offset(l, t, r) : ap;
-    kv_u8 buf[32];
-    for (kv_u32 c0 = 0; c0 < n; c0 += 16) {
-        int16 valid;
-        float16 v = kv_cpu_load16(x, c0, n, &valid);
-        uint16 q = select((uint16)0u, kv_cpu_codes16(v, s, z, bits), valid);
-        kv_u32 m = n - c0 < 16 ? n - c0 : 16;
-        kv_cpu_pack16(q >> r, abits, buf);
-        kv_cpu_store(ap + 2 * (c0 / 16) * abits, buf, (kv_u32)kv_dev_stream_bytes(m, abits));
-        if (anchor_bits) {
-            kv_cpu_pack16(q & (uint16)kv_dev_code_max(r), r, buf);
-            kv_cpu_store(rp + 2 * (c0 / 16) * r, buf, (kv_u32)kv_dev_stream_bytes(m, r));
+    for (kv_u32 j = 0; j < ng; j++) {
+        kv_cpu_tg t = kv_cpu_tgroup(l, g0 + j);
+        kv_u32 n = t.n;
+        KV_GLOBAL const float *x = xall + kv_cpu_tg_elem(l, t);
+        KV_GLOBAL kv_u8 *ap = apl + kv_cpu_tg_offset(l, t, abits);
+        KV_GLOBAL kv_u8 *rp = anchor_bits ? rpl + kv_cpu_tg_offset(l, t, r) : ap;
+        float s = sv[j], z = zv[j];
+        kv_u8 buf[32];
+        for (kv_u32 c0 = 0; c0 < n; c0 += 16) {
+            int16 valid;
+            float16 v = kv_cpu_load16(x, c0, n, &valid);
+            uint16 q = select((uint16)0u, kv_cpu_codes16(v, s, z, bits), valid);
+            kv_u32 m = n - c0 < 16 ? n - c0 : 16;
+            kv_cpu_pack16(q >> r, abits, buf);
+            kv_cpu_store(ap + 2 * (c0 / 16) * abits, buf, (kv_u32)kv_dev_stream_bytes(m, abits));
+            if (anchor_bits) {
+                kv_cpu_pack16(q & (uint16)kv_dev_code_max(r), r, buf);
+                kv_cpu_store(rp + 2 * (c0 / 16) * r, buf, (kv_u32)kv_dev_stream_bytes(m, r));
+            }
         }
     }
 }
 
-/* Group g of a TOKEN-grouped quantize (the arguments of kv_quantize). */
-KV_FN void kv_cpu_quantize_group(KV_GLOBAL const float *xall, KV_GLOBAL kv_u16 *codes, KV_GLOBAL kv_u16 *scale,
-                                 KV_GLOBAL kv_u16 *zero, kv_dev_layout l, kv_u64 g, kv_u32 bits)
+/* Token groups KV_CPU_GROUPS * item on of a quantize (the arguments of kv_quantize). */
+KV_FN void kv_cpu_quantize_groups(KV_GLOBAL const float *xall, KV_GLOBAL kv_u16 *codes, KV_GLOBAL kv_u16 *scale,
+                                  KV_GLOBAL kv_u16 *zero, kv_dev_layout l, kv_u64 item, kv_u32 bits)
 {
-    kv_cpu_tg t = kv_cpu_tgroup(l, g);
-    kv_u64 e0 = kv_cpu_tg_elem(l, t);
-    kv_u32 meta = kv_cpu_group_meta(xall + e0, t.n, bits);
-    scale[g] = (kv_u16)(meta & 0xffffu);
-    zero[g] = (kv_u16)(meta >> 16);
-    float s = kv_dev_f16_to_f32(meta & 0xffffu), z = kv_dev_f16_to_f32(meta >> 16);
-    for (kv_u32 c0 = 0; c0 < t.n; c0 += 16) {
-        int16 valid;
-        float16 v = kv_cpu_load16(xall + e0, c0, t.n, &valid);
-        kv_cpu_store_u16x(codes + e0 + c0, kv_cpu_codes16(v, s, z, bits), t.n - c0 < 16 ? t.n - c0 : 16);
+    kv_u64 g0 = item * KV_CPU_GROUPS, groups = kv_dev_groups(l);
+    kv_u32 ng = groups - g0 < KV_CPU_GROUPS ? (kv_u32)(groups - g0) : KV_CPU_GROUPS;
+    float sv[16], zv[16];
+    kv_cpu_groups_meta(xall, scale, zero, l, g0, ng, bits, sv, zv);
+    for (kv_u32 j = 0; j < ng; j++) {
+        kv_cpu_tg t = kv_cpu_tgroup(l, g0 + j);
+        kv_u64 e0 = kv_cpu_tg_elem(l, t);
+        for (kv_u32 c0 = 0; c0 < t.n; c0 += 16) {
+            int16 valid;
+            float16 v = kv_cpu_load16(xall + e0, c0, t.n, &valid);
+            kv_cpu_store_u16x(codes + e0 + c0, kv_cpu_codes16(v, sv[j], zv[j], bits), t.n - c0 < 16 ? t.n - c0 : 16);
+        }
     }
 }
 
@@ -558,23 +638,15 @@ KV_FN void kv_cpu_encode_channels(KV_GLOBAL const float *x, KV_GLOBAL kv_u8 *apl
         kmin = min(kmin, select((int16)0x7fffffff, key, fin));
         kmax = max(kmax, select((int16)(-0x7fffffff - 1), key, fin));
     }
-    int16 have = kmax >= kmin;
-    float mn[16], mx[16], sv[16], zv[16];
-    vstore16(as_float16(kv_cpu_key16(kmin)), 0, mn);
-    vstore16(as_float16(kv_cpu_key16(kmax)), 0, mx);
-    kv_i32 hv[16];
-    vstore16(have, 0, hv);
+    uint16 meta = kv_cpu_meta16(kmin, kmax, bits);
+    kv_u32 mv[16];
+    vstore16(meta, 0, mv);
     kv_u64 g0 = block * l.cols + c0;
-    for (kv_u32 j = 0; j < 16; j++) {
-        kv_u32 meta = kv_dev_quant_meta(mn[j], mx[j], hv[j] != 0, bits);
-        if (j < m) {
-            scale[g0 + j] = (kv_u16)(meta & 0xffffu);
-            zero[g0 + j] = (kv_u16)(meta >> 16);
-        }
-        sv[j] = kv_dev_f16_to_f32(meta & 0xffffu);
-        zv[j] = kv_dev_f16_to_f32(meta >> 16);
+    for (kv_u32 j = 0; j < m; j++) {
+        scale[g0 + j] = (kv_u16)(mv[j] & 0xffffu);
+        zero[g0 + j] = (kv_u16)(mv[j] >> 16);
     }
-    float16 s = vload16(0, sv), z = vload16(0, zv);
+    float16 s = kv_cpu_f16_to_f32_16(meta & 0xffffu), z = kv_cpu_f16_to_f32_16(meta >> 16);
 
     kv_u32 abits = anchor_bits ? anchor_bits : bits;
     kv_u32 r = anchor_bits ? bits - anchor_bits : 0;
@@ -605,11 +677,11 @@ KV_KERNEL kv_quantize(KV_GLOBAL const kv_u8 *xb, kv_u64 xo, KV_GLOBAL kv_u8 *cb,
 {
     kv_dev_layout l = {rows, cols, group_size, grouping};
 #if defined(KV_CPU_ENCODE)
-    if (grouping == 0) { /* one work-item per group, as below */
-        kv_u64 g = KV_GLOBAL_ID();
-        if (g < kv_dev_groups(l))
-            kv_cpu_quantize_group(KV_CPTR(float, xb, xo), KV_PTR(kv_u16, cb, co), KV_PTR(kv_u16, sb, so),
-                                  KV_PTR(kv_u16, zb, zo), l, g, bits);
+    if (grouping == 0) { /* one work-item per KV_CPU_GROUPS groups (opencl.c launches that many) */
+        kv_u64 item = KV_GLOBAL_ID();
+        if (item < kv_dev_ceil_div(kv_dev_groups(l), KV_CPU_GROUPS))
+            kv_cpu_quantize_groups(KV_CPTR(float, xb, xo), KV_PTR(kv_u16, cb, co), KV_PTR(kv_u16, sb, so),
+                                   KV_PTR(kv_u16, zb, zo), l, item, bits);
         return;
     }
 #endif
@@ -841,12 +913,12 @@ KV_KERNEL kv_encode(KV_GLOBAL const kv_u8 *xb, kv_u64 xo, KV_GLOBAL kv_u8 *apb, 
 {
     kv_dev_layout l = {rows, cols, group_size, grouping};
 #if defined(KV_CPU_ENCODE)
-    if (grouping == 0) { /* one work-item per group, as below (the OpenCL launch is never capped) */
-        kv_u64 g = KV_GLOBAL_ID();
-        if (g < kv_dev_groups(l))
-            kv_cpu_encode_group(KV_CPTR(float, xb, xo), KV_PTR(kv_u8, apb, apo),
-                                anchor_bits ? KV_PTR(kv_u8, rpb, rpo) : 0, KV_PTR(kv_u16, sb, so),
-                                KV_PTR(kv_u16, zb, zo), l, g, bits, anchor_bits);
+    if (grouping == 0) { /* one work-item per KV_CPU_GROUPS groups (opencl.c launches that many) */
+        kv_u64 item = KV_GLOBAL_ID();
+        if (item < kv_dev_ceil_div(kv_dev_groups(l), KV_CPU_GROUPS))
+            kv_cpu_encode_groups(KV_CPTR(float, xb, xo), KV_PTR(kv_u8, apb, apo),
+                                 anchor_bits ? KV_PTR(kv_u8, rpb, rpo) : 0, KV_PTR(kv_u16, sb, so),
+                                 KV_PTR(kv_u16, zb, zo), l, item, bits, anchor_bits);
         return;
     }
     { /* CHANNEL groups: one work-item per group_size rows x 16 columns (opencl.c launches that many) */

@@ -237,6 +237,10 @@ static int choose_div_mode(cl_device_id dev, int *mode, kv_error *err)
    (KV_LANES > 1 selects it; the lane count itself no longer matters there). */
 enum { CPU_LANES = 16, CPU_ATTN_WG = 1 };
 
+/* Token groups per work-item of encode and quantize on CPU devices with the
+   native division (kernels.cl's KV_CPU_GROUPS; the build passes this value). */
+enum { CPU_CODEC_GROUPS = 16 };
+
 /* KV_LANES for a device: CPU devices CPU_LANES, others 1 (the GPU shape);
    KVSIM_OPENCL_LANES=n forces n (1, 2, 4, 8 or 16: tests run the GPU shape on PoCL). */
 static int choose_lanes(cl_device_id dev, int *lanes, kv_error *err)
@@ -283,8 +287,8 @@ static int build_program(cl_ctx *c, kv_error *err)
     char options[256];
     c->attn_wg = c->lanes > 1 && c->wg > CPU_ATTN_WG ? CPU_ATTN_WG : c->wg;
     snprintf(options, sizeof options,
-             "-cl-std=CL1.2 -DKV_WG=%zu -DKV_ATTN_WG=%zu -DKV_LANES=%d -DKV_DIV_MODE=%d -DKV_FP64=%d%s", c->wg,
-             c->attn_wg, c->lanes, c->div_mode, c->fp64,
+             "-cl-std=CL1.2 -DKV_WG=%zu -DKV_ATTN_WG=%zu -DKV_LANES=%d -DKV_DIV_MODE=%d -DKV_FP64=%d -DKV_CPU_GROUPS=%d%s",
+             c->wg, c->attn_wg, c->lanes, c->div_mode, c->fp64, (int)CPU_CODEC_GROUPS,
              c->div_mode == 0 ? " -cl-fp32-correctly-rounded-divide-sqrt" : "");
     e = clBuildProgram(c->program, 1, &c->device, options, NULL, NULL);
     if (e != CL_SUCCESS) {
@@ -546,6 +550,20 @@ static uint64_t codec_items(const cl_ctx *c, const kv_quant_layout *l, uint64_t 
     return c->lanes > 1 && l->grouping == KV_GROUP_TOKEN ? kv_layout_groups(l) : per_item;
 }
 
+/* Work-items of encode and quantize: on CPU devices with the native division
+   (kernels.cl's KV_CPU_ENCODE) one per CPU_CODEC_GROUPS TOKEN groups, and
+   for encode (channels 1) one per group_size rows x 16 columns of CHANNEL
+   groups; else one per group. */
+static uint64_t encode_items(const cl_ctx *c, const kv_quant_layout *l, int channels)
+{
+    uint64_t groups = kv_layout_groups(l);
+    if (c->lanes == 1 || c->div_mode != 0 || (l->grouping == KV_GROUP_CHANNEL && !channels))
+        return groups;
+    if (l->grouping == KV_GROUP_TOKEN)
+        return (groups + CPU_CODEC_GROUPS - 1) / CPU_CODEC_GROUPS;
+    return (((uint64_t)l->rows + l->group_size - 1) / l->group_size) * ((l->cols + 15u) / 16u);
+}
+
 /* ---- Kernels ------------------------------------------------------------------------- */
 
 static int opencl_quantize(void *vctx, const kv_quantize_args *q, kv_error *err)
@@ -571,7 +589,7 @@ static int opencl_quantize(void *vctx, const kv_quantize_args *q, kv_error *err)
     arg_ref(&a, q->zero);
     arg_layout(&a, &q->layout);
     arg_u32(&a, q->bits);
-    return launch(c, K_QUANTIZE, &a, groups, c->wg, err);
+    return launch(c, K_QUANTIZE, &a, encode_items(c, &q->layout, 0), c->wg, err);
 }
 
 static int opencl_dequantize(void *vctx, const kv_dequantize_args *q, kv_error *err)
@@ -704,13 +722,7 @@ static int opencl_encode(void *vctx, const kv_encode_args *q, kv_error *err)
     arg_layout(&a, &q->layout);
     arg_u32(&a, q->bits);
     arg_u32(&a, q->anchor_bits);
-    /* CPU devices with the native division (kernels.cl's KV_CPU_ENCODE): CHANNEL
-       groups one work-item per group_size rows x 16 columns; else one per group. */
-    const kv_quant_layout *l = &q->layout;
-    uint64_t items = c->lanes > 1 && c->div_mode == 0 && l->grouping == KV_GROUP_CHANNEL
-                         ? (((uint64_t)l->rows + l->group_size - 1) / l->group_size) * ((l->cols + 15u) / 16u)
-                         : groups;
-    return launch(c, K_ENCODE, &a, items, c->wg, err);
+    return launch(c, K_ENCODE, &a, encode_items(c, &q->layout, 1), c->wg, err);
 }
 
 static int opencl_decode(void *vctx, const kv_decode_args *q, kv_error *err)

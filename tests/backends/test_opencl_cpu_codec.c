@@ -308,3 +308,56 @@ Test(opencl_cpu_codec, decode_of_encoded_planes_bit_exact)
     kv_backend_close(be);
     kv_backend_close(ref);
 }
+
+/* Groups whose fp16 metadata lands on the conversion's edges (the vector
+   kv_cpu_meta16): scales and zeros that are exact ties between fp16
+   subnormals (k + 1/2 quanta of 2^-24, k even and odd), negative subnormal
+   zeros, values at 2^-25 (rounding to 0 or to the smallest subnormal), the
+   normal/subnormal boundary 2^-14, and spans at 65504, 65519 and 65520 (the
+   last rounds to Inf and saturates, N2); with token groups (16 to a
+   work-item) and the same groups as columns (channel groups). */
+Test(opencl_cpu_codec, metadata_fp16_edges_bit_exact)
+{
+    kvt_require_opencl();
+    kv_backend *be = kvt_open_opencl_with("KVSIM_OPENCL_LANES", NULL), *ref = kvt_open_reference();
+    enum { G = 4, NG = 160 };
+    static float rows[NG][G];
+    size_t k = 0;
+    const float q = 5.9604644775390625e-8f; /* 2^-24 */
+    for (int i = 0; i < 48; i++, k++) { /* [0, (i + 1/2) q]: scale a tie at b = 1 */
+        rows[k][0] = 0.0f, rows[k][1] = ((float)i + 0.5f) * q, rows[k][2] = rows[k][1] * 0.5f, rows[k][3] = 0.0f;
+    }
+    for (int i = 0; i < 48; i++, k++) { /* [-(i + 1/2) q, 0]: zero a negative tie */
+        rows[k][0] = -((float)i + 0.5f) * q, rows[k][1] = 0.0f, rows[k][2] = -0.0f, rows[k][3] = rows[k][0];
+    }
+    const float edges[] = {2.98023224e-8f, 2.98023259e-8f, 2.9802319e-8f,   6.10351562e-5f, 6.1035153e-5f,
+                           6.0975552e-5f,  65504.0f,       65519.0f,        65520.0f,       1e30f,
+                           -65520.0f,      -6.0975552e-5f, -2.98023224e-8f, 1.5e-45f,       -1.5e-45f};
+    for (size_t e = 0; e < sizeof edges / sizeof edges[0] && k + 3 < NG; e++) {
+        float v = edges[e];
+        rows[k][0] = 0.0f, rows[k][1] = v, rows[k][2] = v, rows[k][3] = 0.0f, k++;  /* span v from 0 */
+        rows[k][0] = v, rows[k][1] = v, rows[k][2] = v, rows[k][3] = v, k++;        /* constant v */
+        rows[k][0] = -v, rows[k][1] = v, rows[k][2] = NAN, rows[k][3] = INFINITY, k++; /* span 2v */
+        rows[k][0] = v, rows[k][1] = v * 3.0f, rows[k][2] = -INFINITY, rows[k][3] = v, k++;
+    }
+    for (; k < NG; k++)
+        for (int j = 0; j < G; j++)
+            rows[k][j] = (float)(k * G + j) * 1e-9f - 3e-6f;
+    float tr[G][NG]; /* the same groups as columns */
+    for (size_t g = 0; g < NG; g++)
+        for (int j = 0; j < G; j++)
+            tr[j][g] = rows[g][j];
+    kv_quant_layout tok = {NG, G, G, KV_GROUP_TOKEN}, chan = {G, NG, G, KV_GROUP_CHANNEL};
+    inputs in_t = {&rows[0][0], NULL, NULL, NULL, NULL, NULL}, in_c = {&tr[0][0], NULL, NULL, NULL, NULL, NULL};
+    const unsigned widths[] = {1, 2, 3, 8, 16};
+    for (size_t w = 0; w < sizeof widths / sizeof widths[0]; w++) {
+        unsigned b = widths[w];
+        check_op(be, ref, OP_QUANTIZE, &tok, b, 0, 0, &in_t);
+        check_op(be, ref, OP_ENCODE, &tok, b, 0, 0, &in_t);
+        check_op(be, ref, OP_ENCODE, &chan, b, 0, 0, &in_c);
+        if (b > 1)
+            check_op(be, ref, OP_ENCODE, &chan, b, 1, 0, &in_c);
+    }
+    kv_backend_close(be);
+    kv_backend_close(ref);
+}
