@@ -22,7 +22,9 @@
  *    depend on it). Attention's shape: GPUs KV_LANES 1 and KV_ATTN_WG =
  *    KV_WG, CPU devices KV_LANES 16 in work-groups of 1 (choose_lanes);
  *    KVSIM_OPENCL_LANES=n forces the lanes. Its split over the context is
- *    kv_dev_attn_splits (kv_device.h), as on CUDA and HIP.
+ *    kv_dev_attn_splits (kv_device.h), as on CUDA and HIP. The codec kernels
+ *    on CPU devices (KV_LANES > 1) take whole groups per work-item
+ *    (codec_items, encode_items).
  *  - Asynchrony: kernels are enqueued on one in-order queue and return at
  *    once; buffer writes and reads are blocking (the host's memory is free to
  *    reuse on return, and a read sees every kernel enqueued before it);
