@@ -163,6 +163,30 @@ KV_FN_INLINE void kv_cpu_store(KV_GLOBAL kv_u8 *out, const kv_u8 *p, kv_u32 nb)
     }
 }
 
+/* 16 codes of w bits (masked to w) stored as the nb bytes of their stream at
+   out (nb == 2w but in a group's last, short chunk). For w = 1, 2, 4, 8, 16
+   and a whole chunk, straight from vector registers: kv_cpu_pack16 into a
+   private buffer and back cost a store-forwarding stall per chunk (perf:
+   the narrow reloads of the buffer were the hottest instructions of pack). */
+KV_FN_INLINE void kv_cpu_put16(KV_GLOBAL kv_u8 *out, uint16 c, kv_u32 w, kv_u32 nb)
+{
+    if (nb == 2 * w && w == 8) {
+        vstore16(convert_uchar16(c), 0, out);
+    } else if (nb == 2 * w && w == 4) {
+        vstore8(convert_uchar8(c.even | (c.odd << 4)), 0, out);
+    } else if (nb == 2 * w && w == 2) {
+        vstore4(convert_uchar4(c.even.even | (c.odd.even << 2) | (c.even.odd << 4) | (c.odd.odd << 6)), 0, out);
+    } else if (nb == 2 * w && w == 1) {
+        uint8 p = c.even | (c.odd << 1);
+        uint4 p2 = p.even | (p.odd << 2);
+        vstore2(convert_uchar2(p2.even | (p2.odd << 4)), 0, out);
+    } else {
+        kv_u8 buf[32];
+        kv_cpu_pack16(c, w, buf);
+        kv_cpu_store(out, buf, nb);
+    }
+}
+
 /* Token group g of layout l: its row, its index in the row and its length. */
 typedef struct kv_cpu_tg {
     kv_u64 row;
@@ -364,11 +388,10 @@ KV_FN void kv_cpu_pack_group(KV_GLOBAL const kv_u16 *codes, KV_GLOBAL kv_u8 *pl,
     KV_GLOBAL const kv_u16 *c = codes + kv_cpu_tg_elem(l, t);
     KV_GLOBAL kv_u8 *p = pl + kv_cpu_tg_offset(l, t, w);
     uint16 mask = (uint16)kv_dev_code_max(w);
-    kv_u8 buf[32];
     for (kv_u32 c0 = 0; c0 < t.n; c0 += 16) {
         kv_u32 m = t.n - c0 < 16 ? t.n - c0 : 16;
-        kv_cpu_pack16(kv_cpu_codes_load16(c, c0, t.n) & mask, w, buf);
-        kv_cpu_store(p + 2 * (c0 / 16) * w, buf, (kv_u32)kv_dev_stream_bytes(m, w));
+        kv_cpu_put16(p + 2 * (c0 / 16) * w, kv_cpu_codes_load16(c, c0, t.n) & mask, w,
+                     (kv_u32)kv_dev_stream_bytes(m, w));
     }
 }
 
@@ -510,18 +533,15 @@ KV_FN void kv_cpu_encode_groups(KV_GLOBAL const float *xall, KV_GLOBAL kv_u8 *ap
         KV_GLOBAL kv_u8 *ap = apl + kv_cpu_tg_offset(l, t, abits);
         KV_GLOBAL kv_u8 *rp = anchor_bits ? rpl + kv_cpu_tg_offset(l, t, r) : ap;
         float s = sv[j], z = zv[j];
-        kv_u8 buf[32];
         for (kv_u32 c0 = 0; c0 < n; c0 += 16) {
             int16 valid;
             float16 v = kv_cpu_load16(x, c0, n, &valid);
             uint16 q = select((uint16)0u, kv_cpu_codes16(v, s, z, bits), valid);
             kv_u32 m = n - c0 < 16 ? n - c0 : 16;
-            kv_cpu_pack16(q >> r, abits, buf);
-            kv_cpu_store(ap + 2 * (c0 / 16) * abits, buf, (kv_u32)kv_dev_stream_bytes(m, abits));
-            if (anchor_bits) {
-                kv_cpu_pack16(q & (uint16)kv_dev_code_max(r), r, buf);
-                kv_cpu_store(rp + 2 * (c0 / 16) * r, buf, (kv_u32)kv_dev_stream_bytes(m, r));
-            }
+            kv_cpu_put16(ap + 2 * (c0 / 16) * abits, q >> r, abits, (kv_u32)kv_dev_stream_bytes(m, abits));
+            if (anchor_bits)
+                kv_cpu_put16(rp + 2 * (c0 / 16) * r, q & (uint16)kv_dev_code_max(r), r,
+                             (kv_u32)kv_dev_stream_bytes(m, r));
         }
     }
 }
