@@ -52,8 +52,9 @@
    shifts for w = 1, 2, 4, 8, 16 and through a 64-bit shift-and-or or a byte
    gather for the other widths. The host launches decode, dequantize, pack
    and unpack one work-item per group when KV_LANES > 1 and the layout is
-   TOKEN-grouped (opencl.c, cpu_codec); CHANNEL groups keep the kernels below
-   (KIVI's encode: kv_cpu_encode_channels).
+   TOKEN-grouped (opencl.c, codec_items), and encode and quantize one per
+   KV_CPU_GROUPS groups (encode_items); CHANNEL groups keep the kernels below,
+   but for KIVI's encode (kv_cpu_encode_channels: 16 columns a work-item).
 
    encode and quantize (KV_CPU_ENCODE): the group's min and max are taken over
    order-preserving integer keys of the floats (integer min/max vectorise;
@@ -62,8 +63,9 @@
    result: the keys order every finite value as `<` does but -0 before +0,
    which N3's `+ 0.0f` makes the same metadata. Only with the native division
    (KV_DIV_MODE 0): `/` on float16 is the correctly rounded vector division
-   there. decode and dequantize: the same fma as kv_dev_dequant (and
-   kv_dev_dequant_anchor) on 16 values, so bit for bit too. */
+   there; their fp16 metadata is worked out 16 groups at a time
+   (kv_cpu_meta16). decode and dequantize: the same fma as kv_dev_dequant
+   (and kv_dev_dequant_anchor) on 16 values, so bit for bit too. */
 #if defined(__OPENCL_VERSION__)
 #if KV_LANES > 1
 #define KV_CPU_CODEC 1
