@@ -114,4 +114,27 @@ static inline void kvt_values(kv_rng *rng, float *x, size_t n, float sd, int awk
     }
 }
 
+/* Attention of `n_queries` x `n_heads` query rows (head_dim each, one KV head) over one page `pg`
+   whose K and V bytes are `kv`, on `be`: the output rows into o (label names the case on failure). */
+static inline void kvt_attention_page(kv_backend *be, const char *label, uint32_t n_queries, uint32_t n_heads,
+                                      uint32_t head_dim, uint32_t ntok, const uint8_t *kv, size_t kv_bytes,
+                                      const kv_page_desc *pg, const float *q, const uint32_t *qpos,
+                                      const uint32_t *pos, float *o)
+{
+    size_t nq = (size_t)n_queries * n_heads * head_dim;
+    uint32_t hp[2] = {0, 1};
+    kv_buffer *bq = kvt_put(be, q, nq * 4), *bqp = kvt_put(be, qpos, n_queries * 4),
+              *bpg = kvt_put(be, pg, sizeof *pg), *bhp = kvt_put(be, hp, sizeof hp),
+              *bpos = kvt_put(be, pos, ntok * 4), *bkv = kvt_put(be, kv, kv_bytes), *bo = kvt_fill(be, nq * 4, 0xa5);
+    kv_attention_args a = {n_queries, n_heads, 1, head_dim, 1, 0, 0.125f, {bq, 0}, {bqp, 0}, {bpg, 0},
+                           {bhp, 0}, {bpos, 0}, {bkv, 0}, {bo, 0}, {NULL, 0}};
+    kv_error err = {0};
+    cr_assert_eq(kv_backend_attention(be, &a, &err), KV_OK, "%s: %s", label, err.msg);
+    float *got = kvt_get(be, bo, nq * 4);
+    memcpy(o, got, nq * 4);
+    free(got);
+    kv_buffer_free(be, bq), kv_buffer_free(be, bqp), kv_buffer_free(be, bpg), kv_buffer_free(be, bhp);
+    kv_buffer_free(be, bpos), kv_buffer_free(be, bkv), kv_buffer_free(be, bo);
+}
+
 #endif

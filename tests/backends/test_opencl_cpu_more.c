@@ -176,25 +176,6 @@ static size_t meta_page(const meta_case *c, kv_rng *rng, uint8_t **out, kv_page_
     return bytes;
 }
 
-static void run_meta(kv_backend *be, const meta_case *c, const uint8_t *kv, size_t kv_bytes, const kv_page_desc *pg,
-                     const float *q, const uint32_t *qpos, const uint32_t *pos, float *o)
-{
-    size_t nq = (size_t)c->n_queries * c->n_heads * c->head_dim;
-    uint32_t hp[2] = {0, 1};
-    kv_buffer *bq = kvt_put(be, q, nq * 4), *bqp = kvt_put(be, qpos, c->n_queries * 4),
-              *bpg = kvt_put(be, pg, sizeof *pg), *bhp = kvt_put(be, hp, sizeof hp),
-              *bpos = kvt_put(be, pos, c->ntok * 4), *bkv = kvt_put(be, kv, kv_bytes), *bo = kvt_fill(be, nq * 4, 0xa5);
-    kv_attention_args a = {c->n_queries, c->n_heads, 1, c->head_dim, 1, 0, 0.125f, {bq, 0}, {bqp, 0}, {bpg, 0},
-                           {bhp, 0}, {bpos, 0}, {bkv, 0}, {bo, 0}, {NULL, 0}};
-    kv_error err = {0};
-    cr_assert_eq(kv_backend_attention(be, &a, &err), KV_OK, "%s: %s", c->name, err.msg);
-    float *got = kvt_get(be, bo, nq * 4);
-    memcpy(o, got, nq * 4);
-    free(got);
-    kv_buffer_free(be, bq), kv_buffer_free(be, bqp), kv_buffer_free(be, bpg), kv_buffer_free(be, bhp);
-    kv_buffer_free(be, bpos), kv_buffer_free(be, bkv), kv_buffer_free(be, bo);
-}
-
 static void check_meta(const char *fp64)
 {
     kvt_require_opencl();
@@ -216,8 +197,10 @@ static void check_meta(const char *fp64)
             pos[t] = t;
         for (uint32_t j = 0; j < c->n_queries; j++)
             qpos[j] = c->ntok - c->n_queries + j; /* the last tokens: masks */
-        run_meta(be, c, kv, kv_bytes, &pg, q, qpos, pos, o1);
-        run_meta(ref, c, kv, kv_bytes, &pg, q, qpos, pos, o2);
+        kvt_attention_page(be, c->name, c->n_queries, c->n_heads, c->head_dim, c->ntok, kv, kv_bytes, &pg, q, qpos, pos,
+                           o1);
+        kvt_attention_page(ref, c->name, c->n_queries, c->n_heads, c->head_dim, c->ntok, kv, kv_bytes, &pg, q, qpos, pos,
+                           o2);
         double e = kv_attn_rel_error(o1, o2, (size_t)c->n_queries * c->n_heads, c->head_dim);
         cr_expect(e <= 1e-5, "fp64 %s, %s: attention differs from the reference by %.3g relative",
                   fp64 ? fp64 : "default", c->name, e);
