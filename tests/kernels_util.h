@@ -1,5 +1,5 @@
 /* kernels_util.h — header-only helpers for the kernel tests: backend buffers
- * from host arrays and back, and test inputs with the awkward values the
+ * from host arrays and back, one attention problem on two backends compared, and test inputs with the awkward values the
  * numerics must handle (NaN, ±Inf, −0, constant groups, fp16 overflow). */
 #ifndef KV_TESTS_KERNELS_UTIL_H
 #define KV_TESTS_KERNELS_UTIL_H
@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "backends/backend.h"
+#include "backends/kernel_fixture.h"
 #include "core/base/rng.h"
 
 /* A backend buffer holding a copy of host bytes (bytes may be 0: one byte is allocated). */
@@ -112,6 +113,41 @@ static inline void kvt_values(kv_rng *rng, float *x, size_t n, float sd, int awk
         if (k >= 9 && k < 30 && i > 0)
             x[i] = x[i - 1]; /* runs: constant groups */
     }
+}
+
+/* The first differing byte of two arrays, or -1. */
+static inline long kvt_first_diff(const void *a, const void *b, size_t n)
+{
+    const unsigned char *x = a, *y = b;
+    for (size_t i = 0; i < n; i++)
+        if (x[i] != y[i])
+            return (long)i;
+    return -1;
+}
+
+/* The problem `spec` solved on be and on ref, its queries first scaled by
+   kv_attn_problem_scale_q(q_stride, big, small) when q_stride > 0: *out_err gets
+   the outputs' relative error, *score_err the scores' per KV head (0 without
+   spec->scores). label names the case when a step fails. */
+static inline void kvt_attention_errors(kv_backend *be, kv_backend *ref, const kv_attn_spec *spec, uint32_t q_stride,
+                                        float big, float small, const char *label, double *out_err,
+                                        double *score_err)
+{
+    kv_attn_problem *prob = NULL;
+    kv_error err = {0};
+    cr_assert_eq(kv_attn_problem_create(spec, &prob, &err), KV_OK, "%s: %s", label, err.msg);
+    if (q_stride)
+        kv_attn_problem_scale_q(prob, q_stride, big, small);
+    size_t no = kv_attn_problem_out_floats(prob), ns = kv_attn_problem_score_floats(prob);
+    float *o[2] = {malloc(no * 4 + 4), malloc(no * 4 + 4)}, *sc[2] = {malloc(ns * 4 + 4), malloc(ns * 4 + 4)};
+    cr_assert(o[0] && o[1] && sc[0] && sc[1]);
+    kv_backend *bes[2] = {be, ref};
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(kv_attn_solve(prob, bes[i], o[i], sc[i], &err), KV_OK, "%s: %s", label, err.msg);
+    *out_err = kv_attn_rel_error(o[0], o[1], (size_t)spec->n_queries * spec->n_heads, spec->head_dim);
+    *score_err = spec->scores ? kv_attn_rel_error(sc[0], sc[1], spec->n_kv_heads, spec->tokens) : 0.0;
+    free(o[0]), free(o[1]), free(sc[0]), free(sc[1]);
+    kv_attn_problem_destroy(prob);
 }
 
 /* Attention of `n_queries` x `n_heads` query rows (head_dim each, one KV head) over one page `pg`

@@ -25,23 +25,9 @@
    output and score errors. */
 static double attention_error(kv_backend *be, kv_backend *ref, const kv_attn_spec *spec)
 {
-    kv_attn_problem *prob = NULL;
-    kv_error err = {0};
-    cr_assert_eq(kv_attn_problem_create(spec, &prob, &err), KV_OK, "%s", err.msg);
-    size_t no = kv_attn_problem_out_floats(prob), ns = kv_attn_problem_score_floats(prob);
-    float *o[2] = {malloc(no * 4 + 4), malloc(no * 4 + 4)}, *sc[2] = {malloc(ns * 4 + 4), malloc(ns * 4 + 4)};
-    kv_backend *bes[2] = {be, ref};
-    for (int i = 0; i < 2; i++) {
-        cr_assert_eq(kv_attn_solve(prob, bes[i], o[i], sc[i], &err), KV_OK, "%s", err.msg);
-    }
-    double e = kv_attn_rel_error(o[0], o[1], (size_t)spec->n_queries * spec->n_heads, spec->head_dim);
-    if (spec->scores) {
-        double es = kv_attn_rel_error(sc[0], sc[1], spec->n_kv_heads, spec->tokens);
-        e = es > e ? es : e;
-    }
-    free(o[0]), free(o[1]), free(sc[0]), free(sc[1]);
-    kv_attn_problem_destroy(prob);
-    return e;
+    double e, es;
+    kvt_attention_errors(be, ref, spec, 0, 1, 1, "attention", &e, &es);
+    return es > e ? es : e;
 }
 
 typedef struct kcase {
@@ -150,23 +136,12 @@ Test(cpu_kivi_verify, verify_rows_generic)
 /* ---- Session 8 (#22): the 16-row verification passes and the inlined KIVI reader ---- */
 
 /* One problem on cpu:0 and on the reference, with its queries scaled by
-   kv_attn_problem_scale_q(stride, big, small) first (stride 0: unscaled). */
+   kv_attn_problem_scale_q(stride, big, small) first (stride 0: unscaled): the output error. */
 static double scaled_error(kv_backend *be, kv_backend *ref, const kv_attn_spec *spec, uint32_t stride, float big,
                            float small)
 {
-    kv_attn_problem *prob = NULL;
-    kv_error err = {0};
-    cr_assert_eq(kv_attn_problem_create(spec, &prob, &err), KV_OK, "%s", err.msg);
-    if (stride)
-        kv_attn_problem_scale_q(prob, stride, big, small);
-    size_t no = kv_attn_problem_out_floats(prob);
-    float *o[2] = {malloc(no * 4 + 4), malloc(no * 4 + 4)};
-    kv_backend *bes[2] = {be, ref};
-    for (int i = 0; i < 2; i++)
-        cr_assert_eq(kv_attn_solve(prob, bes[i], o[i], NULL, &err), KV_OK, "%s", err.msg);
-    double e = kv_attn_rel_error(o[0], o[1], (size_t)spec->n_queries * spec->n_heads, spec->head_dim);
-    free(o[0]), free(o[1]);
-    kv_attn_problem_destroy(prob);
+    double e, es;
+    kvt_attention_errors(be, ref, spec, stride, big, small, "attention", &e, &es);
     return e;
 }
 

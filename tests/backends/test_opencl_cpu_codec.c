@@ -57,16 +57,6 @@ static void random_meta(kv_rng *rng, uint16_t *m, size_t n)
     }
 }
 
-/* The first differing byte of two arrays, or -1. */
-static long first_diff(const void *a, const void *b, size_t n)
-{
-    const unsigned char *x = a, *y = b;
-    for (size_t i = 0; i < n; i++)
-        if (x[i] != y[i])
-            return (long)i;
-    return -1;
-}
-
 /* Inputs of one shape: x (floats), codes (u16), two planes, scale and zero. */
 typedef struct inputs {
     float *x;
@@ -179,7 +169,7 @@ static int check_op(kv_backend *be, kv_backend *ref, int op, const kv_quant_layo
     outputs o1 = run_op(be, op, l, bits, a, residual, in), o2 = run_op(ref, op, l, bits, a, residual, in);
     int ok = 1;
     for (int k = 0; k < o1.count; k++) {
-        long d = first_diff(o1.out[k], o2.out[k], o1.bytes[k]);
+        long d = kvt_first_diff(o1.out[k], o2.out[k], o1.bytes[k]);
         if (d >= 0 && ok)
             cr_expect(0, "%s %ux%u G %u %s, b %u a %u%s: %s byte %ld of %zu differs (0x%02x, want 0x%02x)",
                       op_names[op], l->rows, l->cols, l->group_size,

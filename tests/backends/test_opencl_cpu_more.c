@@ -60,23 +60,14 @@ static void check_batches(const char *fp64)
         const batch_case *c = &batch_cases[i];
         kv_attn_spec spec = {c->n_queries, c->n_heads, c->n_kv_heads, c->head_dim, c->tokens, c->page_tokens,
                              c->k, c->v, c->n_formats, c->scores, 0, 800 + i};
-        kv_attn_problem *prob = NULL;
-        kv_error err = {0};
-        cr_assert_eq(kv_attn_problem_create(&spec, &prob, &err), KV_OK, "%s: %s", c->name, err.msg);
-        size_t no = kv_attn_problem_out_floats(prob), ns = kv_attn_problem_score_floats(prob);
-        float *o1 = malloc(no * 4), *o2 = malloc(no * 4), *s1 = malloc(ns * 4 + 4), *s2 = malloc(ns * 4 + 4);
-        cr_assert_eq(kv_attn_solve(prob, be, o1, s1, &err), KV_OK, "%s: %s", c->name, err.msg);
-        cr_assert_eq(kv_attn_solve(prob, ref, o2, s2, &err), KV_OK, "%s: %s", c->name, err.msg);
-        double e = kv_attn_rel_error(o1, o2, (size_t)c->n_queries * c->n_heads, c->head_dim);
+        double e, es;
+        kvt_attention_errors(be, ref, &spec, 0, 1, 1, c->name, &e, &es);
         cr_expect(e <= 1e-5, "fp64 %s, %s: attention differs from the reference by %.3g relative",
                   fp64 ? fp64 : "default", c->name, e);
         if (c->scores) {
-            double es = kv_attn_rel_error(s1, s2, c->n_kv_heads, ns / c->n_kv_heads);
             cr_expect(es <= 1e-5, "fp64 %s, %s: scores differ from the reference by %.3g relative",
                       fp64 ? fp64 : "default", c->name, es);
         }
-        free(o1), free(o2), free(s1), free(s2);
-        kv_attn_problem_destroy(prob);
     }
     kv_backend_close(be);
     kv_backend_close(ref);

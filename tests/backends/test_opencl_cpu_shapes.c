@@ -44,16 +44,6 @@ static planes encode(kv_backend *be, const kv_quant_layout *l, unsigned bits, un
     return p;
 }
 
-/* The first differing byte of two arrays, or -1. */
-static long first_diff(const void *a, const void *b, size_t n)
-{
-    const unsigned char *x = a, *y = b;
-    for (size_t i = 0; i < n; i++)
-        if (x[i] != y[i])
-            return (long)i;
-    return -1;
-}
-
 /* rows x cols in token groups of G: odd group counts, groups shorter than 16,
    not a multiple of 16, a short last group in every row, G > cols. */
 static const kv_quant_layout enc_shapes[] = {
@@ -70,18 +60,18 @@ static void check_encode(kv_backend *be, kv_backend *ref, const kv_quant_layout 
     size_t pa = kv_layout_packed_bytes(l, a ? a : bits), pr = a ? kv_layout_packed_bytes(l, bits - a) : 0;
     planes p1 = encode(be, l, bits, a, x), p2 = encode(ref, l, bits, a, x);
     long d;
-    d = first_diff(p1.scale, p2.scale, groups * 2);
+    d = kvt_first_diff(p1.scale, p2.scale, groups * 2);
     cr_expect(d < 0, "%ux%u G %u, b %u a %u: scale of group %ld differs", l->rows, l->cols, l->group_size, bits, a,
               d / 2);
-    d = first_diff(p1.zero, p2.zero, groups * 2);
+    d = kvt_first_diff(p1.zero, p2.zero, groups * 2);
     cr_expect(d < 0, "%ux%u G %u, b %u a %u: zero of group %ld differs", l->rows, l->cols, l->group_size, bits, a,
               d / 2);
-    d = first_diff(p1.anchor, p2.anchor, pa);
+    d = kvt_first_diff(p1.anchor, p2.anchor, pa);
     cr_expect(d < 0, "%ux%u G %u, b %u a %u: %s plane byte %ld of %zu differs (0x%02x, want 0x%02x)", l->rows,
               l->cols, l->group_size, bits, a, a ? "anchor" : "packed", d, pa, d >= 0 ? p1.anchor[d] : 0,
               d >= 0 ? p2.anchor[d] : 0);
     if (a) {
-        d = first_diff(p1.residual, p2.residual, pr);
+        d = kvt_first_diff(p1.residual, p2.residual, pr);
         cr_expect(d < 0, "%ux%u G %u, b %u a %u: residual plane byte %ld of %zu differs", l->rows, l->cols,
                   l->group_size, bits, a, d, pr);
     }
@@ -201,23 +191,14 @@ static void check_attention(const char *fp64)
         const attn_case *c = &cases[i];
         kv_attn_spec spec = {c->n_queries, c->n_heads, c->n_kv_heads, c->head_dim, c->tokens, c->page_tokens,
                              c->k, c->v, c->n_formats, c->scores, c->empty_pages, 700 + i};
-        kv_attn_problem *prob = NULL;
-        kv_error err = {0};
-        cr_assert_eq(kv_attn_problem_create(&spec, &prob, &err), KV_OK, "%s: %s", c->name, err.msg);
-        size_t no = kv_attn_problem_out_floats(prob), ns = kv_attn_problem_score_floats(prob);
-        float *o1 = malloc(no * 4), *o2 = malloc(no * 4), *s1 = malloc(ns * 4 + 4), *s2 = malloc(ns * 4 + 4);
-        cr_assert_eq(kv_attn_solve(prob, be, o1, s1, &err), KV_OK, "%s: %s", c->name, err.msg);
-        cr_assert_eq(kv_attn_solve(prob, ref, o2, s2, &err), KV_OK, "%s: %s", c->name, err.msg);
-        double e = kv_attn_rel_error(o1, o2, (size_t)c->n_queries * c->n_heads, c->head_dim);
+        double e, es;
+        kvt_attention_errors(be, ref, &spec, 0, 1, 1, c->name, &e, &es);
         cr_expect(e <= 1e-5, "fp64 %s, %s: attention differs from the reference by %.3g relative",
                   fp64 ? fp64 : "default", c->name, e);
-        if (c->scores) {
-            double es = kv_attn_rel_error(s1, s2, c->n_kv_heads, ns / c->n_kv_heads); /* per KV head */
+        if (c->scores) { /* per KV head */
             cr_expect(es <= 1e-5, "fp64 %s, %s: scores differ from the reference by %.3g relative",
                       fp64 ? fp64 : "default", c->name, es);
         }
-        free(o1), free(o2), free(s1), free(s2);
-        kv_attn_problem_destroy(prob);
     }
     kv_backend_close(be);
     kv_backend_close(ref);
