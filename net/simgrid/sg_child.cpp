@@ -304,7 +304,7 @@ private:
     std::vector<LinkUse> uses_;
     std::unordered_map<const sg4::Link*, int> link_index_;
     std::vector<Flow*> active_;               /* in-flight flows; Flow::slot indexes this */
-    std::unordered_map<uint64_t, Route> routes_; /* start's routes by src x hosts + dst, looked up once;
+    std::unordered_map<uint64_t, Route> routes_; /* routes (start, route) by src x hosts + dst, looked up once;
                                                     Flow::links points into it (map nodes never move) */
     std::vector<Flow*> done_;                 /* advance's completions, kept to reuse their storage */
     std::vector<kv_sg_done> done_items_;      /* and their answer */
@@ -453,7 +453,7 @@ private:
     void relevel();
     void relevel_now();
     void route(const kv_sg_request& rq);
-    const Route& route_of(sg4::Host* src, sg4::Host* dst, int i, int j);
+    const Route& route_of(int src, int dst);
     void link_state();
     void start(const kv_sg_request& rq);
     void cancel(const kv_sg_request& rq);
@@ -640,7 +640,7 @@ void Driver::start(const kv_sg_request& rq)
     f->priority = rq.priority;
     sg4::Host* src = platform_.hosts[(size_t)rq.src];
     sg4::Host* dst = platform_.hosts[(size_t)rq.dst];
-    const Route& route = route_of(src, dst, rq.src, rq.dst);
+    const Route& route = route_of(rq.src, rq.dst);
     double latency = route.latency;
     int busiest = 0;
     const std::string* busiest_name = &no_link_;
@@ -858,16 +858,16 @@ void Driver::relevel()
     }
 }
 
-/* The route i -> j (hosts src, dst) for start: SimGrid's route_to the first time, then the copy. */
-const Route& Driver::route_of(sg4::Host* src, sg4::Host* dst, int i, int j)
+/* The route between hosts src and dst (indices, in range): SimGrid's route_to the first time, then the copy. */
+const Route& Driver::route_of(int src, int dst)
 {
-    uint64_t key = (uint64_t)i * platform_.hosts.size() + (uint64_t)j;
+    uint64_t key = (uint64_t)src * platform_.hosts.size() + (uint64_t)dst;
     auto it = routes_.find(key);
     if (it != routes_.end())
         return it->second;
     Route r;
     std::vector<sg4::Link*> links;
-    src->route_to(dst, links, &r.latency);
+    platform_.hosts[(size_t)src]->route_to(platform_.hosts[(size_t)dst], links, &r.latency);
     for (const sg4::Link* l : links) {
         auto at = link_index_.find(l);
         if (at != link_index_.end())
@@ -882,14 +882,8 @@ void Driver::route(const kv_sg_request& rq)
     if (rq.src < 0 || rq.dst < 0 || (size_t)rq.src >= platform_.hosts.size() || (size_t)rq.dst >= platform_.hosts.size()) {
         fail(KV_EFAIL, "net simgrid: route of hosts out of range");
     } else {
-        std::vector<sg4::Link*> links;
-        double latency = 0;
-        platform_.hosts[(size_t)rq.src]->route_to(platform_.hosts[(size_t)rq.dst], links, &latency);
-        for (const sg4::Link* l : links) {
-            auto it = link_index_.find(l);
-            if (it != link_index_.end())
-                out.push_back((uint32_t)it->second);
-        }
+        for (int l : route_of(rq.src, rq.dst).links)
+            out.push_back((uint32_t)l);
     }
     reply_status((uint32_t)out.size(), out.data(), out.size() * sizeof(uint32_t));
 }
