@@ -238,25 +238,11 @@ KV_FN_INLINE float kv_cpu_max16f(float16 v)
     return fmax(c.x, c.y);
 }
 
-/* kv_dev_f16_to_f32 on 16 lanes with integer vector ops (its three cases
-   computed and one selected), bit for bit. PoCL's vload_half is a software
-   conversion of about 15 scalar instructions per value. */
-KV_FN_INLINE float16 kv_cpu_f16x16(ushort16 hb)
-{
-    uint16 h = convert_uint16(hb);
-    uint16 sign = (h & 0x8000u) << 16;
-    uint16 ex = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-    uint16 sub = as_uint16(convert_float16(man) * 5.9604644775390625e-8f) | sign; /* 2^-24; exact */
-    uint16 special = sign | 0x7f800000u | (man << 13);
-    uint16 normal = sign | ((ex + 112u) << 23) | (man << 13);
-    return as_float16(select(select(normal, special, ex == 31u), sub, ex == 0u));
-}
-
 /* The metadata of rows t0 .. t0 + nt - 1 (nt <= KV_CPU_TILE) of a store that
    kv_cpu_row reads as quantized TOKEN groups (rd->fast 3), as f32: s[i] the
    scale and z[i] the zero of group t0 * per_row + i. A row's groups follow
    one another, and so do the rows', so the tile's metadata is one run of
-   halves, converted 16 at a time (kv_cpu_f16x16). Other stores: nothing. */
+   halves, converted 16 at a time (kv_cpu_f16_to_f32_16, kernels_cpu_codec.cl). Other stores: nothing. */
 #define KV_CPU_META (KV_CPU_TILE * KV_CPU_CHUNKS)
 KV_FN_INLINE void kv_cpu_meta(KV_GLOBAL const kv_u8 *data, const kv_dev_store *st, const kv_cpu_rd *rd, kv_u32 t0,
                               kv_u32 nt, float *s, float *z)
@@ -267,8 +253,8 @@ KV_FN_INLINE void kv_cpu_meta(KV_GLOBAL const kv_u8 *data, const kv_dev_store *s
     kv_u64 g0 = (kv_u64)t0 * rd->per_row;
     kv_u32 n = nt * rd->per_row, i = 0;
     for (; i + 16 <= n; i += 16) {
-        vstore16(kv_cpu_f16x16(vload16(0, m + g0 + i)), 0, s + i);
-        vstore16(kv_cpu_f16x16(vload16(0, m + rd->groups + g0 + i)), 0, z + i);
+        vstore16(kv_cpu_f16_to_f32_16(convert_uint16(vload16(0, m + g0 + i))), 0, s + i);
+        vstore16(kv_cpu_f16_to_f32_16(convert_uint16(vload16(0, m + rd->groups + g0 + i))), 0, z + i);
     }
     for (; i < n; i++) {
         s[i] = kv_dev_f16_to_f32(m[g0 + i]);

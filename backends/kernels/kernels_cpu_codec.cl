@@ -340,6 +340,19 @@ KV_FN void kv_cpu_unpack_group(KV_GLOBAL const kv_u8 *pl, KV_GLOBAL kv_u16 *code
         kv_cpu_store_u16x(c + c0, kv_cpu_stream16(p, w, c0, t.n), t.n - c0 < 16 ? t.n - c0 : 16);
 }
 
+/* kv_dev_f16_to_f32 on 16 values with integer vector ops (its three cases computed and one
+   selected), bit for bit; also the attention's metadata reader (kernels_cpu_attention.cl). PoCL's
+   vload_half is a software conversion of about 15 scalar instructions per value. */
+KV_FN_INLINE float16 kv_cpu_f16_to_f32_16(uint16 h)
+{
+    uint16 sign = (h & 0x8000u) << 16;
+    uint16 ex = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    uint16 sub = as_uint16(convert_float16(man) * 5.9604644775390625e-8f) | sign; /* 2^-24; exact */
+    uint16 special = sign | 0x7f800000u | (man << 13);
+    uint16 normal = sign | ((ex + 112u) << 23) | (man << 13);
+    return as_float16(select(select(normal, special, ex == 31u), sub, ex == 0u));
+}
+
 #if KV_DIV_MODE == 0
 #define KV_CPU_ENCODE 1
 /* Token groups per work-item of encode and quantize: their metadata is
@@ -400,17 +413,6 @@ KV_FN_INLINE uint16 kv_cpu_f16_sat16(float16 f)
     h = select(h, sign | 0x7c00u, ax >= 0x477ff000u);
     h = select(h, qnan, ax > 0x7f800000u);
     return select(h, (h & 0x8000u) | 0x7bffu, (h & 0x7fffu) == 0x7c00u); /* N2: saturate */
-}
-
-/* kv_dev_f16_to_f32 on 16 values (the same branch-free cases). */
-KV_FN_INLINE float16 kv_cpu_f16_to_f32_16(uint16 h)
-{
-    uint16 sign = (h & 0x8000u) << 16;
-    uint16 ex = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-    uint16 sub = as_uint16(convert_float16(man) * 5.9604644775390625e-8f) | sign; /* 2^-24; exact */
-    uint16 special = sign | 0x7f800000u | (man << 13);
-    uint16 normal = sign | ((ex + 112u) << 23) | (man << 13);
-    return as_float16(select(select(normal, special, ex == 31u), sub, ex == 0u));
 }
 
 /* kv_dev_quant_meta of 16 groups from their min and max keys (kx < kn: no
