@@ -474,8 +474,10 @@ bool Driver::wait_until(double t)
         return true;
     double d = exact_delta(sg4::Engine::get_clock(), t);
     if (comms_.empty()) {
+        /* A timeout on no activity: a timer only, where sleep_for makes a CPU action the CPU
+           model then solves (0.39 against 0.57 us a step here; the clock reaches the same date). */
         if (d > 0)
-            sg4::this_actor::sleep_for(d);
+            sg4::Activity::wait_any_for(comms_, d);
         steps_ = 0;
     } else {
         ssize_t i = sg4::Activity::wait_any_for(comms_, d);
