@@ -18,6 +18,7 @@
 #include "backends/numerics.h"
 #include "backends/kernels/kv_device.h" /* host-C dialect: the scalar helpers only */
 #include "core/base/rng.h"
+#include "tests/kernels_util.h"
 #include "tests/support.h"
 
 static const char *const vendors[] = {"opencl", "cuda", "hip", "ascend"};
@@ -278,26 +279,10 @@ Test(vendors, opencl_division_mode_unknown_is_bad_input)
    fp32 accumulation error would show), compaction exact. */
 static void attention_vs_reference(kv_backend *be, kv_backend *ref, const kv_attn_spec *spec, const char *what)
 {
-    kv_attn_problem *prob = NULL;
-    kv_error err = {0};
-    cr_assert_eq(kv_attn_problem_create(spec, &prob, &err), KV_OK, "%s", err.msg);
-    size_t no = kv_attn_problem_out_floats(prob), ns = kv_attn_problem_score_floats(prob);
-    float *o[2], *sc[2];
-    kv_backend *bes[2] = {be, ref};
-    for (int k = 0; k < 2; k++) {
-        o[k] = malloc(no * 4);
-        sc[k] = malloc(ns * 4 + 4);
-        cr_assert_eq(kv_attn_solve(prob, bes[k], o[k], sc[k], &err), KV_OK, "%s", err.msg);
-    }
-    double e = kv_attn_rel_error(o[0], o[1], (size_t)spec->n_queries * spec->n_heads, spec->head_dim);
+    double e, es;
+    kvt_attention_errors(be, ref, spec, 0, 0, 0, what, &e, &es);
     cr_assert(e <= 1e-5, "%s: attention differs from the reference by %.3g", what, e);
-    if (spec->scores) {
-        double es = kv_attn_rel_error(sc[0], sc[1], spec->n_kv_heads, spec->tokens);
-        cr_assert(es <= 1e-5, "%s: scores differ from the reference by %.3g", what, es);
-    }
-    for (int k = 0; k < 2; k++)
-        free(o[k]), free(sc[k]);
-    kv_attn_problem_destroy(prob);
+    cr_assert(es <= 1e-5, "%s: scores differ from the reference by %.3g", what, es);
 }
 
 static void compaction_vs_reference(kv_backend *be, kv_backend *ref, const char *what)

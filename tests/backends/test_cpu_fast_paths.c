@@ -46,25 +46,13 @@ static const reader_case readers[] = {
 };
 #define N_READERS (sizeof readers / sizeof readers[0])
 
-/* Attention of `prob` on cpu:0 and on the reference; returns the larger of
+/* Attention of `spec` on cpu:0 and on the reference; returns the larger of
    the output and score errors. */
-static double attention_error(kv_backend *be, kv_backend *ref, const kv_attn_problem *prob)
+static double attention_error(kv_backend *be, kv_backend *ref, const kv_attn_spec *spec, const char *label)
 {
-    const kv_attn_spec *s = kv_attn_problem_spec(prob);
-    size_t no = kv_attn_problem_out_floats(prob), ns = kv_attn_problem_score_floats(prob);
-    float *o[2] = {malloc(no * 4), malloc(no * 4)}, *sc[2] = {malloc(ns * 4 + 4), malloc(ns * 4 + 4)};
-    kv_backend *bes[2] = {be, ref};
-    for (int i = 0; i < 2; i++) {
-        kv_error err = {0};
-        cr_assert_eq(kv_attn_solve(prob, bes[i], o[i], sc[i], &err), KV_OK, "%s", err.msg);
-    }
-    double e = kv_attn_rel_error(o[0], o[1], (size_t)s->n_queries * s->n_heads, s->head_dim);
-    if (s->scores) {
-        double es = kv_attn_rel_error(sc[0], sc[1], s->n_kv_heads, s->tokens);
-        e = es > e ? es : e;
-    }
-    free(o[0]), free(o[1]), free(sc[0]), free(sc[1]);
-    return e;
+    double e, es;
+    kvt_attention_errors(be, ref, spec, 0, 0, 0, label, &e, &es);
+    return es > e ? es : e;
 }
 
 /* Every reader x page sizes 1..9 x {decode with GQA 4, decode with GQA 3
@@ -87,15 +75,11 @@ static void run_matrix(const char *paths)
                     tokens = rc->k.group_size + pt; /* at least one full channel group */
                 kv_attn_spec spec = {shapes[si][0], shapes[si][1], shapes[si][2], hd, tokens, pt, &rc->k, &rc->v,
                                      1, si == 0, 0, 7000 + 97 * ri + 11 * pt + si};
-                kv_attn_problem *prob = NULL;
-                kv_error err = {0};
-                cr_assert_eq(kv_attn_problem_create(&spec, &prob, &err), KV_OK, "%s", err.msg);
-                double e = attention_error(be, ref, prob);
+                double e = attention_error(be, ref, &spec, rc->name);
                 cr_expect(e <= 1e-5,
                           "%s paths, %s: %u-token pages, %u queries, %u heads / %u KV heads, head_dim %u: "
                           "relative error %.3g",
                           paths, rc->name, pt, spec.n_queries, spec.n_heads, spec.n_kv_heads, hd, e);
-                kv_attn_problem_destroy(prob);
                 checked++;
             }
     cr_assert_eq(checked, (int)(N_READERS * 9 * 3));
@@ -124,12 +108,8 @@ Test(cpu_fast_paths, long_context_decode)
     for (size_t i = 0; i < sizeof pick / sizeof pick[0]; i++) {
         const reader_case *rc = &readers[pick[i]];
         kv_attn_spec spec = {1, 32, 8, 128, 2048, 32, &rc->k, &rc->v, 1, 0, 0, 4242 + i};
-        kv_attn_problem *prob = NULL;
-        kv_error err = {0};
-        cr_assert_eq(kv_attn_problem_create(&spec, &prob, &err), KV_OK, "%s", err.msg);
-        double e = attention_error(be, ref, prob);
+        double e = attention_error(be, ref, &spec, rc->name);
         cr_expect(e <= 1e-5, "%s: 2048-token decode: relative error %.3g", rc->name, e);
-        kv_attn_problem_destroy(prob);
     }
     kv_backend_close(be);
     kv_backend_close(ref);
