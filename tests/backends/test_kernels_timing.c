@@ -23,6 +23,11 @@ Test(bench_kernels, quick_run_prints_table_and_json_that_calibrates)
     cr_assert(strstr(out, "exact"), "%s", out);
     cr_assert(!strstr(out, "MISMATCH") && !strstr(out, "OFF BY"), "%s", out);
     cr_assert(strstr(out, "targets (cpu"), "%s", out);
+    /* #22's targets, one row each: encodes at 0.5, KIVI-2 and verification at 0.35 */
+    cr_assert(strstr(out, "encode     lynx b16/a4 g128 (q+split+pack)      >= 0.50:"), "%s", out);
+    cr_assert(strstr(out, "attention  decode int4 g32                      >= 0.50:"), "%s", out);
+    cr_assert(strstr(out, "attention  verify k=4 int8 g32                  >= 0.35:"), "%s", out);
+    cr_assert(strstr(out, " of 11 targets met (#22 sets them at 32768 tokens"), "%s", out);
     kv_kernel_calib *c = NULL;
     kv_error err = {0};
     cr_assert_eq(kv_kernel_calib_load(path, "cpu", &c, &err), KV_OK, "%s", err.msg);
