@@ -43,3 +43,31 @@ Test(bench_sim, bad_options_exit_2)
     cr_expect_eq(kvt_kvsim("bench sim --requests 0", &out), 2, "%s", out);
     free(out);
 }
+
+/* --scenario times any scenario (here quickstart, 2 + 2 nodes, its own requests unless --requests),
+   --repeats N alternates the networks and says so; #22's target line is printed beside the ratios. */
+Test(bench_sim, scenario_and_repeats, .timeout = 300)
+{
+    char *out = NULL;
+    int rc = kvt_kvsim("bench sim --scenario scenarios/quickstart.yaml --requests 40 --repeats 2 --network simgrid",
+                       &out);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_expect(strstr(out, "kvsim bench sim: scenarios/quickstart.yaml, 40 requests, 2 prefill + 2 decode nodes"),
+              "%s", out);
+    cr_expect(strstr(out, "best of 2 runs of each network, alternated,"), "%s", out);
+    cr_expect(strstr(out, "vs the ideal network"), "%s", out);
+    cr_expect(strstr(out, "target (#22)         >= 0.25x the ideal network per wall- and per CPU-second: "), "%s",
+              out);
+    free(out);
+}
+
+Test(bench_sim, bad_scenario_and_repeats_exit_2)
+{
+    char *out = NULL;
+    cr_expect_eq(kvt_kvsim("bench sim --scenario no/such/file.yaml", &out), 2, "%s", out);
+    cr_expect(strstr(out, "no/such/file.yaml"), "%s", out);
+    free(out);
+    cr_expect_eq(kvt_kvsim("bench sim --repeats 0", &out), 2, "%s", out);
+    cr_expect(strstr(out, "--repeats"), "%s", out);
+    free(out);
+}
