@@ -648,10 +648,10 @@ KV_FN kv_dev_ff kv_dev_logit(KV_GLOBAL const float *q, KV_GLOBAL const kv_u8 *da
    work-item's own loops alone). kv_cpu_rd_get works out a page's constants
    once; kv_cpu_row then reads f32 and bf16 rows with vector loads, and
    quantized TOKEN-grouped rows whose groups hold a multiple of 16 values with
-   a 2-, 4- or 8-bit plane with one vector load per 16 codes, swizzles and
-   shifts, and one vector fma (the same fma as kv_dev_dequant, so the values
-   are bit for bit the scalar reader's); the group's scale and zero are
-   converted once per group. Every other store (CHANNEL groups, other widths,
+   a 2-, 4- or 8-bit plane with one vector load per 16 bytes of codes
+   (kv_cpu_row_tg), swizzles and shifts, and one vector fma per 16 values (the
+   same fma as kv_dev_dequant, so the values are bit for bit the scalar
+   reader's); the group's scale and zero are converted once per group. Every other store (CHANNEL groups, other widths,
    head_dims or groups not a multiple of 16, unaligned kv_data) goes through
    kv_dev_row_chunk (kv_cpu_row16_scalar). */
 #if defined(__OPENCL_VERSION__)

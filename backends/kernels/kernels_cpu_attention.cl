@@ -262,6 +262,67 @@ KV_FN_INLINE void kv_cpu_meta(KV_GLOBAL const kv_u8 *data, const kv_dev_store *s
     }
 }
 
+/* Chunks 0 .. nch - 1 of one quantized TOKEN-grouped row (rd->fast 3; code:
+   the row's first byte) into out: first the codes, each 16 bytes loaded once
+   and converted to 16 integer lanes once (one chunk of 8-bit codes, two of
+   4-bit, four of 2-bit; a chunk is then a swizzle, a shift and an and of
+   those lanes, and the row's last odd chunks take a short load), then each
+   group's chunks with its scale and zero (s[g], z[g]): one branch on the
+   width per row, none per chunk (before: one load of 4 or 8 bytes, a byte
+   shuffle and a widening per chunk, and the width, anchor and group tests
+   in the chunk loop). The same fma per value as before, bit for bit. */
+KV_FN_INLINE void kv_cpu_row_tg(KV_GLOBAL const kv_u8 *code, const kv_cpu_rd *rd, int anchor, kv_u32 nch,
+                                const float *s, const float *z, float16 *out)
+{
+    kv_u32 per_group = rd->gs / 16;
+    if (rd->pb == 8) { /* one pass: the codes are one load and widening per chunk */
+        for (kv_u32 c0 = 0, g = 0; c0 < nch; c0 += per_group, g++) {
+            float16 sv = (float16)s[g], zv = (float16)z[g];
+            kv_u32 c1 = nch - c0 < per_group ? nch : c0 + per_group;
+            for (kv_u32 k = c0; k < c1; k++) {
+                uint16 q = convert_uint16(vload16(0, code + 16 * k));
+                out[k] = anchor ? fma(convert_float16(q << rd->r) + (float16)rd->mid, sv, zv)
+                                : fma(convert_float16(q), sv, zv);
+            }
+        }
+        return;
+    }
+    uint16 q[KV_CPU_CHUNKS];
+    kv_u32 c = 0;
+    if (rd->pb == 4) {
+        const uint16 sh = (uint16)(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
+        for (; c + 2 <= nch; c += 2) {
+            uint16 b = convert_uint16(vload16(0, code + 8 * c));
+            q[c] = (b.s0011223344556677 >> sh) & 15u;
+            q[c + 1] = (b.s8899aabbccddeeff >> sh) & 15u;
+        }
+        if (c < nch)
+            q[c] = (convert_uint16(vload8(0, code + 8 * c).s0011223344556677) >> sh) & 15u;
+    } else {
+        const uint16 sh = (uint16)(0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6);
+        for (; c + 4 <= nch; c += 4) {
+            uint16 b = convert_uint16(vload16(0, code + 4 * c));
+            q[c] = (b.s0000111122223333 >> sh) & 3u;
+            q[c + 1] = (b.s4444555566667777 >> sh) & 3u;
+            q[c + 2] = (b.s88889999aaaabbbb >> sh) & 3u;
+            q[c + 3] = (b.sccccddddeeeeffff >> sh) & 3u;
+        }
+        for (; c < nch; c++)
+            q[c] = (convert_uint16(vload4(0, code + 4 * c).s0000111122223333) >> sh) & 3u;
+    }
+    for (kv_u32 c0 = 0, g = 0; c0 < nch; c0 += per_group, g++) {
+        float16 sv = (float16)s[g], zv = (float16)z[g];
+        kv_u32 c1 = nch - c0 < per_group ? nch : c0 + per_group;
+        if (anchor) {
+            for (kv_u32 k = c0; k < c1; k++)
+                out[k] = fma(convert_float16(q[k] << rd->r) + (float16)rd->mid, sv, zv);
+        } else {
+            for (kv_u32 k = c0; k < c1; k++)
+                out[k] = fma(convert_float16(q[k]), sv, zv);
+        }
+    }
+}
+
 /* Chunks 0 .. nch - 1 of row t of a page's K or V into out: one loop per
    reader. A quantized TOKEN-grouped row (rd->fast 3) takes its groups' scales
    and zeros from s[0 .. per_row) and z[0 .. per_row) (kv_cpu_meta). */
@@ -276,34 +337,7 @@ KV_FN_INLINE void kv_cpu_row(KV_GLOBAL const kv_u8 *data, int aligned, const kv_
         for (kv_u32 c = 0; c < nch; c++)
             out[c] = as_float16(convert_uint16(vload16(0, KV_CPTR(kv_u16, data, st->data) + e0 + 16 * c)) << 16);
     } else if (rd->fast == 3) {
-        kv_u32 pb = rd->pb, per_group = rd->gs / 16, ig = 0;
-        KV_GLOBAL const kv_u8 *code = data + st->data + t * rd->row_bytes;
-        kv_u32 g = 0;
-        float16 sv = (float16)0.0f, zv = (float16)0.0f;
-        for (kv_u32 c = 0; c < nch; c++) {
-            if (ig == 0) { /* a new group */
-                sv = (float16)s[g];
-                zv = (float16)z[g];
-            }
-            /* chunk c's codes start at byte 2 pb c of the row: groups hold whole chunks */
-            KV_GLOBAL const kv_u8 *cc = code + (kv_u64)2 * pb * c;
-            uint16 q;
-            if (pb == 8) {
-                q = convert_uint16(vload16(0, cc));
-            } else if (pb == 4) {
-                uint16 b = convert_uint16(vload8(0, cc).s0011223344556677);
-                q = (b >> (uint16)(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4)) & 15u;
-            } else {
-                uint16 b = convert_uint16(vload4(0, cc).s0000111122223333);
-                q = (b >> (uint16)(0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6)) & 3u;
-            }
-            out[c] = st->anchor_bits ? fma(convert_float16(q << rd->r) + (float16)rd->mid, sv, zv)
-                                     : fma(convert_float16(q), sv, zv);
-            if (++ig == per_group) {
-                ig = 0;
-                g++;
-            }
-        }
+        kv_cpu_row_tg(data + st->data + t * rd->row_bytes, rd, st->anchor_bits != 0, nch, s, z, out);
     } else {
         for (kv_u32 c = 0; c < nch; c++)
             out[c] = kv_cpu_row16_scalar(data, aligned, st, t, 16 * c);
@@ -369,7 +403,8 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
     kv_dev_ff m[KV_CPU_HEADS];
     float pr[KV_CPU_HEADS][KV_CPU_TILE], l[KV_CPU_HEADS], f[KV_CPU_HEADS];
     float ks[KV_CPU_META], kz[KV_CPU_META], vs[KV_CPU_META], vz[KV_CPU_META]; /* the tile's metadata */
-    int vis[KV_CPU_HEADS][KV_CPU_TILE], vany[KV_CPU_TILE], anyq[KV_CPU_HEADS], seen[KV_CPU_HEADS];
+    int vis[KV_CPU_HEADS][KV_CPU_TILE], vany[KV_CPU_TILE], vall[KV_CPU_TILE], anyq[KV_CPU_HEADS], seen[KV_CPU_HEADS];
+    float16 row2[KV_CPU_CHUNKS]; /* the second V row of a pair */
     kv_u32 qpos[KV_CPU_HEADS], sq[KV_CPU_HEADS]; /* sq[j]: slot j's query (j / nh), no division in the loops */
 
     KV_GLOBAL const kv_u8 *data = datab + datao;
@@ -435,10 +470,12 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
                 for (kv_u32 e = 0; e < KV_CPU_TILE; e++) {
                     kv_u32 pos = positions[pg.pos_index + t0 + (e < nt ? e : 0)];
                     vany[e] = 0;
+                    vall[e] = e < nt;
                     for (kv_u32 iq = 0; iq < nq; iq++) {
                         vis[iq][e] = e < nt && pos <= qpos[iq];
                         anyq[iq] |= vis[iq][e];
                         vany[e] |= vis[iq][e];
+                        vall[e] &= vis[iq][e];
                     }
                     any |= vany[e];
                 }
@@ -532,12 +569,40 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
                 }
                 for (kv_u32 iq = 0; iq < nq; iq++)
                     seen[iq] |= anyq[iq];
-                /* 3. The tile's weighted V, each row decoded once for every slot. */
+                /* 3. The tile's weighted V, each row decoded once for every slot. Two
+                   rows at once when every slot sees both (each accumulator is loaded
+                   and stored once for the two: the same fma in the same order, bit
+                   for bit), else row by row. */
                 for (kv_u32 e = 0; e < nt; e++) {
                     if (!vany[e])
                         continue;
                     kv_cpu_row(data, aligned, &pg.v, &vrd, t0 + e, nch, vs + e * vrd.per_row, vz + e * vrd.per_row,
                                row);
+                    if (e + 1 < nt && vall[e] && vall[e + 1]) {
+                        kv_cpu_row(data, aligned, &pg.v, &vrd, t0 + e + 1, nch, vs + (e + 1) * vrd.per_row,
+                                   vz + (e + 1) * vrd.per_row, row2);
+                        kv_u32 j4 = 0;
+                        for (; j4 + 4 <= nr; j4 += 4) {
+                            float16 w0 = (float16)pr[j4][e], w1 = (float16)pr[j4 + 1][e];
+                            float16 w2 = (float16)pr[j4 + 2][e], w3 = (float16)pr[j4 + 3][e];
+                            float16 x0 = (float16)pr[j4][e + 1], x1 = (float16)pr[j4 + 1][e + 1];
+                            float16 x2 = (float16)pr[j4 + 2][e + 1], x3 = (float16)pr[j4 + 3][e + 1];
+                            for (kv_u32 c = 0; c < nch; c++) {
+                                float16 r = row[c], r2 = row2[c];
+                                acc[j4][c] = fma(x0, r2, fma(w0, r, acc[j4][c]));
+                                acc[j4 + 1][c] = fma(x1, r2, fma(w1, r, acc[j4 + 1][c]));
+                                acc[j4 + 2][c] = fma(x2, r2, fma(w2, r, acc[j4 + 2][c]));
+                                acc[j4 + 3][c] = fma(x3, r2, fma(w3, r, acc[j4 + 3][c]));
+                            }
+                        }
+                        for (kv_u32 j = j4; j < nr; j++) {
+                            float16 pw = (float16)pr[j][e], px = (float16)pr[j][e + 1];
+                            for (kv_u32 c = 0; c < nch; c++)
+                                acc[j][c] = fma(px, row2[c], fma(pw, row[c], acc[j][c]));
+                        }
+                        e++;
+                        continue;
+                    }
                     kv_u32 j4 = 0; /* 4 slots at once when all 4 see the token: each V chunk loaded once for them */
                     for (; j4 + 4 <= nr && vis[sq[j4]][e] && vis[sq[j4 + 1]][e] && vis[sq[j4 + 2]][e] && vis[sq[j4 + 3]][e];
                          j4 += 4) {
