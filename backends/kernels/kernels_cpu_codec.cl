@@ -98,11 +98,56 @@ KV_FN_INLINE void kv_cpu_store(KV_GLOBAL kv_u8 *out, const kv_u8 *p, kv_u32 nb)
     }
 }
 
+/* The stream of 16 codes of w bits (1 <= w <= 15, masked to w) as two halves
+   of 8 codes (8w bits, w bytes each) in vector registers: half h's bytes 0-7
+   in lo[h], its bytes 8 .. w - 1 (w > 8) in hi[h]. Codes pair up (2w bits),
+   pairs into quads (4w <= 60 bits), quads into halves: every width in the
+   same shifts and ors, no private buffer (the 12-bit residual of b16/a4 and
+   every width but 1, 2, 4, 8, 16 went through kv_cpu_pack16's scalar loop). */
+KV_FN_INLINE void kv_cpu_halves16(uint16 c, kv_u32 w, ulong2 *lo, ulong2 *hi)
+{
+    uint8 p = c.even | (c.odd << w);
+    ulong4 q = convert_ulong4(p.even) | (convert_ulong4(p.odd) << (ulong)(2 * w));
+    *lo = q.even | (q.odd << (ulong)(4 * w));
+    *hi = q.odd >> (ulong)(64 - 4 * w); /* the bits of the odd quad past 64 (none when w <= 8) */
+}
+
+/* The low k (<= 7) bytes of u at p, little-endian. */
+KV_FN_INLINE void kv_cpu_put_low(KV_GLOBAL kv_u8 *p, ulong u, kv_u32 k)
+{
+    if (k & 4u) {
+        vstore4(as_uchar4((uint)u), 0, p);
+        p += 4;
+        u >>= 32;
+    }
+    if (k & 2u) {
+        vstore2(as_uchar2((ushort)u), 0, p);
+        p += 2;
+        u >>= 16;
+    }
+    if (k & 1u)
+        *p = (kv_u8)u;
+}
+
+/* The first k (<= 15) bytes of the 16 in (lo, hi) at p. */
+KV_FN_INLINE void kv_cpu_put_bytes(KV_GLOBAL kv_u8 *p, ulong lo, ulong hi, kv_u32 k)
+{
+    if (k >= 8) {
+        vstore8(as_uchar8(lo), 0, p);
+        kv_cpu_put_low(p + 8, hi, k - 8);
+    } else {
+        kv_cpu_put_low(p, lo, k);
+    }
+}
+
 /* 16 codes of w bits (masked to w) stored as the nb bytes of their stream at
    out (nb == 2w but in a group's last, short chunk). For w = 1, 2, 4, 8, 16
-   and a whole chunk, straight from vector registers: kv_cpu_pack16 into a
-   private buffer and back cost a store-forwarding stall per chunk (perf:
-   the narrow reloads of the buffer were the hottest instructions of pack). */
+   and a whole chunk, straight from vector registers; every other width
+   below 16 and every short chunk below 16 bits through kv_cpu_halves16, also
+   without a buffer. kv_cpu_pack16 into a private buffer and back cost a
+   store-forwarding stall per chunk (perf: the narrow reloads of the buffer
+   were the hottest instructions of pack); it remains for w = 16's short
+   chunks. */
 KV_FN_INLINE void kv_cpu_put16(KV_GLOBAL kv_u8 *out, uint16 c, kv_u32 w, kv_u32 nb)
 {
     if (nb == 2 * w && w == 8) {
@@ -115,6 +160,12 @@ KV_FN_INLINE void kv_cpu_put16(KV_GLOBAL kv_u8 *out, uint16 c, kv_u32 w, kv_u32 
         uint8 p = c.even | (c.odd << 1);
         uint4 p2 = p.even | (p.odd << 2);
         vstore2(convert_uchar2(p2.even | (p2.odd << 4)), 0, out);
+    } else if (w < 16) {
+        ulong2 lo, hi;
+        kv_cpu_halves16(c, w, &lo, &hi);
+        kv_u32 n0 = nb < w ? nb : w; /* half 0 holds bytes 0 .. w - 1 */
+        kv_cpu_put_bytes(out, lo.x, hi.x, n0);
+        kv_cpu_put_bytes(out + w, lo.y, hi.y, nb - n0);
     } else {
         kv_u8 buf[32];
         kv_cpu_pack16(c, w, buf);
