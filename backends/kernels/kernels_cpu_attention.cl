@@ -363,9 +363,11 @@ KV_FN_INLINE uint16 kv_cpu_ch_codes16(KV_GLOBAL const kv_u8 *cc, kv_u32 pb)
 /* Tokens t0 .. t0 + 15 of a page's K read as CHANNEL groups (rd->fast 4;
    t0 % 16 == 0, t0 + 16 <= ntok): kt[d] lane e = element (t0 + e, d) for d <
    cols. s, z: room for cols floats, which get the block's scales and zeros
-   (cols of them in a row in the metadata, converted 16 at a time). */
+   (cols of them in a row in the metadata, converted 16 at a time) unless
+   *blk says they hold that block's already (the block's earlier tile): set
+   *blk = ~0u for each page. */
 KV_FN_INLINE void kv_cpu_ch_tile_pb(KV_GLOBAL const kv_u8 *data, const kv_dev_store *st, const kv_cpu_rd *rd,
-                                    kv_u32 t0, kv_u32 pb, float *s, float *z, float16 *kt)
+                                    kv_u32 t0, kv_u32 pb, kv_u32 *blk, float *s, float *z, float16 *kt)
 {
     kv_u32 cols = st->l.cols, gs = rd->gs;
     kv_u32 b = t0 / gs, i0 = t0 - b * gs;
@@ -373,10 +375,11 @@ KV_FN_INLINE void kv_cpu_ch_tile_pb(KV_GLOBAL const kv_u8 *data, const kv_dev_st
     kv_u64 sb = kv_dev_stream_bytes(len, pb);
     KV_GLOBAL const kv_u8 *code = data + st->data + (kv_u64)b * cols * rd->full + (i0 * pb) / 8;
     KV_GLOBAL const kv_u16 *m = KV_CPTR(kv_u16, data, st->meta) + (kv_u64)b * cols;
-    for (kv_u32 d = 0; d < cols; d += 16) {
+    for (kv_u32 d = 0; d < cols && b != *blk; d += 16) {
         vstore16(kv_cpu_f16_to_f32_16(convert_uint16(vload16(0, m + d))), 0, s + d);
         vstore16(kv_cpu_f16_to_f32_16(convert_uint16(vload16(0, m + rd->groups + d))), 0, z + d);
     }
+    *blk = b;
     if (st->anchor_bits) {
         for (kv_u32 d = 0; d < cols; d++)
             kt[d] = fma(convert_float16(kv_cpu_ch_codes16(code + d * sb, pb) << rd->r) + (float16)rd->mid,
@@ -388,14 +391,14 @@ KV_FN_INLINE void kv_cpu_ch_tile_pb(KV_GLOBAL const kv_u8 *data, const kv_dev_st
 }
 
 KV_FN_INLINE void kv_cpu_ch_tile(KV_GLOBAL const kv_u8 *data, const kv_dev_store *st, const kv_cpu_rd *rd, kv_u32 t0,
-                                 float *s, float *z, float16 *kt)
+                                 kv_u32 *blk, float *s, float *z, float16 *kt)
 {
     if (rd->pb == 2) /* one copy per width, each with its own constant swizzles */
-        kv_cpu_ch_tile_pb(data, st, rd, t0, 2, s, z, kt);
+        kv_cpu_ch_tile_pb(data, st, rd, t0, 2, blk, s, z, kt);
     else if (rd->pb == 4)
-        kv_cpu_ch_tile_pb(data, st, rd, t0, 4, s, z, kt);
+        kv_cpu_ch_tile_pb(data, st, rd, t0, 4, blk, s, z, kt);
     else
-        kv_cpu_ch_tile_pb(data, st, rd, t0, 8, s, z, kt);
+        kv_cpu_ch_tile_pb(data, st, rd, t0, 8, blk, s, z, kt);
 }
 
 /* q as scalars for the channel tile's dot products: double with KV_FP64, else float. */
@@ -593,6 +596,7 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
             }
             if (!pg.ok)
                 continue;
+            kv_u32 kblk = ~0u; /* the block whose K metadata ks, kz hold (kv_cpu_ch_tile) */
             for (kv_u32 t0 = 0; t0 < pg.ntok; t0 += KV_CPU_TILE) {
                 kv_u32 nt = pg.ntok - t0 < KV_CPU_TILE ? pg.ntok - t0 : KV_CPU_TILE;
                 int any = 0;
@@ -638,7 +642,7 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
                         kv_cpu_prefetch_rows(data, nks, nkr, tn + e, 1);
                         kv_cpu_prefetch_rows(data, nvs, nvr, tn + e, 1);
                     }
-                    kv_cpu_ch_tile(data, &pg.k, &krd, t0, ks, kz, kt);
+                    kv_cpu_ch_tile(data, &pg.k, &krd, t0, &kblk, ks, kz, kt);
                     kv_cpu_ch_logits(qs, kt, head_dim, nr, scale, clh, cll);
                 }
                 for (kv_u32 e = 0; e < KV_CPU_TILE && !chan; e++) {
