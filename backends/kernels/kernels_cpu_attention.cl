@@ -1,6 +1,7 @@
 /* kernels_cpu_attention.cl — attention for CPU OpenCL devices (PoCL; KV_LANES > 1, KV_ATTN_WG == 1):
- * the page readers (kv_cpu_rd, kv_cpu_row), the kv_attention kernel that serves several (query, head)
- * slots per work-group, and the scores of a page (kv_cpu_scores_page, with doubles). Included by
+ * the page readers (kv_cpu_rd, kv_cpu_row; kv_cpu_ch_tile for KIVI's channel-grouped K), the
+ * kv_attention kernel that serves several (query, head) slots per work-group, and the scores of a
+ * page (kv_cpu_scores_page, with doubles). Included by
  * kernels.cl where its GPU kv_attention would be, so both see the same helpers and macros; OpenCL only
  * (backends/opencl/embed.cmake inlines it). */
 
