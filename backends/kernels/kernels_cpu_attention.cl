@@ -782,8 +782,9 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
    e^(logit - M) / l), but KV_CPU_TILE tokens at a time as kv_attention does
    it: each K row decoded once, the dot products in double (kv_cpu_dot_d4 /
    kv_cpu_dot_d; q converted once per page), the tile's logits by
-   kv_cpu_d_tree and e^ on 16 tokens at once. Writes scores[0 .. min(ntok,
-   room)). ks, kz: room for a tile's metadata (KV_CPU_META). */
+   kv_cpu_d_tree and e^ on 16 tokens at once; a full tile of channel-grouped
+   K (rd.fast 4) by kv_cpu_ch_tile and kv_cpu_ch_logits. Writes scores[0 ..
+   min(ntok, room)). ks, kz: room for a tile's metadata (KV_CPU_META). */
 KV_FN_INLINE void kv_cpu_scores_page(KV_GLOBAL const float *qall, KV_GLOBAL const kv_u32 *qpos,
                                      KV_GLOBAL const kv_u32 *positions, KV_GLOBAL const kv_u8 *data, int aligned,
                                      const kv_dev_page *pg, const kv_cpu_rd *krd, KV_GLOBAL const float *ml,
@@ -792,6 +793,9 @@ KV_FN_INLINE void kv_cpu_scores_page(KV_GLOBAL const float *qall, KV_GLOBAL cons
 {
     double8 qd[KV_CPU_HEADS][2 * KV_CPU_CHUNKS], dd[KV_CPU_HEADS][KV_CPU_TILE], kd[2 * KV_CPU_CHUNKS];
     float16 row[KV_CPU_CHUNKS], qc[KV_CPU_CHUNKS];
+    kv_cpu_qs qs[KV_CPU_HEADS][KV_MAX_HEAD_DIM];                                      /* q as scalars */
+    float16 kt[KV_MAX_HEAD_DIM], clh[KV_CPU_HEADS], cll[KV_CPU_HEADS]; /* a channel tile; its logits */
+    kv_u32 kblk = ~0u;
     kv_u32 nch = (head_dim + 15) / 16, nr = group * n_queries; /* slot j = hh * n_queries + qi */
     for (kv_u32 j = 0; j < nr; j++) {
         kv_u32 hh = j / n_queries, qi = j % n_queries;
@@ -799,13 +803,20 @@ KV_FN_INLINE void kv_cpu_scores_page(KV_GLOBAL const float *qall, KV_GLOBAL cons
         for (kv_u32 c = 0; c < nch; c++) {
             qd[j][2 * c] = convert_double8(qc[c].lo);
             qd[j][2 * c + 1] = convert_double8(qc[c].hi);
+            vstore8(qd[j][2 * c], 0, qs[j] + 16 * c);
+            vstore8(qd[j][2 * c + 1], 0, qs[j] + 16 * c + 8);
         }
     }
     kv_u32 ntok = pg->ntok < room ? pg->ntok : (kv_u32)room;
     for (kv_u32 t0 = 0; t0 < ntok; t0 += KV_CPU_TILE) {
         kv_u32 nt = ntok - t0 < KV_CPU_TILE ? ntok - t0 : KV_CPU_TILE;
         kv_cpu_meta(data, &pg->k, krd, t0, nt, ks, kz);
-        for (kv_u32 e = 0; e < KV_CPU_TILE; e++) {
+        int chan = krd->fast == 4 && nt == KV_CPU_TILE;
+        if (chan) {
+            kv_cpu_ch_tile(data, &pg->k, krd, t0, &kblk, ks, kz, kt);
+            kv_cpu_ch_logits(qs, kt, head_dim, nr, scale, clh, cll);
+        }
+        for (kv_u32 e = 0; e < KV_CPU_TILE && !chan; e++) {
             if (e >= nt) {
                 for (kv_u32 j = 0; j < nr; j++)
                     dd[j][e] = (double8)0.0;
@@ -837,8 +848,9 @@ KV_FN_INLINE void kv_cpu_scores_page(KV_GLOBAL const float *qall, KV_GLOBAL cons
                 int16 vis = inpage & (tpos <= (uint16)qpos[qi]);
                 if (lsum == 0.0f || !any(vis))
                     continue;
-                float16 lh, ll;
-                kv_cpu_d_tree(dd[hh * n_queries + qi], scale, &lh, &ll);
+                float16 lh = clh[hh * n_queries + qi], ll = cll[hh * n_queries + qi];
+                if (!chan)
+                    kv_cpu_d_tree(dd[hh * n_queries + qi], scale, &lh, &ll);
                 float16 pv = exp((lh - (float16)ml[at]) + (ll - (float16)ml[at + 1])) / (float16)lsum;
                 sum += select((float16)0.0f, pv, vis);
             }

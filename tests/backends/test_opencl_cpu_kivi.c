@@ -9,8 +9,9 @@
  * residual windows of 0 tokens, 1 (an f32 page of one token after the
  * quantized one) and the full context (f32 only), GQA 1, 4 and 8, verification
  * k = 1, 2, 4 and 7 (1 to 8 slots: the 4-slot dots and the slots left over),
- * queries normal, x4, x1e-30 and mixed (every 5th x4, the rest x1e-40), and
- * hand-made pages whose codes are all equal (per-block, per-channel metadata).
+ * queries normal, x4, x1e-30 and mixed (every 5th x4, the rest x1e-40), the
+ * scores of every other case (kv_cpu_scores_page reads channel tiles too when
+ * GQA x k <= 8, with doubles; else the per-token path), and hand-made pages whose codes are all equal (per-block, per-channel metadata).
  * Both dot products (double and KVSIM_OPENCL_FP64=0). Without an OpenCL device
  * every test says "skipped: opencl: ..." and is reported as skipped. */
 #include <criterion/criterion.h>
@@ -53,7 +54,7 @@ static void check_sweep(const char *fp64)
     static const uint32_t ctxs[] = {1, 15, 16, 17, 31, 33, 63, 65, 4097}, gs[] = {16, 32, 64, 128};
     static const uint32_t ks[] = {1, 2, 4, 7}, gqa[] = {1, 4, 8};
     static const kv_store_format all_f32[2] = {F32, F32};
-    int checked = 0, windows[3] = {0}, modes[N_QMODES] = {0}, forms[N_KFORMS] = {0}, slots[9] = {0};
+    int checked = 0, windows[3] = {0}, modes[N_QMODES] = {0}, forms[N_KFORMS] = {0}, slots[9] = {0}, scored = 0;
     for (size_t xi = 0; xi < sizeof ctxs / sizeof ctxs[0]; xi++)
         for (size_t gi = 0; gi < sizeof gs / sizeof gs[0]; gi++)
             for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
@@ -68,7 +69,8 @@ static void check_sweep(const char *fp64)
                 kv_store_format vf[2] = {QT(4, 32), F32};
                 /* window 0: pages of 1-3 blocks, all quantized; 1: a quantized page of T - 1 tokens then an
                    f32 page of one (T > 1); full: every page f32 */
-                kv_attn_spec spec = {k, 2 * gqa[hi], 2, 128, T, G * (uint32_t)(1 + idx % 3), kf, vf, 1, 0, 0,
+                int scores = (xi + ki) % 2 == 0;
+                kv_attn_spec spec = {k, 2 * gqa[hi], 2, 128, T, G * (uint32_t)(1 + idx % 3), kf, vf, 1, scores, 0,
                                      3100 + 131 * xi + 17 * gi + ki};
                 if (wi == 1 && T > 1)
                     spec.page_tokens = T - 1, spec.n_formats = 2;
@@ -83,12 +85,17 @@ static void check_sweep(const char *fp64)
                 kvt_attention_errors(be, ref, &spec, qmodes[qi].stride, qmodes[qi].big, qmodes[qi].small, label, &e,
                                      &es);
                 cr_expect(e <= 1e-5, "%s: attention differs from the reference by %.3g relative", label, e);
+                if (scores)
+                    cr_expect(es <= 1e-5, "%s: scores differ from the reference by %.3g relative", label, es);
+                if (scores && win != 2 && gqa[hi] * k <= 8 && T >= 16)
+                    scored++; /* scored 16 tokens at a time from channel tiles (with doubles) */
                 uint32_t hb = gqa[hi] < 8 ? gqa[hi] : 8, nr = (k < 8 / hb ? k : 8 / hb) * hb;
                 windows[win]++, modes[qi]++, checked++;
                 if (win != 2)
                     forms[fi]++, slots[nr]++;
             }
     cr_assert_gt(checked, 100, "%d cases", checked);
+    cr_assert_gt(scored, 15, "%d cases scored from channel tiles", scored);
     for (int i = 0; i < 3; i++)
         cr_assert_gt(windows[i], 20, "residual window case %d ran %d times", i, windows[i]);
     for (size_t i = 0; i < N_QMODES; i++)
