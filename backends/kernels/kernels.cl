@@ -651,8 +651,11 @@ KV_FN kv_dev_ff kv_dev_logit(KV_GLOBAL const float *q, KV_GLOBAL const kv_u8 *da
    a 2-, 4- or 8-bit plane with one vector load per 16 bytes of codes
    (kv_cpu_row_tg), swizzles and shifts, and one vector fma per 16 values (the
    same fma as kv_dev_dequant, so the values are bit for bit the scalar
-   reader's); the group's scale and zero are converted once per group. Every other store (CHANNEL groups, other widths,
-   head_dims or groups not a multiple of 16, unaligned kv_data) goes through
+   reader's); the group's scale and zero are converted once per group. KIVI's
+   CHANNEL-grouped K with such planes and groups of a multiple of 16 tokens is
+   read 16 tokens of a channel at a time for full tiles (kv_cpu_ch_tile). Every
+   other store (other CHANNEL groups and partial tiles, other widths, head_dims
+   or groups not a multiple of 16, unaligned kv_data) goes through
    kv_dev_row_chunk (kv_cpu_row16_scalar). */
 #if defined(__OPENCL_VERSION__)
 #if KV_LANES > 1 && KV_ATTN_WG == 1

@@ -1,13 +1,17 @@
 /* kernels_cpu_attention.cl — attention for CPU OpenCL devices (PoCL; KV_LANES > 1, KV_ATTN_WG == 1):
- * the page readers (kv_cpu_rd, kv_cpu_row), the kv_attention kernel that serves several (query, head)
- * slots per work-group, and the scores of a page (kv_cpu_scores_page, with doubles). Included by
+ * the page readers (kv_cpu_rd, kv_cpu_row; kv_cpu_ch_tile for KIVI's channel-grouped K), the
+ * kv_attention kernel that serves several (query, head) slots per work-group, and the scores of a
+ * page (kv_cpu_scores_page, with doubles). Included by
  * kernels.cl where its GPU kv_attention would be, so both see the same helpers and macros; OpenCL only
  * (backends/opencl/embed.cmake inlines it). */
 
 /* How kv_cpu_row reads one page's K or V: the store's constants worked
    out once per page (the layout arithmetic takes divisions, which cost more
    than a chunk's loads and fma). fast: 0 the scalar reader, 1 f32, 2 bf16,
-   3 quantized TOKEN groups of a multiple of 16 values with 2, 4 or 8 bits. */
+   3 quantized TOKEN groups of a multiple of 16 values with 2, 4 or 8 bits,
+   4 quantized CHANNEL groups of a multiple of 16 tokens with 2, 4 or 8 bits
+   (K only: full tiles by kv_cpu_ch_tile, 16 tokens of a channel at once;
+   kv_cpu_row reads its rows with the scalar reader). */
 typedef struct kv_cpu_rd {
     int fast;
     kv_u32 pb, gs, per_row, r;
@@ -29,6 +33,16 @@ KV_FN kv_cpu_rd kv_cpu_rd_get(int aligned, const kv_dev_store *st)
         return rd;
     if (st->kind == 0 || st->kind == 1) {
         rd.fast = st->kind == 0 ? 1 : 2;
+        return rd;
+    }
+    if (st->l.grouping == 1) { /* CHANNEL: rd.full the stream bytes of a channel in a full block */
+        if (gs % 16 == 0 && (pb == 8 || pb == 4 || pb == 2)) {
+            rd.fast = 4;
+            rd.full = kv_dev_stream_bytes(gs, pb);
+            rd.groups = st->groups;
+            rd.r = st->anchor_bits ? st->bits - st->anchor_bits : 0;
+            rd.mid = (float)((1u << rd.r) - 1u) / 2.0f; /* exact */
+        }
         return rd;
     }
     if (st->l.grouping != 0 || gs % 16 != 0 || (pb != 8 && pb != 4 && pb != 2))
@@ -344,6 +358,156 @@ KV_FN_INLINE void kv_cpu_row(KV_GLOBAL const kv_u8 *data, int aligned, const kv_
     }
 }
 
+/* ---- KIVI's channel-grouped K (kv_cpu_rd fast 4), a tile of 16 tokens at a time ----
+
+   A CHANNEL group holds group_size consecutive tokens of one channel; a
+   block of group_size tokens stores one bit stream per channel (kv_dev_row_chunk's
+   CHANNEL branch), all of the block's length. With group_size a multiple of
+   16, a full tile (t0 a multiple of 16, t0 + 16 <= ntok) lies inside one
+   block, and channel d's 16 codes are the 2 pb contiguous bytes of its stream
+   starting at byte (t0 % group_size) pb / 8: one vector load and a few
+   swizzles give 16 tokens' codes, one fma with the channel's scale and zero
+   (the same fma as kv_dev_dequant / kv_dev_dequant_anchor, so the values are
+   bit for bit the scalar reader's) 16 tokens' values. The dot products then
+   accumulate q[d] x that vector in 16 lanes, one per token: the tile's logits
+   come out in lanes and need no transposing tree. Partial tiles (a page's
+   last tokens), other widths, group sizes and unaligned kv_data keep the
+   scalar reader. */
+
+/* The 16 codes of pb (2, 4 or 8) bits in the 2 pb bytes at cc, code i at bits
+   [pb i, pb i + pb) (the swizzles of kv_cpu_unpack16). */
+KV_FN_INLINE uint16 kv_cpu_ch_codes16(KV_GLOBAL const kv_u8 *cc, kv_u32 pb)
+{
+    uint16 c;
+    if (pb == 8) {
+        c = convert_uint16(vload16(0, cc));
+    } else if (pb == 4) {
+        uint8 b = convert_uint8(vload8(0, cc));
+        c.even = b & 0xfu;
+        c.odd = b >> 4;
+    } else {
+        uint4 b = convert_uint4(vload4(0, cc));
+        c.even.even = b & 3u;
+        c.odd.even = (b >> 2) & 3u;
+        c.even.odd = (b >> 4) & 3u;
+        c.odd.odd = b >> 6;
+    }
+    return c;
+}
+
+/* Tokens t0 .. t0 + 15 of a page's K read as CHANNEL groups (rd->fast 4;
+   t0 % 16 == 0, t0 + 16 <= ntok): kt[d] lane e = element (t0 + e, d) for d <
+   cols. s, z: room for cols floats, which get the block's scales and zeros
+   (cols of them in a row in the metadata, converted 16 at a time) unless
+   *blk says they hold that block's already (the block's earlier tile): set
+   *blk = ~0u for each page. */
+KV_FN_INLINE void kv_cpu_ch_tile_pb(KV_GLOBAL const kv_u8 *data, const kv_dev_store *st, const kv_cpu_rd *rd,
+                                    kv_u32 t0, kv_u32 pb, kv_u32 *blk, float *s, float *z, float16 *kt)
+{
+    kv_u32 cols = st->l.cols, gs = rd->gs;
+    kv_u32 b = t0 / gs, i0 = t0 - b * gs;
+    kv_u32 len = st->l.rows - b * gs < gs ? st->l.rows - b * gs : gs; /* the last block may be short */
+    kv_u64 sb = kv_dev_stream_bytes(len, pb);
+    KV_GLOBAL const kv_u8 *code = data + st->data + (kv_u64)b * cols * rd->full + (i0 * pb) / 8;
+    KV_GLOBAL const kv_u16 *m = KV_CPTR(kv_u16, data, st->meta) + (kv_u64)b * cols;
+    for (kv_u32 d = 0; d < cols && b != *blk; d += 16) {
+        vstore16(kv_cpu_f16_to_f32_16(convert_uint16(vload16(0, m + d))), 0, s + d);
+        vstore16(kv_cpu_f16_to_f32_16(convert_uint16(vload16(0, m + rd->groups + d))), 0, z + d);
+    }
+    *blk = b;
+    if (st->anchor_bits) {
+        for (kv_u32 d = 0; d < cols; d++)
+            kt[d] = fma(convert_float16(kv_cpu_ch_codes16(code + d * sb, pb) << rd->r) + (float16)rd->mid,
+                        (float16)s[d], (float16)z[d]);
+    } else {
+        for (kv_u32 d = 0; d < cols; d++)
+            kt[d] = fma(convert_float16(kv_cpu_ch_codes16(code + d * sb, pb)), (float16)s[d], (float16)z[d]);
+    }
+}
+
+KV_FN_INLINE void kv_cpu_ch_tile(KV_GLOBAL const kv_u8 *data, const kv_dev_store *st, const kv_cpu_rd *rd, kv_u32 t0,
+                                 kv_u32 *blk, float *s, float *z, float16 *kt)
+{
+    if (rd->pb == 2) /* one copy per width, each with its own constant swizzles */
+        kv_cpu_ch_tile_pb(data, st, rd, t0, 2, blk, s, z, kt);
+    else if (rd->pb == 4)
+        kv_cpu_ch_tile_pb(data, st, rd, t0, 4, blk, s, z, kt);
+    else
+        kv_cpu_ch_tile_pb(data, st, rd, t0, 8, blk, s, z, kt);
+}
+
+/* q as scalars for the channel tile's dot products: double with KV_FP64, else float. */
+#if KV_FP64
+typedef double kv_cpu_qs;
+#else
+typedef float kv_cpu_qs;
+#endif
+
+/* Lane e of oh[j] + ol[j]: scale * dot(q_j, K row t0 + e) for the n (<= 4,
+   a constant where it is inlined) slots q_j = qs[j] (0 past cols), from a
+   channel tile kt, as float-float. With KV_FP64 the products are summed in
+   double channel by channel (each product of two floats is exact in double),
+   each channel's 16 values converted once for the n slots; else TwoProduct
+   and TwoSum in float lanes, as kv_cpu_dot16 does along a row. */
+KV_FN_INLINE void kv_cpu_ch_dots(const kv_cpu_qs (*qs)[KV_MAX_HEAD_DIM], const float16 *kt, kv_u32 cols, kv_u32 n,
+                                 float scale, float16 *oh, float16 *ol)
+{
+#if KV_FP64
+    double8 a[4], b[4];
+    for (kv_u32 j = 0; j < n; j++)
+        a[j] = b[j] = (double8)0.0;
+    for (kv_u32 d = 0; d < cols; d++) {
+        double8 k0 = convert_double8(kt[d].lo), k1 = convert_double8(kt[d].hi); /* exact */
+        for (kv_u32 j = 0; j < n; j++) {
+            a[j] = fma((double8)qs[j][d], k0, a[j]);
+            b[j] = fma((double8)qs[j][d], k1, b[j]);
+        }
+    }
+    for (kv_u32 j = 0; j < n; j++) { /* as kv_cpu_d_tree ends */
+        double8 s0 = a[j] * (double)scale, s1 = b[j] * (double)scale;
+        float8 h0 = convert_float8(s0), h1 = convert_float8(s1);
+        oh[j] = (float16)(h0, h1);
+        ol[j] = (float16)(convert_float8(s0 - convert_double8(h0)), convert_float8(s1 - convert_double8(h1)));
+    }
+#else
+    float16 hi[4], lo[4];
+    for (kv_u32 j = 0; j < n; j++)
+        hi[j] = lo[j] = (float16)0.0f;
+    for (kv_u32 d = 0; d < cols; d++) {
+        float16 k = kt[d];
+        for (kv_u32 j = 0; j < n; j++) {
+            float16 q = (float16)qs[j][d];
+            float16 p = q * k;
+            float16 pe = fma(q, k, -p); /* p + pe = the exact product */
+            float16 sh = hi[j] + p;
+            float16 bb = sh - hi[j];
+            lo[j] = lo[j] + (((hi[j] - (sh - bb)) + (p - bb)) + pe);
+            hi[j] = sh;
+        }
+    }
+    for (kv_u32 j = 0; j < n; j++) { /* kv_dev_logit_end, 16 lanes (as kv_cpu_ff_tree ends) */
+        float16 sh = hi[j] + lo[j], bb = sh - hi[j];
+        float16 sl = (hi[j] - (sh - bb)) + (lo[j] - bb);
+        float16 rh = sh * (float16)scale;
+        float16 rl = fma(sh, (float16)scale, -rh) + sl * (float16)scale;
+        oh[j] = rh + rl;
+        float16 b2 = oh[j] - rh;
+        ol[j] = (rh - (oh[j] - b2)) + (rl - b2);
+    }
+#endif
+}
+
+/* kv_cpu_ch_dots for the nr slots qs[0 .. nr): 4 at a time, then one by one. */
+KV_FN_INLINE void kv_cpu_ch_logits(const kv_cpu_qs (*qs)[KV_MAX_HEAD_DIM], const float16 *kt, kv_u32 cols, kv_u32 nr,
+                                   float scale, float16 *oh, float16 *ol)
+{
+    kv_u32 j = 0;
+    for (; j + 4 <= nr; j += 4)
+        kv_cpu_ch_dots(qs + j, kt, cols, 4, scale, oh + j, ol + j);
+    for (; j < nr; j++)
+        kv_cpu_ch_dots(qs + j, kt, cols, 1, scale, oh + j, ol + j);
+}
+
 /* Asks the cache for rows t0 .. t0 + nt - 1 of a store that kv_cpu_row reads
    with a vector reader (rd->fast 1-3) (kv_cpu_prefetch_rows), and for their
    metadata (kv_cpu_prefetch_meta); other stores: nothing. A page holds a few
@@ -406,6 +570,8 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
     int vis[KV_CPU_HEADS][KV_CPU_TILE], vany[KV_CPU_TILE], vall[KV_CPU_TILE], anyq[KV_CPU_HEADS], seen[KV_CPU_HEADS];
     float16 row2[KV_CPU_CHUNKS]; /* the second V row of a pair */
     kv_u32 qpos[KV_CPU_HEADS], sq[KV_CPU_HEADS]; /* sq[j]: slot j's query (j / nh), no division in the loops */
+    kv_cpu_qs qs[KV_CPU_HEADS][KV_MAX_HEAD_DIM]; /* q as scalars, for a channel tile (K rd.fast 4) */
+    float16 kt[KV_MAX_HEAD_DIM], clh[KV_CPU_HEADS], cll[KV_CPU_HEADS]; /* the tile; its logits per slot */
 
     KV_GLOBAL const kv_u8 *data = datab + datao;
     int aligned = (datao % 4) == 0;
@@ -440,6 +606,10 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
 #if KV_FP64
                 qd[j][2 * c] = convert_double8(qv[j][c].lo);
                 qd[j][2 * c + 1] = convert_double8(qv[j][c].hi);
+                vstore8(qd[j][2 * c], 0, qs[j] + 16 * c);
+                vstore8(qd[j][2 * c + 1], 0, qs[j] + 16 * c + 8);
+#else
+                vstore16(qv[j][c], 0, qs[j] + 16 * c);
 #endif
             }
             m[j].hi = m[j].lo = 0.0f;
@@ -462,6 +632,7 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
             }
             if (!pg.ok)
                 continue;
+            kv_u32 kblk = ~0u; /* the block whose K metadata ks, kz hold (kv_cpu_ch_tile) */
             for (kv_u32 t0 = 0; t0 < pg.ntok; t0 += KV_CPU_TILE) {
                 kv_u32 nt = pg.ntok - t0 < KV_CPU_TILE ? pg.ntok - t0 : KV_CPU_TILE;
                 int any = 0;
@@ -499,8 +670,20 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
                 /* 1. The dot products of the tile's tokens that some query of
                    the batch sees (16 lanes each), every slot, each K row
                    decoded once for all of them; then per slot the 16 tokens'
-                   lanes added by one transposing tree (kv_cpu_ff_tree). */
-                for (kv_u32 e = 0; e < KV_CPU_TILE; e++) {
+                   lanes added by one transposing tree (kv_cpu_ff_tree). A
+                   full tile of channel-grouped K (rd.fast 4) is read channel
+                   by channel instead, its logits in lanes (kv_cpu_ch_tile,
+                   kv_cpu_ch_logits). */
+                int chan = krd.fast == 4 && nt == KV_CPU_TILE;
+                if (chan) {
+                    for (kv_u32 e = 0; e < n2; e++) {
+                        kv_cpu_prefetch_rows(data, nks, nkr, tn + e, 1);
+                        kv_cpu_prefetch_rows(data, nvs, nvr, tn + e, 1);
+                    }
+                    kv_cpu_ch_tile(data, &pg.k, &krd, t0, &kblk, ks, kz, kt);
+                    kv_cpu_ch_logits(qs, kt, head_dim, nr, scale, clh, cll);
+                }
+                for (kv_u32 e = 0; e < KV_CPU_TILE && !chan; e++) {
                     if (e < n2) { /* row e of the next tile, spread over this loop */
                         kv_cpu_prefetch_rows(data, nks, nkr, tn + e, 1);
                         kv_cpu_prefetch_rows(data, nvs, nvr, tn + e, 1);
@@ -542,12 +725,14 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
                     if (!anyq[iq])
                         continue;
                     int16 visv = vload16(0, vis[iq]) != 0;
-                    float16 lh, ll;
+                    float16 lh = clh[j], ll = cll[j];
+                    if (!chan) {
 #if KV_FP64
-                    kv_cpu_d_tree(dd[j], scale, &lh, &ll);
+                        kv_cpu_d_tree(dd[j], scale, &lh, &ll);
 #else
-                    kv_cpu_ff_tree(dh[j], dl[j], scale, &lh, &ll);
+                        kv_cpu_ff_tree(dh[j], dl[j], scale, &lh, &ll);
 #endif
+                    }
                     float tmax = kv_cpu_max16f(select((float16)(-INFINITY), lh, visv));
                     kv_dev_ff tm = m[j];
                     if (!seen[iq] || tmax > tm.hi) {
@@ -662,8 +847,9 @@ KV_KERNEL kv_attention(KV_GLOBAL const kv_u8 *qb, kv_u64 qo, KV_GLOBAL const kv_
    e^(logit - M) / l), but KV_CPU_TILE tokens at a time as kv_attention does
    it: each K row decoded once, the dot products in double (kv_cpu_dot_d4 /
    kv_cpu_dot_d; q converted once per page), the tile's logits by
-   kv_cpu_d_tree and e^ on 16 tokens at once. Writes scores[0 .. min(ntok,
-   room)). ks, kz: room for a tile's metadata (KV_CPU_META). */
+   kv_cpu_d_tree and e^ on 16 tokens at once; a full tile of channel-grouped
+   K (rd.fast 4) by kv_cpu_ch_tile and kv_cpu_ch_logits. Writes scores[0 ..
+   min(ntok, room)). ks, kz: room for a tile's metadata (KV_CPU_META). */
 KV_FN_INLINE void kv_cpu_scores_page(KV_GLOBAL const float *qall, KV_GLOBAL const kv_u32 *qpos,
                                      KV_GLOBAL const kv_u32 *positions, KV_GLOBAL const kv_u8 *data, int aligned,
                                      const kv_dev_page *pg, const kv_cpu_rd *krd, KV_GLOBAL const float *ml,
@@ -672,6 +858,9 @@ KV_FN_INLINE void kv_cpu_scores_page(KV_GLOBAL const float *qall, KV_GLOBAL cons
 {
     double8 qd[KV_CPU_HEADS][2 * KV_CPU_CHUNKS], dd[KV_CPU_HEADS][KV_CPU_TILE], kd[2 * KV_CPU_CHUNKS];
     float16 row[KV_CPU_CHUNKS], qc[KV_CPU_CHUNKS];
+    kv_cpu_qs qs[KV_CPU_HEADS][KV_MAX_HEAD_DIM];                                      /* q as scalars */
+    float16 kt[KV_MAX_HEAD_DIM], clh[KV_CPU_HEADS], cll[KV_CPU_HEADS]; /* a channel tile; its logits */
+    kv_u32 kblk = ~0u;
     kv_u32 nch = (head_dim + 15) / 16, nr = group * n_queries; /* slot j = hh * n_queries + qi */
     for (kv_u32 j = 0; j < nr; j++) {
         kv_u32 hh = j / n_queries, qi = j % n_queries;
@@ -679,13 +868,20 @@ KV_FN_INLINE void kv_cpu_scores_page(KV_GLOBAL const float *qall, KV_GLOBAL cons
         for (kv_u32 c = 0; c < nch; c++) {
             qd[j][2 * c] = convert_double8(qc[c].lo);
             qd[j][2 * c + 1] = convert_double8(qc[c].hi);
+            vstore8(qd[j][2 * c], 0, qs[j] + 16 * c);
+            vstore8(qd[j][2 * c + 1], 0, qs[j] + 16 * c + 8);
         }
     }
     kv_u32 ntok = pg->ntok < room ? pg->ntok : (kv_u32)room;
     for (kv_u32 t0 = 0; t0 < ntok; t0 += KV_CPU_TILE) {
         kv_u32 nt = ntok - t0 < KV_CPU_TILE ? ntok - t0 : KV_CPU_TILE;
         kv_cpu_meta(data, &pg->k, krd, t0, nt, ks, kz);
-        for (kv_u32 e = 0; e < KV_CPU_TILE; e++) {
+        int chan = krd->fast == 4 && nt == KV_CPU_TILE;
+        if (chan) {
+            kv_cpu_ch_tile(data, &pg->k, krd, t0, &kblk, ks, kz, kt);
+            kv_cpu_ch_logits(qs, kt, head_dim, nr, scale, clh, cll);
+        }
+        for (kv_u32 e = 0; e < KV_CPU_TILE && !chan; e++) {
             if (e >= nt) {
                 for (kv_u32 j = 0; j < nr; j++)
                     dd[j][e] = (double8)0.0;
@@ -717,8 +913,9 @@ KV_FN_INLINE void kv_cpu_scores_page(KV_GLOBAL const float *qall, KV_GLOBAL cons
                 int16 vis = inpage & (tpos <= (uint16)qpos[qi]);
                 if (lsum == 0.0f || !any(vis))
                     continue;
-                float16 lh, ll;
-                kv_cpu_d_tree(dd[hh * n_queries + qi], scale, &lh, &ll);
+                float16 lh = clh[hh * n_queries + qi], ll = cll[hh * n_queries + qi];
+                if (!chan)
+                    kv_cpu_d_tree(dd[hh * n_queries + qi], scale, &lh, &ll);
                 float16 pv = exp((lh - (float16)ml[at]) + (ll - (float16)ml[at + 1])) / (float16)lsum;
                 sum += select((float16)0.0f, pv, vis);
             }
