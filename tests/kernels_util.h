@@ -173,4 +173,30 @@ static inline void kvt_attention_page(kv_backend *be, const char *label, uint32_
     kv_buffer_free(be, bpos), kv_buffer_free(be, bkv), kv_buffer_free(be, bo);
 }
 
+/* The relative error of attention over one page (kvt_attention_page) on be against ref. The
+   queries are normal(q_seed) x q_scale, token t sits at position t, and query row j at qpos[j],
+   or at ntok - n_queries + j (the last tokens: masks in the last tile) when qpos is NULL. */
+static inline double kvt_page_error(kv_backend *be, kv_backend *ref, const char *label, uint32_t n_queries,
+                                    uint32_t n_heads, uint32_t head_dim, uint32_t ntok, const uint8_t *kv,
+                                    size_t kv_bytes, const kv_page_desc *pg, uint64_t q_seed, float q_scale,
+                                    const uint32_t *qpos)
+{
+    size_t nq = (size_t)n_queries * n_heads * head_dim;
+    float *q = malloc(nq * 4), *o1 = malloc(nq * 4), *o2 = malloc(nq * 4);
+    uint32_t *pos = malloc((size_t)ntok * 4), *qp = malloc((size_t)n_queries * 4);
+    cr_assert(q && o1 && o2 && pos && qp);
+    kv_fixture_normal(q, nq, q_seed);
+    for (size_t j = 0; j < nq; j++)
+        q[j] *= q_scale;
+    for (uint32_t t = 0; t < ntok; t++)
+        pos[t] = t;
+    for (uint32_t j = 0; j < n_queries; j++)
+        qp[j] = qpos ? qpos[j] : ntok - n_queries + j;
+    kvt_attention_page(be, label, n_queries, n_heads, head_dim, ntok, kv, kv_bytes, pg, q, qp, pos, o1);
+    kvt_attention_page(ref, label, n_queries, n_heads, head_dim, ntok, kv, kv_bytes, pg, q, qp, pos, o2);
+    double e = kv_attn_rel_error(o1, o2, (size_t)n_queries * n_heads, head_dim);
+    free(q), free(o1), free(o2), free(pos), free(qp);
+    return e;
+}
+
 #endif

@@ -198,25 +198,11 @@ static void check_equal_codes(const char *fp64)
         uint8_t *kv = NULL;
         kv_page_desc pg;
         size_t kv_bytes = eq_page(c, &rng, &kv, &pg);
-        size_t nq = (size_t)c->n_queries * c->n_heads * c->head_dim;
-        float *q = malloc(nq * 4), *o1 = malloc(nq * 4), *o2 = malloc(nq * 4);
-        uint32_t *pos = malloc(c->ntok * 4), qpos[8];
-        cr_assert(q && o1 && o2 && pos);
-        kv_fixture_normal(q, nq, 3750 + i);
-        for (size_t j = 0; j < nq; j++)
-            q[j] *= 4.0f;
-        for (uint32_t t = 0; t < c->ntok; t++)
-            pos[t] = t;
-        for (uint32_t j = 0; j < c->n_queries; j++)
-            qpos[j] = c->ntok - c->n_queries + j; /* the last tokens: masks in the last tile */
-        kvt_attention_page(be, c->name, c->n_queries, c->n_heads, c->head_dim, c->ntok, kv, kv_bytes, &pg, q, qpos, pos,
-                           o1);
-        kvt_attention_page(ref, c->name, c->n_queries, c->n_heads, c->head_dim, c->ntok, kv, kv_bytes, &pg, q, qpos, pos,
-                           o2);
-        double e = kv_attn_rel_error(o1, o2, (size_t)c->n_queries * c->n_heads, c->head_dim);
+        double e = kvt_page_error(be, ref, c->name, c->n_queries, c->n_heads, c->head_dim, c->ntok, kv, kv_bytes, &pg,
+                                  3750 + i, 4.0f, NULL);
         cr_expect(e <= 1e-5, "fp64 %s, %s: attention differs from the reference by %.3g relative",
                   fp64 ? fp64 : "default", c->name, e);
-        free(q), free(o1), free(o2), free(pos), free(kv);
+        free(kv);
     }
     kv_backend_close(be);
     kv_backend_close(ref);
