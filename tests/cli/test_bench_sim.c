@@ -59,6 +59,12 @@ Test(bench_sim, scenario_and_repeats, .timeout = 300)
     cr_expect(strstr(out, "target (#22)         >= 0.25x the ideal network per wall- and per CPU-second: "), "%s",
               out);
     free(out);
+    /* without --network, the scenario's own (quickstart's is simgrid), compared with the ideal one */
+    rc = kvt_kvsim("bench sim --scenario scenarios/quickstart.yaml --requests 20", &out);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_expect(strstr(out, "20 requests, 2 prefill + 2 decode nodes, simgrid network (the run in its child)"), "%s", out);
+    cr_expect(strstr(out, "vs the ideal network"), "%s", out);
+    free(out);
 }
 
 Test(bench_sim, bad_scenario_and_repeats_exit_2)
