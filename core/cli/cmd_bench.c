@@ -6,8 +6,9 @@
 
 static const kv_command benches[] = {
     /* Each module adds its row: {"name", "options", "what it prints", function}. */
-    {"sim", "[--requests N] [--network ideal|simgrid] [--write DIR]",
-     "simulated requests per wall- and CPU-second (Azure code trace, 8P+8D); --write also times the outputs",
+    {"sim", "[--scenario FILE] [--requests N] [--network ideal|simgrid] [--repeats N] [--write DIR]",
+     "simulated requests per wall- and CPU-second (Azure code trace, 8P+8D, or any scenario) against the ideal "
+     "network; --write also times the outputs",
      kv_cmd_bench_sim},
     {"kernels", "[--backend NAME|all] [--json FILE] [--repeats N] [--quick]",
      "kernel GB/s and ratio to measured memory bandwidth, checked against the CPU reference",
