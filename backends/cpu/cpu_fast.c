@@ -329,6 +329,35 @@ KV_AVX512 static inline __m512i load16_any(const uint8_t *in, unsigned w)
     return _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)lanes));
 }
 
+/* Even widths, from registers (no pext, no scratch): pairs of codes are
+   merged twice by shifts inside qwords — dword 2k+1 shifted down next to
+   dword 2k gives 2w bits per qword, and after narrowing to dwords dword
+   2m+1 moved up to bit 2w gives 4w bits, w/2 whole bytes, per qword — then a byte shuffle inside
+   each 128-bit lane leaves codes 0-7 and 8-15 as w bytes at the start of each
+   lane, written with two masked byte stores that end at the 2w-th byte. */
+KV_AVX512 static inline void emit16_even(__m512i q, unsigned w, uint8_t *out)
+{
+    __m256i d = _mm512_cvtepi64_epi32(_mm512_or_si512(q, _mm512_srl_epi64(q, _mm_cvtsi32_si128((int)(32 - w)))));
+    /* the low dword's 2w bits may reach past bit 32 - 2w: shift only the high dword */
+    d = _mm256_or_si256(_mm256_maskz_mov_epi32(0x55, d),
+                        _mm256_sll_epi64(_mm256_srli_epi64(d, 32), _mm_cvtsi32_si128((int)(2 * w))));
+    /* bytes 0 .. w/2 - 1 of the lane's qwords 0 and 1, then don't-cares (-1 writes 0) */
+    static const int8_t pick[7][16] = {
+        {0, 8, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1},            /* w 2 */
+        {0, 1, 8, 9, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1},             /* w 4 */
+        {0, 1, 2, 8, 9, 10, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1},              /* w 6 */
+        {0, 1, 2, 3, 8, 9, 10, 11, -1, -1, -1, -1, -1, -1, -1, -1},               /* w 8 */
+        {0, 1, 2, 3, 4, 8, 9, 10, 11, 12, -1, -1, -1, -1, -1, -1},                /* w 10 */
+        {0, 1, 2, 3, 4, 5, 8, 9, 10, 11, 12, 13, -1, -1, -1, -1},                 /* w 12 */
+        {0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12, 13, 14, -1, -1},                  /* w 14 */
+    };
+    __m128i idx = _mm_loadu_si128((const __m128i *)pick[w / 2 - 1]);
+    __m256i b = _mm256_shuffle_epi8(d, _mm256_broadcastsi128_si256(idx));
+    __mmask16 keep = (__mmask16)((1u << w) - 1u);
+    _mm_mask_storeu_epi8(out, keep, _mm256_castsi256_si128(b));
+    _mm_mask_storeu_epi8(out + w, keep, _mm256_extracti128_si256(b, 1));
+}
+
 /* 16 codes (one per dword) of width w → 2w bytes at out. */
 KV_AVX512 static inline void emit16(__m512i q, unsigned w, uint8_t *out)
 {
@@ -339,6 +368,8 @@ KV_AVX512 static inline void emit16(__m512i q, unsigned w, uint8_t *out)
     } else if (w == 4) { /* qword k holds code 2k in its low dword and 2k+1 in its high dword */
         __m512i v = _mm512_or_si512(q, _mm512_srli_epi64(q, 28));
         _mm_storel_epi64((__m128i *)out, _mm512_cvtepi64_epi8(v));
+    } else if (w % 2 == 0) {
+        emit16_even(q, w, out);
     } else {
         emit16_any(q, w, out);
     }
