@@ -489,6 +489,8 @@ KV_AVX512 static void encode_batch_avx512(const float *x, uint32_t count, uint32
                 s->a[i] = kv_quant_code(xj[i], sv[j], zv[j], bits);
         const __m512 vz = _mm512_set1_ps(zv[j]), vs = _mm512_set1_ps(sv[j]), vinv = _mm512_set1_ps(inv[j]);
         for (uint32_t i = 0; i < G; i += 16) {
+            /* the same line of the next batch: it streams in while this one is coded */
+            _mm_prefetch((const char *)(xj + 16 * (size_t)G + i), _MM_HINT_T0);
             __m512i q;
             if (constant) {
                 q = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(s->a + i)));
