@@ -439,6 +439,8 @@ KV_AVX512 static inline __m512 minmax16(const __m512 *x, int max)
 #undef KV_MM
 }
 
+enum { ENCODE_PREFETCH = 4096 }; /* bytes */
+
 /* Codes one group of G values (xj) with scale sj, zero zj and 1/sj = invj:
    the anchor (or the code) of width aw to ao, the residual to ro (abits > 0).
    Inlined with constant widths by its caller. */
@@ -458,8 +460,10 @@ KV_AVX512 static inline __attribute__((always_inline)) void code_group(const flo
             s->a[i] = kv_quant_code(xj[i], sj, zj, bits);
     const __m512 vz = _mm512_set1_ps(zj), vs = _mm512_set1_ps(sj), vinv = _mm512_set1_ps(invj);
     for (uint32_t i = 0; i < G; i += 16) {
-        /* the same line of the next batch: it streams in while this one is coded */
-        _mm_prefetch((const char *)(xj + 16 * (size_t)G + i), _MM_HINT_T0);
+        /* the same line of the next batch: it streams in while this one is coded
+           (smaller batches are already prefetched by the min/max pass) */
+        if (16 * (size_t)G * sizeof *xj > ENCODE_PREFETCH)
+            _mm_prefetch((const char *)(xj + 16 * (size_t)G + i), _MM_HINT_T0);
         __m512i q;
         if (constant) {
             q = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(s->a + i)));
@@ -476,7 +480,6 @@ KV_AVX512 static inline __attribute__((always_inline)) void code_group(const flo
     }
 }
 
-enum { ENCODE_PREFETCH = 4096 }; /* bytes */
 
 /* Encodes `count` (1..16) consecutive full groups of G values (G % 16 == 0).
    codes16 (with abits 0): write the codes unpacked, as u16, to aout (the
@@ -517,11 +520,15 @@ KV_AVX512 static void encode_batch_avx512(const float *x, uint32_t count, uint32
     for (uint32_t j = 0; j < count; j++) {
         const float *xj = x + (size_t)j * G;
         uint8_t *ao = aout + j * abytes, *ro = abits ? rout + j * rbytes : NULL;
-        /* the Lynx splits of the benchmarks with their widths as constants (emit16 then has no branches) */
+        /* the formats of the benchmarks with their widths as constants (emit16 then has no branches) */
         if (bits == 16 && abits == 4 && !codes16)
             code_group(xj, G, 16, 4, 4, sv[j], zv[j], inv[j], ao, ro, s);
         else if (bits == 8 && abits == 4 && !codes16)
             code_group(xj, G, 8, 4, 4, sv[j], zv[j], inv[j], ao, ro, s);
+        else if (bits == 8 && !abits && !codes16)
+            code_group(xj, G, 8, 0, 8, sv[j], zv[j], inv[j], ao, ro, s);
+        else if (bits == 4 && !abits && !codes16)
+            code_group(xj, G, 4, 0, 4, sv[j], zv[j], inv[j], ao, ro, s);
         else
             code_group(xj, G, bits, abits, aw, sv[j], zv[j], inv[j], ao, ro, s);
     }
