@@ -329,12 +329,13 @@ KV_AVX512 static inline __m512i load16_any(const uint8_t *in, unsigned w)
     return _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)lanes));
 }
 
-/* Even widths, from registers (no pext, no scratch): pairs of codes are
-   merged twice by shifts inside qwords — dword 2k+1 shifted down next to
-   dword 2k gives 2w bits per qword, and after narrowing to dwords dword
-   2m+1 moved up to bit 2w gives 4w bits, w/2 whole bytes, per qword — then a byte shuffle inside
-   each 128-bit lane leaves codes 0-7 and 8-15 as w bytes at the start of each
-   lane, written with two masked byte stores that end at the 2w-th byte. */
+/* Even widths 2..14, from registers (no pext, no scratch): pairs of codes
+   are merged twice by shifts inside qwords — dword 2k+1 shifted down next to
+   dword 2k gives 2w bits per qword, and after narrowing to dwords, dword 2m+1
+   moved up to bit 2w gives 4w bits, w/2 whole bytes, per qword — then a byte
+   shuffle inside each 128-bit lane leaves codes 0-7 and 8-15 as w bytes at
+   the start of each lane, written with two masked byte stores that end at the
+   2w-th byte. (emit16 keeps its own shuffles for 4, 8 and 16.) */
 KV_AVX512 static inline void emit16_even(__m512i q, unsigned w, uint8_t *out)
 {
     __m256i d = _mm512_cvtepi64_epi32(_mm512_or_si512(q, _mm512_srl_epi64(q, _mm_cvtsi32_si128((int)(32 - w)))));
@@ -479,7 +480,6 @@ KV_AVX512 static inline __attribute__((always_inline)) void code_group(const flo
             emit16(_mm512_and_si512(q, rmask), r, ro + (size_t)i * r / 8);
     }
 }
-
 
 /* Encodes `count` (1..16) consecutive full groups of G values (G % 16 == 0).
    codes16 (with abits 0): write the codes unpacked, as u16, to aout (the
