@@ -329,6 +329,36 @@ KV_AVX512 static inline __m512i load16_any(const uint8_t *in, unsigned w)
     return _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)lanes));
 }
 
+/* Even widths 2..14, from registers (no pext, no scratch): pairs of codes
+   are merged twice by shifts inside qwords — dword 2k+1 shifted down next to
+   dword 2k gives 2w bits per qword, and after narrowing to dwords, dword 2m+1
+   moved up to bit 2w gives 4w bits, w/2 whole bytes, per qword — then a byte
+   shuffle inside each 128-bit lane leaves codes 0-7 and 8-15 as w bytes at
+   the start of each lane, written with two masked byte stores that end at the
+   2w-th byte. (emit16 keeps its own shuffles for 4, 8 and 16.) */
+KV_AVX512 static inline void emit16_even(__m512i q, unsigned w, uint8_t *out)
+{
+    __m256i d = _mm512_cvtepi64_epi32(_mm512_or_si512(q, _mm512_srl_epi64(q, _mm_cvtsi32_si128((int)(32 - w)))));
+    /* the low dword's 2w bits may reach past bit 32 - 2w: shift only the high dword */
+    d = _mm256_or_si256(_mm256_maskz_mov_epi32(0x55, d),
+                        _mm256_sll_epi64(_mm256_srli_epi64(d, 32), _mm_cvtsi32_si128((int)(2 * w))));
+    /* bytes 0 .. w/2 - 1 of the lane's qwords 0 and 1, then don't-cares (-1 writes 0) */
+    static const int8_t pick[7][16] = {
+        {0, 8, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1},            /* w 2 */
+        {0, 1, 8, 9, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1},             /* w 4 */
+        {0, 1, 2, 8, 9, 10, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1},              /* w 6 */
+        {0, 1, 2, 3, 8, 9, 10, 11, -1, -1, -1, -1, -1, -1, -1, -1},               /* w 8 */
+        {0, 1, 2, 3, 4, 8, 9, 10, 11, 12, -1, -1, -1, -1, -1, -1},                /* w 10 */
+        {0, 1, 2, 3, 4, 5, 8, 9, 10, 11, 12, 13, -1, -1, -1, -1},                 /* w 12 */
+        {0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12, 13, 14, -1, -1},                  /* w 14 */
+    };
+    __m128i idx = _mm_loadu_si128((const __m128i *)pick[w / 2 - 1]);
+    __m256i b = _mm256_shuffle_epi8(d, _mm256_broadcastsi128_si256(idx));
+    __mmask16 keep = (__mmask16)((1u << w) - 1u);
+    _mm_mask_storeu_epi8(out, keep, _mm256_castsi256_si128(b));
+    _mm_mask_storeu_epi8(out + w, keep, _mm256_extracti128_si256(b, 1));
+}
+
 /* 16 codes (one per dword) of width w → 2w bytes at out. */
 KV_AVX512 static inline void emit16(__m512i q, unsigned w, uint8_t *out)
 {
@@ -339,6 +369,8 @@ KV_AVX512 static inline void emit16(__m512i q, unsigned w, uint8_t *out)
     } else if (w == 4) { /* qword k holds code 2k in its low dword and 2k+1 in its high dword */
         __m512i v = _mm512_or_si512(q, _mm512_srli_epi64(q, 28));
         _mm_storel_epi64((__m128i *)out, _mm512_cvtepi64_epi8(v));
+    } else if (w % 2 == 0) {
+        emit16_even(q, w, out);
     } else {
         emit16_any(q, w, out);
     }
@@ -410,6 +442,45 @@ KV_AVX512 static inline __m512 minmax16(const __m512 *x, int max)
 
 enum { ENCODE_PREFETCH = 4096 }; /* bytes */
 
+/* Codes one group of G values (xj) with scale sj, zero zj and 1/sj = invj:
+   the anchor (or the code) of width aw to ao, the residual to ro (abits > 0).
+   Inlined with constant widths by its caller. */
+KV_AVX512 static inline __attribute__((always_inline)) void code_group(const float *xj, uint32_t G, unsigned bits,
+                                                                        unsigned abits, unsigned aw, float sj,
+                                                                        float zj, float invj, uint8_t *ao,
+                                                                        uint8_t *ro, scratch *s)
+{
+    const __m512 zero_v = _mm512_setzero_ps();
+    unsigned r = abits ? bits - abits : 0;
+    const __m512 vmax = _mm512_set1_ps((float)kv_code_max(bits));
+    const __m128i rshift = _mm_cvtsi32_si128((int)r);
+    const __m512i rmask = _mm512_set1_epi32((int)kv_code_max(r ? r : 1));
+    int constant = sj == 0.0f;
+    if (constant) /* scale 0: the scalar rule (N4), codes to scratch */
+        for (uint32_t i = 0; i < G; i++)
+            s->a[i] = kv_quant_code(xj[i], sj, zj, bits);
+    const __m512 vz = _mm512_set1_ps(zj), vs = _mm512_set1_ps(sj), vinv = _mm512_set1_ps(invj);
+    for (uint32_t i = 0; i < G; i += 16) {
+        /* the same line of the next batch: it streams in while this one is coded
+           (smaller batches are already prefetched by the min/max pass) */
+        if (16 * (size_t)G * sizeof *xj > ENCODE_PREFETCH)
+            _mm_prefetch((const char *)(xj + 16 * (size_t)G + i), _MM_HINT_T0);
+        __m512i q;
+        if (constant) {
+            q = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(s->a + i)));
+        } else {
+            __m512 d = _mm512_sub_ps(_mm512_loadu_ps(xj + i), vz);
+            /* above 12 bits most vectors would hold a risky lane: divide outright */
+            __m512 v = bits <= 12 ? quotient(d, vs, vinv) : _mm512_div_ps(d, vs);
+            v = _mm512_min_ps(_mm512_max_ps(v, zero_v), vmax); /* NaN → 0 */
+            q = _mm512_cvtps_epi32(v);
+        }
+        emit16(abits ? _mm512_srl_epi32(q, rshift) : q, aw, ao + (size_t)i * aw / 8);
+        if (abits)
+            emit16(_mm512_and_si512(q, rmask), r, ro + (size_t)i * r / 8);
+    }
+}
+
 /* Encodes `count` (1..16) consecutive full groups of G values (G % 16 == 0).
    codes16 (with abits 0): write the codes unpacked, as u16, to aout (the
    quantize kernel: a 16-bit stream is the u16 array). */
@@ -446,32 +517,20 @@ KV_AVX512 static void encode_batch_avx512(const float *x, uint32_t count, uint32
 
     unsigned r = abits ? bits - abits : 0, aw = codes16 ? 16 : abits ? abits : bits;
     size_t abytes = (size_t)G * aw / 8, rbytes = (size_t)G * r / 8;
-    const __m512 vmax = _mm512_set1_ps((float)kv_code_max(bits));
-    const __m128i rshift = _mm_cvtsi32_si128((int)r);
-    const __m512i rmask = _mm512_set1_epi32((int)kv_code_max(r ? r : 1));
     for (uint32_t j = 0; j < count; j++) {
         const float *xj = x + (size_t)j * G;
         uint8_t *ao = aout + j * abytes, *ro = abits ? rout + j * rbytes : NULL;
-        int constant = sv[j] == 0.0f;
-        if (constant) /* scale 0: the scalar rule (N4), codes to scratch */
-            for (uint32_t i = 0; i < G; i++)
-                s->a[i] = kv_quant_code(xj[i], sv[j], zv[j], bits);
-        const __m512 vz = _mm512_set1_ps(zv[j]), vs = _mm512_set1_ps(sv[j]), vinv = _mm512_set1_ps(inv[j]);
-        for (uint32_t i = 0; i < G; i += 16) {
-            __m512i q;
-            if (constant) {
-                q = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(s->a + i)));
-            } else {
-                __m512 d = _mm512_sub_ps(_mm512_loadu_ps(xj + i), vz);
-                /* above 12 bits most vectors would hold a risky lane: divide outright */
-                __m512 v = bits <= 12 ? quotient(d, vs, vinv) : _mm512_div_ps(d, vs);
-                v = _mm512_min_ps(_mm512_max_ps(v, zero_v), vmax); /* NaN → 0 */
-                q = _mm512_cvtps_epi32(v);
-            }
-            emit16(abits ? _mm512_srl_epi32(q, rshift) : q, aw, ao + (size_t)i * aw / 8);
-            if (abits)
-                emit16(_mm512_and_si512(q, rmask), r, ro + (size_t)i * r / 8);
-        }
+        /* the formats of the benchmarks with their widths as constants (emit16 then has no branches) */
+        if (bits == 16 && abits == 4 && !codes16)
+            code_group(xj, G, 16, 4, 4, sv[j], zv[j], inv[j], ao, ro, s);
+        else if (bits == 8 && abits == 4 && !codes16)
+            code_group(xj, G, 8, 4, 4, sv[j], zv[j], inv[j], ao, ro, s);
+        else if (bits == 8 && !abits && !codes16)
+            code_group(xj, G, 8, 0, 8, sv[j], zv[j], inv[j], ao, ro, s);
+        else if (bits == 4 && !abits && !codes16)
+            code_group(xj, G, 4, 0, 4, sv[j], zv[j], inv[j], ao, ro, s);
+        else
+            code_group(xj, G, bits, abits, aw, sv[j], zv[j], inv[j], ao, ro, s);
     }
 }
 
