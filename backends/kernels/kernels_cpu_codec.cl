@@ -501,17 +501,14 @@ KV_FN_INLINE void kv_cpu_groups_meta(KV_GLOBAL const float *xall, KV_GLOBAL kv_u
     vstore16(kv_cpu_f16_to_f32_16(meta >> 16), 0, z);
 }
 
-/* Token groups KV_CPU_GROUPS * item on (KV_CPU_GROUPS of them, fewer at the
-   end) of an encode (the arguments of kv_encode): their metadata 16 at a
-   time, then each group's codes and streams. */
-KV_FN void kv_cpu_encode_groups(KV_GLOBAL const float *xall, KV_GLOBAL kv_u8 *apl, KV_GLOBAL kv_u8 *rpl,
-                                KV_GLOBAL kv_u16 *scale, KV_GLOBAL kv_u16 *zero, kv_dev_layout l, kv_u64 item,
-                                kv_u32 bits, kv_u32 anchor_bits)
+/* The codes and streams of token groups g0 .. g0 + ng - 1 of an encode
+   (their scales and zeros in sv[], zv[]). Called with constant widths by
+   kv_cpu_encode_groups for the common formats, so that the width branches of
+   kv_cpu_put16 and the residual plane's fold away there. */
+KV_FN_INLINE void kv_cpu_encode_codes(KV_GLOBAL const float *xall, KV_GLOBAL kv_u8 *apl, KV_GLOBAL kv_u8 *rpl,
+                                      kv_dev_layout l, kv_u64 g0, kv_u32 ng, const float *sv, const float *zv,
+                                      kv_u32 bits, kv_u32 anchor_bits)
 {
-    kv_u64 g0 = item * KV_CPU_GROUPS, groups = kv_dev_groups(l);
-    kv_u32 ng = groups - g0 < KV_CPU_GROUPS ? (kv_u32)(groups - g0) : KV_CPU_GROUPS;
-    float sv[16], zv[16];
-    kv_cpu_groups_meta(xall, scale, zero, l, g0, ng, bits, sv, zv);
     kv_u32 abits = anchor_bits ? anchor_bits : bits;
     kv_u32 r = anchor_bits ? bits - anchor_bits : 0;
     for (kv_u32 j = 0; j < ng; j++) {
@@ -532,6 +529,30 @@ KV_FN void kv_cpu_encode_groups(KV_GLOBAL const float *xall, KV_GLOBAL kv_u8 *ap
                              (kv_u32)kv_dev_stream_bytes(m, r));
         }
     }
+}
+
+/* Token groups KV_CPU_GROUPS * item on (KV_CPU_GROUPS of them, fewer at the
+   end) of an encode (the arguments of kv_encode): their metadata 16 at a
+   time, then each group's codes and streams, with the widths of int8, int4
+   and Lynx b8/a4, b16/a4 as constants (the same codes as the generic call). */
+KV_FN void kv_cpu_encode_groups(KV_GLOBAL const float *xall, KV_GLOBAL kv_u8 *apl, KV_GLOBAL kv_u8 *rpl,
+                                KV_GLOBAL kv_u16 *scale, KV_GLOBAL kv_u16 *zero, kv_dev_layout l, kv_u64 item,
+                                kv_u32 bits, kv_u32 anchor_bits)
+{
+    kv_u64 g0 = item * KV_CPU_GROUPS, groups = kv_dev_groups(l);
+    kv_u32 ng = groups - g0 < KV_CPU_GROUPS ? (kv_u32)(groups - g0) : KV_CPU_GROUPS;
+    float sv[16], zv[16];
+    kv_cpu_groups_meta(xall, scale, zero, l, g0, ng, bits, sv, zv);
+    if (bits == 8 && anchor_bits == 0)
+        kv_cpu_encode_codes(xall, apl, rpl, l, g0, ng, sv, zv, 8, 0);
+    else if (bits == 4 && anchor_bits == 0)
+        kv_cpu_encode_codes(xall, apl, rpl, l, g0, ng, sv, zv, 4, 0);
+    else if (bits == 8 && anchor_bits == 4)
+        kv_cpu_encode_codes(xall, apl, rpl, l, g0, ng, sv, zv, 8, 4);
+    else if (bits == 16 && anchor_bits == 4)
+        kv_cpu_encode_codes(xall, apl, rpl, l, g0, ng, sv, zv, 16, 4);
+    else
+        kv_cpu_encode_codes(xall, apl, rpl, l, g0, ng, sv, zv, bits, anchor_bits);
 }
 
 /* Token groups KV_CPU_GROUPS * item on of a quantize (the arguments of kv_quantize). */
