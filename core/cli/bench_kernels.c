@@ -141,7 +141,6 @@ static double triad_best(triad *t, int repeats)
     return best;
 }
 
-/* One backend's run. */
 /* A row a target applies to, as measured. */
 typedef struct goal {
     char kernel[16], label[48];
@@ -149,6 +148,7 @@ typedef struct goal {
 } goal;
 #define KV_BENCH_GOALS 32
 
+/* One backend's run. */
 typedef struct run {
     const opts *o;
     kv_backend *be, *ref;
@@ -158,7 +158,6 @@ typedef struct run {
     double pair_bw_gbps; /* best triad GB/s of the pairs of the kernel being reported; 0: use bw_gbps */
     double pair_bw_oncpu_gbps; /* the same by on-CPU time; 0 when not measured */
     double oncpu_best_s;       /* the kernel's best on-CPU time; 0 when not measured */
-    double last_oncpu_ratio;   /* of the last report */
     sbuf *json;
     int entries;         /* JSON entries written for this backend */
     int failures;        /* results that disagree with the reference */
@@ -214,7 +213,7 @@ static void print_goals(const run *r)
            r->largest_context == 32768 ? "" : " (#22 sets them at 32768 tokens: this context is not what they judge)");
 }
 
-static double report(run *r, const char *kernel, const char *calib, const char *label, uint32_t context,
+static void report(run *r, const char *kernel, const char *calib, const char *label, uint32_t context,
                      uint64_t bytes, double best, double median, const char *check)
 {
     double bw = r->pair_bw_gbps > 0 ? r->pair_bw_gbps : r->bw_gbps;
@@ -255,13 +254,11 @@ static double report(run *r, const char *kernel, const char *calib, const char *
         snprintf(g->label, sizeof g->label, "%s", label);
         g->target = target, g->ratio = ratio, g->oncpu = cratio;
     }
-    r->last_oncpu_ratio = cratio;
     r->pair_bw_gbps = 0;
     r->pair_bw_oncpu_gbps = 0;
     r->oncpu_best_s = 0;
     if (strncmp(check, "exact", 5) != 0 && strncmp(check, "rel ", 4) != 0)
         r->failures++;
-    return ratio;
 }
 
 /* Times enqueue (+ synchronize) like kv_kernel_time_call, but on the CPU
