@@ -103,19 +103,37 @@ KV_FN_INLINE kv_dev_ff kv_cpu_ff16_end(float16 hi, float16 lo, float scale)
 #define KV_CPU_TILE 16
 #define KV_CPU_CHUNKS (KV_MAX_HEAD_DIM / 16)
 
+/* (*hi, *lo) += q * k lane by lane, float-float: the exact product
+   (TwoProduct by fma) added by TwoSum to the high part. */
+KV_FN_INLINE void kv_cpu_ff_fma16(float16 q, float16 k, float16 *hi, float16 *lo)
+{
+    float16 p = q * k;
+    float16 pe = fma(q, k, -p); /* p + pe = the exact product */
+    float16 sh = *hi + p;
+    float16 bb = sh - *hi;
+    *lo = *lo + (((*hi - (sh - bb)) + (p - bb)) + pe);
+    *hi = sh;
+}
+
+/* kv_dev_logit_end on 16 lanes: scale * (h + l) as float-float (*oh, *ol). */
+KV_FN_INLINE void kv_cpu_ff_end16(float16 h, float16 l, float scale, float16 *oh, float16 *ol)
+{
+    float16 sh = h + l, bb = sh - h;
+    float16 sl = (h - (sh - bb)) + (l - bb);
+    float16 rh = sh * (float16)scale;
+    float16 rl = fma(sh, (float16)scale, -rh) + sl * (float16)scale;
+    *oh = rh + rl;
+    float16 b2 = *oh - rh;
+    *ol = (rh - (*oh - b2)) + (rl - b2);
+}
+
 /* dot(q, k) over nch chunks of 16 (q and k 0 past head_dim) as float-float
    in 16 lanes: *hi + *lo, lane j summing dimensions j, j + 16, ... */
 KV_FN_INLINE void kv_cpu_dot16(const float16 *q, const float16 *k, kv_u32 nch, float16 *hio, float16 *loo)
 {
     float16 hi = (float16)0.0f, lo = (float16)0.0f;
-    for (kv_u32 c = 0; c < nch; c++) {
-        float16 p = q[c] * k[c];
-        float16 pe = fma(q[c], k[c], -p); /* p + pe = the exact product */
-        float16 sh = hi + p;
-        float16 bb = sh - hi;
-        lo = lo + (((hi - (sh - bb)) + (p - bb)) + pe);
-        hi = sh;
-    }
+    for (kv_u32 c = 0; c < nch; c++)
+        kv_cpu_ff_fma16(q[c], k[c], &hi, &lo);
     *hio = hi;
     *loo = lo;
 }
@@ -171,14 +189,7 @@ KV_FN_INLINE void kv_cpu_ff_tree(const float16 *h, const float16 *l, float scale
     float16 dh, dl;
     KV_CPU_FF_ADD((float16)(h3[0].even, h3[1].even), (float16)(l3[0].even, l3[1].even), (float16)(h3[0].odd, h3[1].odd),
                   (float16)(l3[0].odd, l3[1].odd), dh, dl);
-    /* kv_dev_logit_end, 16 lanes */
-    float16 sh = dh + dl, bb = sh - dh;
-    float16 sl = (dh - (sh - bb)) + (dl - bb);
-    float16 rh = sh * (float16)scale;
-    float16 rl = fma(sh, (float16)scale, -rh) + sl * (float16)scale;
-    *oh = rh + rl;
-    float16 b2 = *oh - rh;
-    *ol = (rh - (*oh - b2)) + (rl - b2);
+    kv_cpu_ff_end16(dh, dl, scale, oh, ol);
 }
 
 #if KV_FP64
@@ -226,6 +237,16 @@ KV_FN_INLINE void kv_cpu_dot_d4(const double8 (*qd)[2 * KV_CPU_CHUNKS], const fl
 /* The 16 tokens' logits scale * (sum of the lanes of d[e]) as float-float
    vectors (lane e: token e), by a transposing tree (16 x 8 -> 8 x (2 x 4) ->
    4 x (4 x 2) -> 2 x (8 x 1) lanes), in double. */
+/* Lanes 0-7 from a, 8-15 from b: scale * the double sum, split into a
+   float-float pair (*oh, *ol). */
+KV_FN_INLINE void kv_cpu_d_end16(double8 a, double8 b, float scale, float16 *oh, float16 *ol)
+{
+    double8 s0 = a * (double)scale, s1 = b * (double)scale;
+    float8 h0 = convert_float8(s0), h1 = convert_float8(s1);
+    *oh = (float16)(h0, h1);
+    *ol = (float16)(convert_float8(s0 - convert_double8(h0)), convert_float8(s1 - convert_double8(h1)));
+}
+
 KV_FN_INLINE void kv_cpu_d_tree(const double8 *d, float scale, float16 *oh, float16 *ol)
 {
     double8 t1[8], t2[4], t3[2];
@@ -237,10 +258,7 @@ KV_FN_INLINE void kv_cpu_d_tree(const double8 *d, float scale, float16 *oh, floa
     }
     for (kv_u32 k = 0; k < 2; k++)
         t3[k] = (double8)(t2[2 * k].even, t2[2 * k + 1].even) + (double8)(t2[2 * k].odd, t2[2 * k + 1].odd);
-    double8 s0 = t3[0] * (double)scale, s1 = t3[1] * (double)scale;
-    float8 h0 = convert_float8(s0), h1 = convert_float8(s1);
-    *oh = (float16)(h0, h1);
-    *ol = (float16)(convert_float8(s0 - convert_double8(h0)), convert_float8(s1 - convert_double8(h1)));
+    kv_cpu_d_end16(t3[0], t3[1], scale, oh, ol);
 }
 #endif
 
@@ -463,37 +481,19 @@ KV_FN_INLINE void kv_cpu_ch_dots(const kv_cpu_qs (*qs)[KV_MAX_HEAD_DIM], const f
             b[j] = fma((double8)qs[j][d], k1, b[j]);
         }
     }
-    for (kv_u32 j = 0; j < n; j++) { /* as kv_cpu_d_tree ends */
-        double8 s0 = a[j] * (double)scale, s1 = b[j] * (double)scale;
-        float8 h0 = convert_float8(s0), h1 = convert_float8(s1);
-        oh[j] = (float16)(h0, h1);
-        ol[j] = (float16)(convert_float8(s0 - convert_double8(h0)), convert_float8(s1 - convert_double8(h1)));
-    }
+    for (kv_u32 j = 0; j < n; j++)
+        kv_cpu_d_end16(a[j], b[j], scale, oh + j, ol + j);
 #else
     float16 hi[4], lo[4];
     for (kv_u32 j = 0; j < n; j++)
         hi[j] = lo[j] = (float16)0.0f;
     for (kv_u32 d = 0; d < cols; d++) {
         float16 k = kt[d];
-        for (kv_u32 j = 0; j < n; j++) {
-            float16 q = (float16)qs[j][d];
-            float16 p = q * k;
-            float16 pe = fma(q, k, -p); /* p + pe = the exact product */
-            float16 sh = hi[j] + p;
-            float16 bb = sh - hi[j];
-            lo[j] = lo[j] + (((hi[j] - (sh - bb)) + (p - bb)) + pe);
-            hi[j] = sh;
-        }
+        for (kv_u32 j = 0; j < n; j++)
+            kv_cpu_ff_fma16((float16)qs[j][d], k, &hi[j], &lo[j]);
     }
-    for (kv_u32 j = 0; j < n; j++) { /* kv_dev_logit_end, 16 lanes (as kv_cpu_ff_tree ends) */
-        float16 sh = hi[j] + lo[j], bb = sh - hi[j];
-        float16 sl = (hi[j] - (sh - bb)) + (lo[j] - bb);
-        float16 rh = sh * (float16)scale;
-        float16 rl = fma(sh, (float16)scale, -rh) + sl * (float16)scale;
-        oh[j] = rh + rl;
-        float16 b2 = oh[j] - rh;
-        ol[j] = (rh - (oh[j] - b2)) + (rl - b2);
-    }
+    for (kv_u32 j = 0; j < n; j++)
+        kv_cpu_ff_end16(hi[j], lo[j], scale, oh + j, ol + j);
 #endif
 }
 
