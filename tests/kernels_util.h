@@ -54,6 +54,23 @@ static inline kv_backend *kvt_open(const char *name, int device)
     return be;
 }
 
+/* Whether the fast CPU device picks the instruction set isa ("avx512", "avx2",
+   "generic") on this machine when nothing forces one. Outside a test too. */
+static inline int kvt_cpu_native_is(const char *isa)
+{
+    kv_backend *be = NULL;
+    kv_error err = {0};
+    if (getenv("KVSIM_CPU_ISA") || kv_backend_open("cpu", 0, &be, &err) != KV_OK)
+        return 0;
+    kv_backend_props props;
+    kv_backend_get_props(be, &props);
+    char want[24];
+    snprintf(want, sizeof want, ", %s)", isa); /* the device reads "CPU (N threads, ISA)" */
+    int is = strstr(props.device, want) != NULL;
+    kv_backend_close(be);
+    return is;
+}
+
 /* The oracle: the CPU reference device. */
 static inline kv_backend *kvt_open_reference(void)
 {

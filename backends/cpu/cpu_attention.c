@@ -276,19 +276,22 @@ static int attention_reference(const attn *t)
 
 /* ---- Fast (float) ------------------------------------------------------------ */
 
+/* In double (each product exact): an f32 sum of head_dim products drifts by
+   more than 1e-5 of a large query's logits, which the softmax then amplifies
+   over thousands of tokens (cpu_kivi_verify's huge queries at 4097 tokens). */
 static float dot_generic(const float *a, const float *b, uint32_t n)
 {
-    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
     uint32_t d = 0;
     for (; d + 4 <= n; d += 4) {
-        s0 += a[d] * b[d];
-        s1 += a[d + 1] * b[d + 1];
-        s2 += a[d + 2] * b[d + 2];
-        s3 += a[d + 3] * b[d + 3];
+        s0 += (double)a[d] * b[d];
+        s1 += (double)a[d + 1] * b[d + 1];
+        s2 += (double)a[d + 2] * b[d + 2];
+        s3 += (double)a[d + 3] * b[d + 3];
     }
     for (; d < n; d++)
-        s0 += a[d] * b[d];
-    return (s0 + s1) + (s2 + s3);
+        s0 += (double)a[d] * b[d];
+    return (float)((s0 + s1) + (s2 + s3));
 }
 
 /* y (double) += p * x: the weighted sum of V over a whole KV head is kept in

@@ -818,6 +818,9 @@ const char *kv_cpu_fast_isa(void)
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
         __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
         return "avx512";
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c"))
+        return "avx2";
 #endif
     return "generic";
 }
@@ -832,7 +835,7 @@ static int regular(const kv_quant_layout *l)
 static int use_avx512(const char *isa)
 {
 #ifdef KV_HAVE_X86
-    return isa[0] == 'a';
+    return strcmp(isa, "avx512") == 0;
 #else
     (void)isa;
     return 0;

@@ -221,8 +221,12 @@ static const kv_stats_diffkv *shipped_diffkv(kv_model_stats *st)
 }
 
 /* The shipped 1,024-token DiffKV tables measured again on the first text alone (the shipped measurement
-   runs one pass over the texts in order; 1,024 tokens lie within the first): the same numbers, exactly
-   (the forward pass is deterministic and a shorter pass gives the prefix's tables). */
+   runs one pass over the texts in order; 1,024 tokens lie within the first): the same numbers. Exactly
+   on the kind of CPU that measured them (the forward pass is deterministic and a shorter pass gives the
+   prefix's tables; diffkv_tables_of_one_pass_are_those_of_separate_passes checks that on any CPU). On
+   another, OpenBLAS picks another sgemm kernel for the core, which sums in another order: measured on
+   an AMD Zen 3 against the shipped (AVX-512 Intel) tables, 1.1e-3 at most; 1e-2 allowed. */
+#define CROSS_CPU_TABLE_DRIFT 1e-2
 Test(measure_lengths, the_shipped_diffkv_tables_at_1024_measure_again_the_same, .timeout = 1200)
 {
     kv_model_stats st;
@@ -259,7 +263,8 @@ Test(measure_lengths, the_shipped_diffkv_tables_at_1024_measure_again_the_same, 
         double y = fabs(m.table.z_exit[r] - d->curve.table[at].z_exit[r]);
         worst = fmax(worst, fmax(x, y));
     }
-    cr_expect(worst == 0, "re-measured tables differ from the shipped ones by up to %g", worst);
+    cr_log_info("re-measured tables differ from the shipped ones by up to %g", worst);
+    cr_expect(worst <= CROSS_CPU_TABLE_DRIFT, "re-measured tables differ from the shipped ones by up to %g", worst);
     kv_diffkv_measured_free(&m);
     kv_model_stats_free(&st);
     kvt_rmtree(dir);

@@ -20,10 +20,10 @@
 typedef struct target {
     char name[32];
     int device;
-    int generic; /* cpu only: force the portable paths (KVSIM_CPU_ISA=generic) */
+    char isa[8]; /* cpu only: "" for what the CPU picks, else forced by KVSIM_CPU_ISA (generic, avx2) */
 } target;
 
-static target targets[17];
+static target targets[24];
 static size_t n_targets;
 static int targets_built;
 
@@ -45,10 +45,18 @@ static size_t build_targets(void)
         snprintf(targets[n_targets].name, sizeof targets[n_targets].name, "%s", reg->name);
         targets[n_targets].device = 0;
         n_targets++;
-        if (strcmp(reg->name, "cpu") == 0) { /* and the CPU's portable paths, which this machine may not pick */
+        if (strcmp(reg->name, "cpu") == 0) { /* and the narrower paths, which this machine does not pick */
             targets[n_targets] = targets[n_targets - 1];
-            targets[n_targets].generic = 1;
+            snprintf(targets[n_targets].isa, sizeof targets[n_targets].isa, "generic");
             n_targets++;
+            if (getenv("KVSIM_CPU_ISA"))
+                fprintf(stderr, "skipped: cpu (avx2 paths): KVSIM_CPU_ISA is set for the whole run\n");
+            else if (kvt_cpu_native_is("avx512")) {
+                targets[n_targets] = targets[n_targets - 1];
+                snprintf(targets[n_targets].isa, sizeof targets[n_targets].isa, "avx2");
+                n_targets++;
+            } else if (!kvt_cpu_native_is("avx2"))
+                fprintf(stderr, "skipped: cpu (avx2 paths): this CPU has no AVX2\n");
         }
     }
     fprintf(stderr, "conformance: %zu backend(s) under test against the CPU reference (built: %s)\n", n_targets,
@@ -72,9 +80,11 @@ typedef struct pair {
 
 static pair open_pair(const target *tg)
 {
-    if (tg->generic)
-        setenv("KVSIM_CPU_ISA", "generic", 1); /* each Criterion test runs in its own process */
-    pair p = {kvt_open(tg->name, tg->device), kvt_open_reference(), tg->generic ? "cpu (generic paths)" : tg->name};
+    static char label[32];
+    snprintf(label, sizeof label, "%s (%s paths)", tg->name, tg->isa);
+    if (tg->isa[0])
+        setenv("KVSIM_CPU_ISA", tg->isa, 1); /* each Criterion test runs in its own process */
+    pair p = {kvt_open(tg->name, tg->device), kvt_open_reference(), tg->isa[0] ? label : tg->name};
     kv_backend_props props;
     kv_backend_get_props(p.be, &props);
     cr_log_info("backend under test: %s (%s)", p.name, props.device);
