@@ -152,24 +152,44 @@ KV_AVX2 static KV_INLINE __m256 minmax8(const __m256 *x, int max)
 #undef KV_MM
 }
 
-/* A value that rounds (rint, after clamping to [0, 2^b − 1]) exactly like
-   the correctly rounded d / s, without a division in the common case (the
-   AVX-512 path's rule, which the division's cost on one core motivates).
-   t = d * fl(1/s) is within |d/s|·2^-22.4 of the exact quotient, and so is
-   fl(d/s); their roundings can differ only if a half-integer lies within that
-   distance of t, so a vector with a lane within max(|t|, 1)·2^-20 of one (or
-   |t| >= 2^23, where frac is 0) is divided exactly. NaN and ±Inf lanes give
-   a NaN distance, never look risky, and give NaN/±Inf like the division. */
-KV_AVX2 static KV_INLINE __m256 quotient(__m256 d, __m256 s, __m256 inv)
+/* The codes rint(clamp((x − z) / s, 0, 2^b − 1)) of 8 lanes from d = x − z,
+   with the correctly rounded quotient but without a division in the common
+   case (b <= 12). t = d * fl(1/s) is within |d/s|·2^-22.4 of the exact
+   quotient, and so is fl(d/s). Clamping is monotone and 1-Lipschitz, and a
+   lane whose quotient is far outside [0, 2^b − 1] clamps to the same integer
+   either way, so the two codes can differ only where the clamped c is within
+   (2^b)·2^-22 of a half-integer, that is |c − rint(c)| >= 0.5 − (2^b)·2^-20
+   (a margin of 4). A vector holding such a lane (about 2^b·2^-19 of lanes)
+   is divided exactly. NaN lanes clamp to 0 (maxps returns its second
+   operand), +Inf to 2^b − 1, −Inf to 0, like the division's. */
+KV_AVX2 static KV_INLINE __m256i codes8(__m256 d, __m256 s, __m256 inv, unsigned bits)
 {
+    const __m256 zero_v = _mm256_setzero_ps(), vmax = _mm256_set1_ps((float)kv_code_max(bits));
+    if (bits > 12) /* most vectors would hold a risky lane: divide outright */
+        return _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(_mm256_div_ps(d, s), zero_v), vmax));
     const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    __m256 t = _mm256_mul_ps(d, inv);
-    __m256 frac = _mm256_sub_ps(t, _mm256_floor_ps(t));
-    __m256 dist = _mm256_and_ps(_mm256_sub_ps(frac, _mm256_set1_ps(0.5f)), abs_mask);
-    __m256 thr = _mm256_mul_ps(_mm256_max_ps(_mm256_and_ps(t, abs_mask), _mm256_set1_ps(1.0f)), _mm256_set1_ps(0x1p-20f));
-    if (_mm256_movemask_ps(_mm256_cmp_ps(dist, thr, _CMP_LE_OQ)))
-        return _mm256_div_ps(d, s);
-    return t;
+    const __m256 risky = _mm256_set1_ps(0.5f - (float)(1u << bits) * 0x1p-20f);
+    __m256 c = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(d, inv), zero_v), vmax);
+    __m256i q = _mm256_cvtps_epi32(c); /* round half to even */
+    __m256 off = _mm256_and_ps(_mm256_sub_ps(c, _mm256_cvtepi32_ps(q)), abs_mask);
+    if (_mm256_movemask_ps(_mm256_cmp_ps(off, risky, _CMP_GE_OQ)))
+        q = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(_mm256_div_ps(d, s), zero_v), vmax));
+    return q;
+}
+
+/* The finite minima and maxima of a group's 8 lanes (NaN and ±Inf left out). */
+KV_AVX2 static void minmax_finite(const float *xj, uint32_t G, __m256 *mn, __m256 *mx)
+{
+    const __m256 zero_v = _mm256_setzero_ps();
+    __m256 a = _mm256_set1_ps(__builtin_inff()), b = _mm256_set1_ps(-__builtin_inff());
+    for (uint32_t i = 0; i < G; i += 8) {
+        __m256 v = _mm256_loadu_ps(xj + i);
+        __m256 fin = _mm256_cmp_ps(_mm256_sub_ps(v, v), zero_v, _CMP_EQ_OQ); /* not NaN, not ±Inf */
+        a = _mm256_blendv_ps(a, _mm256_min_ps(a, v), fin);
+        b = _mm256_blendv_ps(b, _mm256_max_ps(b, v), fin);
+    }
+    *mn = a;
+    *mx = b;
 }
 
 /* Codes one group of G values (xj) with scale sj, zero zj and 1/sj = invj:
@@ -178,8 +198,7 @@ KV_AVX2 static KV_INLINE __m256 quotient(__m256 d, __m256 s, __m256 inv)
 KV_AVX2 static KV_INLINE void code_group(const float *xj, uint32_t G, unsigned bits, unsigned abits, unsigned aw,
                                          float sj, float zj, float invj, uint8_t *ao, uint8_t *ro)
 {
-    const __m256 zero_v = _mm256_setzero_ps(), pinf = _mm256_set1_ps(__builtin_inff());
-    const __m256 vmax = _mm256_set1_ps((float)kv_code_max(bits));
+    const __m256 pinf = _mm256_set1_ps(__builtin_inff());
     const __m256i qmax = _mm256_set1_epi32((int)kv_code_max(bits));
     unsigned r = abits ? bits - abits : 0;
     const __m128i rshift = _mm_cvtsi32_si128((int)r);
@@ -196,11 +215,7 @@ KV_AVX2 static KV_INLINE void code_group(const float *xj, uint32_t G, unsigned b
         if (constant) { /* N4 for s == 0: +Inf → 2^b − 1, everything else 0 */
             q = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(x, pinf, _CMP_EQ_OQ)), qmax);
         } else {
-            __m256 d = _mm256_sub_ps(x, vz);
-            /* above 12 bits most vectors would hold a risky lane: divide outright */
-            __m256 v = bits <= 12 ? quotient(d, vs, vinv) : _mm256_div_ps(d, vs);
-            v = _mm256_min_ps(_mm256_max_ps(v, zero_v), vmax); /* NaN → 0 (maxps's second operand) */
-            q = _mm256_cvtps_epi32(v);
+            q = codes8(_mm256_sub_ps(x, vz), vs, vinv, bits);
         }
         size_t left = G - i; /* codes from this chunk to the group's end */
         emit8(abits ? _mm256_srl_epi32(q, rshift) : q, aw, ao + (size_t)i * aw / 8, left * aw / 8 >= 16);
@@ -213,23 +228,25 @@ KV_AVX2 static KV_INLINE void code_group(const float *xj, uint32_t G, unsigned b
 KV_AVX2 static void encode_batch(const float *x, uint32_t count, uint32_t G, unsigned bits, unsigned abits,
                                  int codes16, uint8_t *aout, uint8_t *rout, uint16_t *scale, uint16_t *zero)
 {
-    const __m256 zero_v = _mm256_setzero_ps();
+    const __m256 pinf = _mm256_set1_ps(__builtin_inff()), ninf = _mm256_set1_ps(-__builtin_inff());
     __m256 vmn[8], vmx[8]; /* per group: 8 lanes of finite minima and maxima (±Inf where none) */
     for (uint32_t j = 0; j < 8; j++) {
-        vmn[j] = _mm256_set1_ps(__builtin_inff());
-        vmx[j] = _mm256_set1_ps(-__builtin_inff());
-        if (j >= count)
-            continue;
-        for (uint32_t i = 0; i < G; i += 8) {
+        const float *xj = x + (size_t)j * G;
+        __m256 mn = pinf, mx = ninf;
+        for (uint32_t i = 0; i < G && j < count; i += 8) {
             /* one core alone does not keep enough reads in flight to stream at
                memory speed (prefetches do not fault) */
             if (i % 16 == 0)
-                _mm_prefetch((const char *)((uintptr_t)(x + (size_t)j * G + i) + ENCODE_PREFETCH), _MM_HINT_T0);
-            __m256 v = _mm256_loadu_ps(x + (size_t)j * G + i);
-            __m256 fin = _mm256_cmp_ps(_mm256_sub_ps(v, v), zero_v, _CMP_EQ_OQ); /* not NaN, not ±Inf */
-            vmn[j] = _mm256_blendv_ps(vmn[j], _mm256_min_ps(vmn[j], v), fin);
-            vmx[j] = _mm256_blendv_ps(vmx[j], _mm256_max_ps(vmx[j], v), fin);
+                _mm_prefetch((const char *)((uintptr_t)(xj + i) + ENCODE_PREFETCH), _MM_HINT_T0);
+            __m256 v = _mm256_loadu_ps(xj + i);
+            mn = _mm256_min_ps(v, mn); /* a NaN v gives the second operand: NaN is skipped */
+            mx = _mm256_max_ps(v, mx);
         }
+        /* −Inf reached the minima or +Inf the maxima (rare): again without the infinities */
+        if (_mm256_movemask_ps(_mm256_or_ps(_mm256_cmp_ps(mn, ninf, _CMP_EQ_OQ), _mm256_cmp_ps(mx, pinf, _CMP_EQ_OQ))))
+            minmax_finite(xj, G, &mn, &mx);
+        vmn[j] = mn;
+        vmx[j] = mx;
     }
     __m256 S, Z;
     params8(minmax8(vmn, 0), minmax8(vmx, 1), bits, count, scale, zero, &S, &Z);
@@ -517,15 +534,14 @@ KV_AVX2 static void encode_channel(const kv_quant_layout *l, uint32_t b, uint32_
     size_t abytes = ((size_t)n * aw + 7) / 8, rbytes = ((size_t)n * r + 7) / 8;
     lanes8 wa = lanes8_at(aplane + kv_layout_group_offset(l, aw, g), abytes, aw, live, 0);
     lanes8 wr = abits ? lanes8_at(rplane + kv_layout_group_offset(l, r, g), rbytes, r, live, 0) : wa;
-    const __m256 vmax = _mm256_set1_ps((float)kv_code_max(bits)), inv = _mm256_div_ps(_mm256_set1_ps(1.0f), S);
+    const __m256 inv = _mm256_div_ps(_mm256_set1_ps(1.0f), S); /* Inf where s == 0: replaced */
     const __m256i qmax = _mm256_set1_epi32((int)kv_code_max(bits)), rmask = _mm256_set1_epi32((int)kv_code_max(r ? r : 1));
     const __m128i rshift = _mm_cvtsi32_si128((int)r);
     const __m256 s0 = _mm256_cmp_ps(S, zero_v, _CMP_EQ_OQ); /* N4's rule for s == 0 (dead lanes too) */
     for (uint32_t i = 0; i < n; i++) {
         __m256 v = _mm256_maskload_ps(x0 + (size_t)i * C, lm);
         __m256 d = _mm256_sub_ps(v, Z);
-        __m256 t = bits <= 12 ? quotient(d, S, inv) : _mm256_div_ps(d, S); /* s == 0 lanes are replaced below */
-        __m256i q = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(t, zero_v), vmax));
+        __m256i q = codes8(d, S, inv, bits); /* s == 0 lanes are replaced below */
         __m256i q0 = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(v, pinf, _CMP_EQ_OQ)), qmax);
         q = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(q), _mm256_castsi256_ps(q0), s0));
         lanes8_put(&wa, abits ? _mm256_srl_epi32(q, rshift) : q);
