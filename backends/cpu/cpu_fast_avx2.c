@@ -60,15 +60,11 @@ KV_AVX2 static KV_INLINE void emit8(__m256i q, unsigned w, uint8_t *out, int wid
     uint64_t m = lane_mask(w);
     uint64_t p0 = _pext_u64((uint64_t)_mm_cvtsi128_si64(u), m), p1 = _pext_u64((uint64_t)_mm_extract_epi64(u, 1), m);
     unsigned h = 4 * w; /* bits of p0 and of p1: at most 60 here */
-    uint64_t lo = p0 | p1 << h, hi = w > 8 ? p1 >> (64 - h) : 0;
-    if (wide) {
-        _mm_storeu_si128((__m128i *)out, _mm_set_epi64x((long long)hi, (long long)lo));
-    } else if (w <= 8) {
-        memcpy(out, &lo, w);
-    } else {
-        memcpy(out, &lo, 8);
-        memcpy(out + 8, &hi, w - 8);
-    }
+    uint64_t v[2] = {p0 | p1 << h, w > 8 ? p1 >> (64 - h) : 0}; /* 8w bits */
+    if (wide)
+        _mm_storeu_si128((__m128i *)out, _mm_loadu_si128((const __m128i *)v));
+    else
+        memcpy(out, v, w);
 }
 
 /* w bytes at in → 8 codes of width w, one per dword. wide: 16 bytes from in
@@ -86,19 +82,11 @@ KV_AVX2 static KV_INLINE __m256i load8(const uint8_t *in, unsigned w, int wide)
         __m128i lo = _mm_and_si128(v, nib), hi = _mm_and_si128(_mm_srli_epi16(v, 4), nib);
         return _mm256_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi));
     }
-    uint64_t lo = 0, hi = 0;
-    if (wide) {
-        memcpy(&lo, in, 8);
-        memcpy(&hi, in + 8, 8);
-    } else if (w <= 8) {
-        memcpy(&lo, in, w);
-    } else {
-        memcpy(&lo, in, 8);
-        memcpy(&hi, in + 8, w - 8);
-    }
+    uint64_t v[2] = {0, 0};
+    memcpy(v, in, wide ? 16 : w);
     uint64_t m = lane_mask(w);
     unsigned h = 4 * w; /* pdep takes the low 4w bits of its source: bits above are ignored */
-    uint64_t c0 = _pdep_u64(lo, m), c1 = _pdep_u64(lo >> h | hi << (64 - h), m);
+    uint64_t c0 = _pdep_u64(v[0], m), c1 = _pdep_u64(v[0] >> h | v[1] << (64 - h), m);
     return _mm256_cvtepu16_epi32(_mm_set_epi64x((long long)c1, (long long)c0));
 }
 
