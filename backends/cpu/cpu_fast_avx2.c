@@ -61,8 +61,8 @@ KV_AVX2 static KV_INLINE void emit8(__m256i q, unsigned w, uint8_t *out, int wid
     uint64_t p0 = _pext_u64((uint64_t)_mm_cvtsi128_si64(u), m), p1 = _pext_u64((uint64_t)_mm_extract_epi64(u, 1), m);
     unsigned h = 4 * w; /* bits of p0 and of p1: at most 60 here */
     uint64_t v[2] = {p0 | p1 << h, w > 8 ? p1 >> (64 - h) : 0}; /* 8w bits */
-    if (wide)
-        _mm_storeu_si128((__m128i *)out, _mm_loadu_si128((const __m128i *)v));
+    if (wide) /* from registers: a 16-byte load of v would wait on its two 8-byte stores */
+        _mm_storeu_si128((__m128i *)out, _mm_set_epi64x((long long)v[1], (long long)v[0]));
     else
         memcpy(out, v, w);
 }
