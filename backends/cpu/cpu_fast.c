@@ -1,6 +1,7 @@
 /* cpu_fast.c — the CPU backend's fast quantization paths: fused encode
  * (quantize + split + pack) and decode (unpack + merge + dequantize), plus
- * pack and unpack, in a portable version and an AVX-512 version chosen at
+ * pack and unpack, in a portable version, an AVX-512 version and (for
+ * token groups that tile the rows) an AVX2 one (cpu_fast_avx2.c), chosen at
  * run time. Both must equal the reference kernels (cpu_ref.c) bit for bit:
  * the conformance suite and `kvsim bench kernels` check it.
  *
@@ -18,6 +19,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "backends/cpu/cpu_fast_avx2.h"
 #include "backends/cpu/cpu_internal.h"
 #include "backends/numerics.h"
 #include "core/base/alloc.h"
@@ -842,10 +844,35 @@ static int use_avx512(const char *isa)
 #endif
 }
 
+#ifdef KV_HAVE_X86
+/* The AVX2 codecs (cpu_fast_avx2.c) take token groups that tile the rows
+   with G a multiple of 8 (regular8) and, for encode and decode, channel
+   groups; other layouts on an "avx2" device take the portable code. */
+static int use_avx2(const char *isa)
+{
+    return strcmp(isa, "avx2") == 0;
+}
+
+static int regular8(const kv_quant_layout *l)
+{
+    return l->grouping == KV_GROUP_TOKEN && l->group_size % 8 == 0 && l->cols % l->group_size == 0;
+}
+#endif
+
 void kv_cpu_fast_encode(const char *isa, const kv_quant_layout *l, unsigned bits, unsigned anchor_bits,
                         const float *x, uint8_t *anchor, uint8_t *residual, uint16_t *scale, uint16_t *zero,
                         size_t g0, size_t g1, kv_cpu_scratch *given)
 {
+#ifdef KV_HAVE_X86
+    if (use_avx2(isa) && regular8(l)) {
+        kv_cpu_avx2_encode(x, l->group_size, bits, anchor_bits, 0, anchor, residual, scale, zero, g0, g1);
+        return;
+    }
+    if (use_avx2(isa) && l->grouping == KV_GROUP_CHANNEL) {
+        kv_cpu_avx2_encode_channel(l, bits, anchor_bits, x, anchor, residual, scale, zero, g0, g1);
+        return;
+    }
+#endif
     scratch own, *sp = scratch_get(given, &own, l->group_size), s = *sp;
     unsigned aw = anchor_bits ? anchor_bits : bits, rw = bits - anchor_bits;
     int fast = use_avx512(isa);
@@ -889,6 +916,17 @@ void kv_cpu_fast_decode(const char *isa, const kv_quant_layout *l, unsigned bits
                         const uint8_t *anchor, const uint8_t *residual, const uint16_t *scale,
                         const uint16_t *zero, float *out, size_t g0, size_t g1, kv_cpu_scratch *given)
 {
+#ifdef KV_HAVE_X86
+    if (use_avx2(isa) && regular8(l)) {
+        kv_cpu_avx2_decode(anchor, anchor_bits ? residual : NULL, l->group_size, bits, anchor_bits, 0, scale, zero,
+                           out, g0, g1);
+        return;
+    }
+    if (use_avx2(isa) && l->grouping == KV_GROUP_CHANNEL) {
+        kv_cpu_avx2_decode_channel(l, bits, anchor_bits, anchor, residual, scale, zero, out, g0, g1);
+        return;
+    }
+#endif
     unsigned aw = anchor_bits ? anchor_bits : bits, rw = bits - anchor_bits;
     int fast = use_avx512(isa);
 #ifdef KV_HAVE_X86
@@ -963,6 +1001,10 @@ void kv_cpu_fast_quantize(const char *isa, const kv_quant_layout *l, unsigned bi
         scratch_put(sp, &own);
         return;
     }
+    if (use_avx2(isa) && regular8(l)) {
+        kv_cpu_avx2_encode(x, l->group_size, bits, 0, 1, (uint8_t *)codes, NULL, scale, zero, g0, g1);
+        return;
+    }
 #endif
     (void)isa;
     kv_cpu_ref_quantize(l, bits, x, codes, scale, zero, g0, g1);
@@ -982,6 +1024,11 @@ void kv_cpu_fast_dequantize(const char *isa, const kv_quant_layout *l, unsigned 
         }
         return;
     }
+    if (use_avx2(isa) && regular8(l)) {
+        kv_cpu_avx2_decode((const uint8_t *)codes, NULL, l->group_size, bits, anchor_bits, 1, scale, zero, out, g0,
+                           g1);
+        return;
+    }
 #endif
     (void)isa;
     kv_cpu_ref_dequantize(l, bits, anchor_bits, codes, scale, zero, out, g0, g1);
@@ -993,6 +1040,10 @@ void kv_cpu_fast_pack(const char *isa, const kv_quant_layout *l, unsigned bits, 
 #ifdef KV_HAVE_X86
     if (use_avx512(isa) && regular(l)) {
         pack_regular_avx512(codes, packed, g0 * l->group_size, g1 * l->group_size, bits);
+        return;
+    }
+    if (use_avx2(isa) && regular8(l)) {
+        kv_cpu_avx2_pack(codes, packed, g0 * l->group_size, g1 * l->group_size, bits);
         return;
     }
 #endif
@@ -1013,6 +1064,10 @@ void kv_cpu_fast_unpack(const char *isa, const kv_quant_layout *l, unsigned bits
 #ifdef KV_HAVE_X86
     if (use_avx512(isa) && regular(l)) {
         unpack_regular_avx512(packed, codes, g0 * l->group_size, g1 * l->group_size, bits);
+        return;
+    }
+    if (use_avx2(isa) && regular8(l)) {
+        kv_cpu_avx2_unpack(packed, codes, g0 * l->group_size, g1 * l->group_size, bits);
         return;
     }
 #endif
