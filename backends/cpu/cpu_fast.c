@@ -26,6 +26,7 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define KV_HAVE_X86 1
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -812,16 +813,25 @@ KV_AVX512 static void decode_channel_avx512(const kv_quant_layout *l, uint32_t b
 
 /* ---- Dispatch --------------------------------------------------------------- */
 
+#ifdef KV_HAVE_X86
+/* F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does
+   not know "f16c". The AVX checks below cover the OS's save of ymm/zmm state. */
+static int has_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+}
+#endif
+
 const char *kv_cpu_fast_isa(void)
 {
 #ifdef KV_HAVE_X86
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-        __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    int common = __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("fma") && has_f16c();
+    if (common && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
         return "avx512";
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c"))
+    if (common && __builtin_cpu_supports("avx2"))
         return "avx2";
 #endif
     return "generic";
