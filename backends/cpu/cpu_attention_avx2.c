@@ -19,9 +19,14 @@
  *    each page's partial sums go into a double accumulator.
  * With more than one row group (verification: k queries x GQA heads) the K
  * and V passes take two row groups (8 rows) per read of the page.
- * Pages whose layout is not "token groups of a multiple of 8 that tile
- * head_dim" (channel groups, KIVI keys included; odd group sizes) are decoded
- * to an f32 tile first with the fused decode and then read like f32 pages.
+ * K pages of channel groups (KIVI keys) with G % 8 == 0 and 1, 2, 4 or 8
+ * bits are read channel by channel (k_pass_ch): 8 tokens of one channel are
+ * w bytes of one group's stream, shifted per lane, dequantized with the
+ * channel's scale and zero and multiplied into 8 token logits of each row.
+ * Other pages whose layout is not "token groups of a multiple of 8 that
+ * tile head_dim" (channel-grouped V, other channel widths, odd group sizes)
+ * are decoded to an f32 tile first with the fused decode and then read like
+ * f32 pages.
  * The item needs head_dim % 16 == 0. */
 #include <math.h>
 #include <string.h>
@@ -38,7 +43,11 @@
 /* Page readers, each specialised: f32, bf16, 8-bit and 16-bit codes, 4-bit
    and 2-bit codes (8 codes are one 32- or 16-bit word, shifted per lane),
    and any width (pdep). 8 codes of w bits are always w bytes. */
-enum { SRC_F32, SRC_BF16, SRC_Q8, SRC_Q16, SRC_Q4, SRC_Q2, SRC_QANY };
+enum { SRC_F32, SRC_BF16, SRC_Q8, SRC_Q16, SRC_Q4, SRC_Q2, SRC_QANY, SRC_CH };
+
+/* SRC_CH: K pages of channel groups (KIVI keys) with G % 8 == 0 and 1, 2, 4
+   or 8 bits, read channel by channel for 8 tokens at once (k_pass_ch): 8
+   tokens of one channel are w bytes of one group's stream. */
 
 typedef struct src {
     int kind;                 /* SRC_* */
@@ -48,13 +57,15 @@ typedef struct src {
     unsigned w;               /* quantized: bits of each stored code */
     unsigned r;               /* anchor-only: shift b − a */
     float mid;                /* anchor-only: (2^r − 1) / 2 */
-    uint32_t gpt;             /* quantized: groups per token */
+    uint32_t gpt;             /* quantized: groups per token (0: channel groups) */
+    uint32_t G;               /* SRC_CH: tokens per channel group */
+    uint32_t ntok;            /* SRC_CH: tokens of the page */
     uint16_t chunk_group[256]; /* quantized: group within the token of elements [8c, 8c + 8) */
 } src;
 
 static int is_quant(int kind)
 {
-    return kind >= SRC_Q8;
+    return kind >= SRC_Q8 && kind != SRC_CH;
 }
 
 /* Codes → dequantized values: fma(code, s, z), or the anchor midpoint. */
@@ -113,7 +124,11 @@ KV_AVX2 static void src_prepare(const attn *t, fast_ws *w, const kv_page_desc *p
         o->kind = f->kind == KV_STORE_F32 ? SRC_F32 : SRC_BF16;
         return;
     }
-    if (f->grouping != KV_GROUP_TOKEN || f->group_size % 8 != 0 || hd % f->group_size != 0 || hd / 8 > 256) {
+    unsigned width = f->anchor_bits ? f->anchor_bits : f->bits;
+    int channel = !value && f->grouping == KV_GROUP_CHANNEL && f->group_size % 8 == 0 &&
+                  (width == 1 || width == 2 || width == 4 || width == 8);
+    if (!channel &&
+        (f->grouping != KV_GROUP_TOKEN || f->group_size % 8 != 0 || hd % f->group_size != 0 || hd / 8 > 256)) {
         kv_cpu_page_tile(t, pg, value, w->tile, NULL, &w->dec);
         o->kind = SRC_F32;
         o->data = (const uint8_t *)w->tile;
@@ -124,10 +139,16 @@ KV_AVX2 static void src_prepare(const attn *t, fast_ws *w, const kv_page_desc *p
     o->anchor_only = f->anchor_bits > 0;
     o->r = f->anchor_bits ? (unsigned)(f->bits - f->anchor_bits) : 0;
     o->mid = o->anchor_only ? (float)kv_code_max(o->r) / 2.0f : 0.0f; /* as kv_dequant_anchor */
-    o->gpt = hd / f->group_size;
-    for (uint32_t c = 0; c < hd / 8; c++)
+    o->gpt = channel ? 0 : hd / f->group_size;
+    for (uint32_t c = 0; c < hd / 8 && !channel; c++)
         o->chunk_group[c] = (uint16_t)(c * 8 / f->group_size);
     size_t groups = (size_t)pg->ntokens * o->gpt;
+    if (channel) {
+        o->kind = SRC_CH;
+        o->G = f->group_size;
+        o->ntok = pg->ntokens;
+        groups = (size_t)(pg->ntokens + f->group_size - 1) / f->group_size * hd;
+    }
     const uint16_t *meta = (const uint16_t *)(t->kv + (value ? pg->value_meta : pg->key_meta));
     float *s = w->sz, *z = w->sz + groups;
     size_t i = 0;
@@ -263,6 +284,106 @@ KV_AVX2 static KV_INLINE void k_pass(const src *p, int kind, int anchor, int NG,
     }
 }
 
+/* ---- Channel-grouped K pages (KIVI keys) ----------------------------------------- */
+
+/* The values of 8 tokens of one channel whose W-bit codes start at `at`
+   (nb bytes hold them: W, or fewer at the page's end, where the missing
+   tokens get the value z), dequantized exactly as dequant() does. */
+KV_AVX2 static KV_INLINE __m256 ch_values(const uint8_t *at, unsigned W, int anchor, const src *p, size_t nb,
+                                          __m256 S, __m256 Z)
+{
+    uint64_t word = 0;
+    if (nb == W)
+        memcpy(&word, at, W);
+    else
+        memcpy(&word, at, nb);
+    __m256i q;
+    if (W == 8) {
+        q = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)word));
+    } else {
+        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        q = _mm256_srlv_epi32(_mm256_set1_epi32((int)(uint32_t)word), _mm256_mullo_epi32(lane, _mm256_set1_epi32((int)W)));
+        q = _mm256_and_si256(q, _mm256_set1_epi32((int)kv_code_max(W)));
+    }
+    return dequant(q, anchor, p, S, Z);
+}
+
+/* k_pass() for SRC_CH pages: 8 tokens at a time, channel by channel, each
+   channel's codes dequantized once for the 8 tokens and multiplied into the
+   four rows' logits; sums in blocks of 16 channels (no float chain longer
+   than 16 terms), then transposed into the token-major logits. */
+KV_AVX2 static KV_INLINE void k_pass_ch(const src *p, unsigned W, int anchor, uint32_t hd, const float *q,
+                                        float scale, const uint32_t *pos, const uint32_t *qpos,
+                                        const uint32_t *valid, float *L, pf_cursor *pf)
+{
+    const __m256 ninf8 = _mm256_set1_ps(-INFINITY), vscale8 = _mm256_set1_ps(scale);
+    const __m256i qpos8 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qpos));
+    const __m256i valid8 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)valid));
+    const size_t full = ((size_t)p->G * W + 7) / 8; /* bytes of a whole group's stream */
+    for (uint32_t t = 0; t < p->ntok; t += 8) {
+        uint32_t blk = t / p->G, off = t % p->G;
+        uint32_t glen = p->ntok - blk * p->G < p->G ? p->ntok - blk * p->G : p->G;
+        uint32_t n = glen - off < 8 ? glen - off : 8;
+        size_t cstride = ((size_t)glen * W + 7) / 8, nb = ((size_t)n * W + 7) / 8;
+        const uint8_t *at = p->data + (size_t)blk * hd * full + (size_t)off * W / 8;
+        const float *s = p->s + (size_t)blk * hd, *z = p->z + (size_t)blk * hd;
+        __m256 tot[4];
+        for (int r = 0; r < 4; r++)
+            tot[r] = _mm256_setzero_ps();
+        for (uint32_t c0 = 0; c0 < hd; c0 += 16) {
+            __m256 acc[4];
+            for (int r = 0; r < 4; r++)
+                acc[r] = _mm256_setzero_ps();
+            for (uint32_t c = c0; c < c0 + 16; c++) {
+                if (c % 4 == 0)
+                    prefetch_step(pf);
+                __m256 k = ch_values(at + c * cstride, W, anchor, p, nb, _mm256_broadcast_ss(s + c),
+                                     _mm256_broadcast_ss(z + c));
+                for (uint32_t r = 0; r < 4; r++)
+                    acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(q + (size_t)r * hd + c), k, acc[r]);
+            }
+            for (int r = 0; r < 4; r++)
+                tot[r] = _mm256_add_ps(tot[r], acc[r]);
+        }
+        for (int r = 0; r < 4; r++)
+            tot[r] = _mm256_mul_ps(tot[r], vscale8);
+        /* rows x 8 tokens → [token][4]: u_k holds tokens k and k + 4 */
+        __m256 x0 = _mm256_unpacklo_ps(tot[0], tot[1]), x1 = _mm256_unpackhi_ps(tot[0], tot[1]);
+        __m256 x2 = _mm256_unpacklo_ps(tot[2], tot[3]), x3 = _mm256_unpackhi_ps(tot[2], tot[3]);
+        __m256 u0 = _mm256_shuffle_ps(x0, x2, 0x44), u1 = _mm256_shuffle_ps(x0, x2, 0xEE);
+        __m256 u2 = _mm256_shuffle_ps(x1, x3, 0x44), u3 = _mm256_shuffle_ps(x1, x3, 0xEE);
+        __m256 pair[4] = {_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u2, u3, 0x20),
+                          _mm256_permute2f128_ps(u0, u1, 0x31), _mm256_permute2f128_ps(u2, u3, 0x31)};
+        for (uint32_t k = 0; 2 * k < n; k++) { /* pair[k]: tokens t + 2k, t + 2k + 1 */
+            uint32_t i = t + 2 * k;
+            __m256i pos8 = _mm256_setr_m128i(_mm_set1_epi32((int)pos[i]),
+                                             _mm_set1_epi32((int)pos[2 * k + 1 < n ? i + 1 : i]));
+            __m256 l = _mm256_blendv_ps(ninf8, pair[k], _mm256_castsi256_ps(sees8(pos8, qpos8, valid8)));
+            if (2 * k + 1 < n)
+                _mm256_storeu_ps(L + 4 * (size_t)i, l);
+            else
+                _mm_storeu_ps(L + 4 * (size_t)i, _mm256_castps256_ps128(l));
+        }
+    }
+}
+
+KV_AVX2 static void k_pass_ch_any(const src *p, uint32_t hd, const float *q, float scale, const uint32_t *pos,
+                                  const uint32_t *qpos, const uint32_t *valid, float *L, pf_cursor *pf)
+{
+#define CH_CALL(w, anchor) k_pass_ch(p, w, anchor, hd, q, scale, pos, qpos, valid, L, pf)
+    switch (p->w * 2 + (unsigned)p->anchor_only) {
+    case 2: CH_CALL(1, 0); break;
+    case 3: CH_CALL(1, 1); break;
+    case 4: CH_CALL(2, 0); break;
+    case 5: CH_CALL(2, 1); break;
+    case 8: CH_CALL(4, 0); break;
+    case 9: CH_CALL(4, 1); break;
+    case 16: CH_CALL(8, 0); break;
+    default: CH_CALL(8, 1); break;
+    }
+#undef CH_CALL
+}
+
 KV_AVX2 static KV_INLINE void acc_add(double *d, __m256 v)
 {
     _mm256_storeu_pd(d, _mm256_add_pd(_mm256_loadu_pd(d), _mm256_cvtps_pd(_mm256_castps256_ps128(v))));
@@ -322,7 +443,10 @@ KV_AVX2 static void k_pass_any(const src *p, int NG, uint32_t ntok, uint32_t hd,
                                size_t lstride, pf_cursor *pf)
 {
 #define K_CALL(kind, anchor, ng) k_pass(p, kind, anchor, ng, ntok, hd, q, scale, pos, qpos, valid, L, lstride, pf)
-    if (NG == 2) {
+    if (p->kind == SRC_CH) { /* one row group at a time */
+        for (int g = 0; g < NG; g++)
+            k_pass_ch_any(p, hd, q + (size_t)g * 4 * hd, scale, pos, qpos + 4 * g, valid + 4 * g, L + g * lstride, pf);
+    } else if (NG == 2) {
         KV_SRC_SWITCH(K_CALL, 2)
     } else {
         KV_SRC_SWITCH(K_CALL, 1)
