@@ -7,8 +7,9 @@
  * sizes 16/32/64, every code width class (1, 2, 4 bits by table; 8, 16; odd
  * widths; anchors), a residual window of f32 pages between the quantized
  * ones, and GQA groups of 4, 3 and 1. Run on the AVX-512 paths (when this
- * CPU has them), on the AVX2 paths (KIVI keys through the f32 tile; forced
- * on AVX-512 CPUs, skipped without AVX2) and on the portable paths. */
+ * CPU has them), on the AVX2 paths (KIVI keys of 1, 2, 4 and 8 bits read
+ * channel by channel 8 tokens at a time, other widths through the f32 tile;
+ * forced on AVX-512 CPUs, skipped without AVX2) and on the portable paths. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
