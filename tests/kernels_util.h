@@ -77,6 +77,29 @@ static inline kv_backend *kvt_open_reference(void)
     return kvt_open("cpu", 1);
 }
 
+/* Forces cpu:0 onto its AVX2 paths (KVSIM_CPU_ISA=avx2; on an AVX2-only CPU
+   that is the native choice), or skips the calling test visibly ("skipped:
+   no AVX2" on stderr) where this CPU has neither AVX2 nor AVX-512. Call it
+   before anything else sets KVSIM_CPU_ISA. */
+static inline void kvt_force_cpu_avx2(void)
+{
+    if (!kvt_cpu_native_is("avx2") && !kvt_cpu_native_is("avx512")) {
+        fprintf(stderr, "skipped: no AVX2\n");
+        cr_skip_test("skipped: no AVX2");
+    }
+    setenv("KVSIM_CPU_ISA", "avx2", 1); /* each Criterion test runs in its own process */
+}
+
+/* Asserts that cpu:0 (be) runs the instruction set isa, as its device name says. */
+static inline void kvt_expect_cpu_isa(kv_backend *be, const char *isa)
+{
+    kv_backend_props props;
+    kv_backend_get_props(be, &props);
+    char want[24];
+    snprintf(want, sizeof want, ", %s)", isa);
+    cr_assert(strstr(props.device, want) != NULL, "cpu:0 runs \"%s\", not the %s paths", props.device, isa);
+}
+
 /* Skips the calling test (visibly: "skipped: opencl: ..." on stderr) when no OpenCL device is usable. */
 static inline void kvt_require_opencl(void)
 {

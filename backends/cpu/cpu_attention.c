@@ -13,8 +13,9 @@
  * of the block, pass 2 takes exp and the sums, pass 3 decodes each V page once
  * and accumulates. When scores are asked for, an item is a whole KV head (so
  * that no two threads add to the same score) and loops over query blocks.
- * This file holds the portable item; cpu_attention_avx512.c the one that
- * fuses dequantization into the dot products and is used on AVX-512 CPUs. */
+ * This file holds the portable item; cpu_attention_avx512.c and
+ * cpu_attention_avx2.c the ones that fuse dequantization into the dot
+ * products, used on AVX-512 and on AVX2 CPUs. */
 #include <math.h>
 #include <string.h>
 
@@ -441,9 +442,13 @@ static int attention_fast(const attn *t)
         w->sz = kv_malloc(((size_t)t->max_page_tokens * a->head_dim + 16) * 2 * sizeof(float));
     }
     size_t items = j.per_head ? a->n_kv_heads : (size_t)a->n_kv_heads * j.blocks;
-    int avx512 = strcmp(t->c->isa, "avx512") == 0 && a->head_dim % 32 == 0;
+    kv_cpu_range_fn item = fast_item;
+    if (strcmp(t->c->isa, "avx512") == 0 && a->head_dim % 32 == 0)
+        item = kv_cpu_attention_item_avx512;
+    else if (strcmp(t->c->isa, "avx2") == 0 && a->head_dim % 16 == 0)
+        item = kv_cpu_attention_item_avx2;
     if (a->n_queries)
-        kv_cpu_pool_run(t->c->pool, items, 1, avx512 ? kv_cpu_attention_item_avx512 : fast_item, &j);
+        kv_cpu_pool_run(t->c->pool, items, 1, item, &j);
     for (int i = 0; i < workers; i++) {
         kv_free(j.ws[i].tile);
         kv_free(j.ws[i].logits);

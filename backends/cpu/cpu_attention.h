@@ -26,8 +26,8 @@ typedef struct fast_ws {
     float *acc;           /* [block][group][head_dim] */
     float *score_acc;     /* [group][max_head_tokens] when scores are asked for */
     kv_cpu_scratch dec;   /* for the fused decode */
-    float *qpad;          /* AVX-512 path: [rows rounded up to 4][head_dim] */
-    float *sz;            /* AVX-512 path: a page's scales then zeros as f32, [2][page groups] */
+    float *qpad;          /* AVX-512 and AVX2 paths: [rows rounded up to 4][head_dim] */
+    float *sz;            /* AVX-512 and AVX2 paths: a page's scales then zeros as f32, [2][page groups] */
 } fast_ws;
 
 typedef struct fast_job {
@@ -44,5 +44,8 @@ void kv_cpu_page_tile(const attn *t, const kv_page_desc *pg, int value, float *t
 
 /* The AVX-512 work item (cpu_attention_avx512.c); usable when head_dim % 32 == 0. */
 void kv_cpu_attention_item_avx512(void *job, size_t i0, size_t i1, int worker);
+
+/* The AVX2 work item (cpu_attention_avx2.c); usable when head_dim % 16 == 0. */
+void kv_cpu_attention_item_avx2(void *job, size_t i0, size_t i1, int worker);
 
 #endif

@@ -5,8 +5,11 @@
  * of 4 (padding rows inside a block), causal masks that differ between the
  * rows and tokens of one block (verification), and every page reader
  * (f32, bf16, 8/16-bit, 4-bit and 2-bit tables, anchors, odd widths, channel
- * groups). Run on the AVX-512 paths (when this CPU has them) and on the
- * portable paths, within the conformance tolerance 1e-5. And the fused
+ * groups). Run on the AVX-512 paths (when this CPU has them), on the AVX2
+ * paths (forced with KVSIM_CPU_ISA=avx2 on AVX-512 CPUs; skipped without
+ * AVX2) and on the portable paths, within the conformance tolerance 1e-5;
+ * the AVX2 readers (8 values per chunk: 8-element groups, 1- to 16-bit codes)
+ * also over 1 to 4097 tokens, GQA 1/4/8, huge and subnormal queries. And the fused
  * encode of token groups, whose 16-group batches take their minima and
  * maxima from one tree: every batch tail, signed zeros, groups without a
  * finite value, bit for bit against the reference. */
@@ -30,7 +33,7 @@ typedef struct reader_case {
     kv_store_format k, v;
 } reader_case;
 
-/* One of each page reader of cpu_attention_avx512.c. */
+/* One of each page reader of cpu_attention_avx512.c and cpu_attention_avx2.c. */
 static const reader_case readers[] = {
     {"f32", F32, F32},
     {"bf16", BF16, BF16},
@@ -43,6 +46,10 @@ static const reader_case readers[] = {
     {"int2 g32 (2-bit table)", Q(2, 32), Q(2, 32)},
     {"kivi2 channel keys", QC(2, 32), Q(2, 32)},
     {"int4 g16 (not a table: G % 32 != 0)", Q(4, 16), Q(8, 16)},
+    {"int1 g32 / anchor-only b6/a2 g16", Q(1, 32), QA(6, 2, 16)},
+    {"int4 g8 / int6 g8 (8-element groups)", Q(4, 8), Q(6, 8)},
+    {"int12 g16 / int16 g16", Q(12, 16), Q(16, 16)},
+    {"int3 g4 / int4 g4 (f32 tile: G % 8 != 0)", Q(3, 4), Q(4, 4)},
 };
 #define N_READERS (sizeof readers / sizeof readers[0])
 
@@ -92,6 +99,15 @@ Test(cpu_fast_paths, blocked_attention_tails_native)
     run_matrix("native");
 }
 
+Test(cpu_fast_paths, blocked_attention_tails_avx2)
+{
+    kvt_force_cpu_avx2();
+    kv_backend *be = kvt_open("cpu", 0);
+    kvt_expect_cpu_isa(be, "avx2");
+    kv_backend_close(be);
+    run_matrix("avx2");
+}
+
 Test(cpu_fast_paths, blocked_attention_tails_generic)
 {
     setenv("KVSIM_CPU_ISA", "generic", 1); /* each Criterion test runs in its own process */
@@ -101,7 +117,7 @@ Test(cpu_fast_paths, blocked_attention_tails_generic)
 /* A 2048-token decode with 32-token pages: the K pass's blocks then cover
    whole pages and the softmax runs over many blocks; the output must stay
    within 1e-5 for the long-context readers the benchmark times. */
-Test(cpu_fast_paths, long_context_decode)
+static void run_long_context(void)
 {
     kv_backend *be = kvt_open("cpu", 0), *ref = kvt_open_reference();
     static const size_t pick[] = {2, 4, 5, 9};
@@ -113,6 +129,72 @@ Test(cpu_fast_paths, long_context_decode)
     }
     kv_backend_close(be);
     kv_backend_close(ref);
+}
+
+Test(cpu_fast_paths, long_context_decode)
+{
+    run_long_context();
+}
+
+Test(cpu_fast_paths, long_context_decode_avx2)
+{
+    kvt_force_cpu_avx2();
+    run_long_context();
+}
+
+/* Token-group readers over contexts of 1, 15, 17, 63, 65 and 4097 tokens
+   (inside and across the K pass's token pairs, 8-value chunks and 32-token
+   pages), GQA 1, 4 and 8 (one, one and two row groups), decode and k = 4
+   verification (16 and 32 rows: the two-row-group passes), scores on every
+   other case, and queries normal, huge (x4), tiny (x1e-30) and mixed (every
+   5th element x4, the rest x1e-40: subnormal floats). */
+static void run_shapes(const char *paths)
+{
+    kv_backend *be = kvt_open("cpu", 0), *ref = kvt_open_reference();
+    static const size_t pick[] = {0, 1, 2, 4, 5, 6, 7, 8, 11, 12, 13, 14};
+    static const uint32_t ctxs[] = {1, 15, 17, 63, 65, 4097}, gqa[] = {1, 4, 8}, ks[] = {1, 4};
+    static const struct {
+        const char *name;
+        uint32_t stride;
+        float big, small;
+    } qs[] = {{"normal", 0, 1, 1}, {"huge", 1, 4, 1}, {"tiny", 1, 1e-30f, 1}, {"mixed", 5, 4, 1e-40f}};
+    int checked = 0, qmodes[4] = {0, 0, 0, 0};
+    for (size_t pi = 0; pi < sizeof pick / sizeof pick[0]; pi++)
+        for (size_t xi = 0; xi < sizeof ctxs / sizeof ctxs[0]; xi++)
+            for (size_t gi = 0; gi < sizeof gqa / sizeof gqa[0]; gi++)
+                for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
+                    const reader_case *rc = &readers[pick[pi]];
+                    uint32_t T = ctxs[xi], k = ks[ki];
+                    size_t idx = pi + xi + gi + ki, qi = (idx / 2 + gi + xi) % 4;
+                    if (k > T || (T == 4097 && (gi + ki + pi) % 3 != 0))
+                        continue; /* the long context for a third of the cases */
+                    kv_attn_spec spec = {k, 2 * gqa[gi], 2, (pi + xi) % 2 ? 64 : 128, T, 32, &rc->k, &rc->v, 1,
+                                         (int)(idx % 2), 0, 8800 + 101 * pi + 13 * xi + 3 * gi + ki};
+                    double e, es;
+                    kvt_attention_errors(be, ref, &spec, qs[qi].stride, qs[qi].big, qs[qi].small, rc->name, &e, &es);
+                    e = es > e ? es : e;
+                    cr_expect(e <= 1e-5,
+                              "%s paths, %s: %u tokens, k = %u, GQA %u, head_dim %u, %s queries%s: relative error %.3g",
+                              paths, rc->name, T, k, gqa[gi], spec.head_dim, qs[qi].name,
+                              spec.scores ? ", scores" : "", e);
+                    qmodes[qi]++, checked++;
+                }
+    cr_assert_gt(checked, 300);
+    for (int i = 0; i < 4; i++)
+        cr_assert_gt(qmodes[i], 50, "query mode %s ran %d times", qs[i].name, qmodes[i]);
+    kv_backend_close(be);
+    kv_backend_close(ref);
+}
+
+Test(cpu_fast_paths, token_group_shapes_native)
+{
+    run_shapes("native");
+}
+
+Test(cpu_fast_paths, token_group_shapes_avx2)
+{
+    kvt_force_cpu_avx2();
+    run_shapes("avx2");
 }
 
 /* ---- Encode of token groups: 16 groups per batch, min/max by one tree ---- */

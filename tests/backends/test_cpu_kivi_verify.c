@@ -7,7 +7,9 @@
  * sizes 16/32/64, every code width class (1, 2, 4 bits by table; 8, 16; odd
  * widths; anchors), a residual window of f32 pages between the quantized
  * ones, and GQA groups of 4, 3 and 1. Run on the AVX-512 paths (when this
- * CPU has them) and on the portable paths. */
+ * CPU has them), on the AVX2 paths (KIVI keys of 1, 2, 4 and 8 bits read
+ * channel by channel 8 tokens at a time, other widths through the f32 tile;
+ * forced on AVX-512 CPUs, skipped without AVX2) and on the portable paths. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,6 +88,12 @@ Test(cpu_kivi_verify, kivi_channel_pages_native)
     run_kivi("native");
 }
 
+Test(cpu_kivi_verify, kivi_channel_pages_avx2)
+{
+    kvt_force_cpu_avx2();
+    run_kivi("avx2");
+}
+
 Test(cpu_kivi_verify, kivi_channel_pages_generic)
 {
     setenv("KVSIM_CPU_ISA", "generic", 1); /* each Criterion test runs in its own process */
@@ -127,6 +135,12 @@ Test(cpu_kivi_verify, verify_rows_native)
     run_verify("native");
 }
 
+Test(cpu_kivi_verify, verify_rows_avx2)
+{
+    kvt_force_cpu_avx2();
+    run_verify("avx2");
+}
+
 Test(cpu_kivi_verify, verify_rows_generic)
 {
     setenv("KVSIM_CPU_ISA", "generic", 1);
@@ -157,7 +171,7 @@ static double scaled_error(kv_backend *be, kv_backend *ref, const kv_attn_spec *
    logits of the old and the new passes alike leave 1e-5 against the
    reference's double ones), tiny (x1e-30: a flat softmax), and mixed (every
    5th element x4, the rest x1e-40, subnormal floats). */
-Test(cpu_kivi_verify, rows16_kivi_shapes)
+static void run_rows16(void)
 {
     kv_backend *be = kvt_open("cpu", 0), *ref = kvt_open_reference();
     static const kv_store_format kq[][2] = {{QC(2, 32), F32}, {Q(8, 32), F32}, {F32, F32}};
@@ -201,4 +215,15 @@ Test(cpu_kivi_verify, rows16_kivi_shapes)
         cr_assert_gt(qmodes[i], 20, "query mode %s ran %d times", qs[i].name, qmodes[i]);
     kv_backend_close(be);
     kv_backend_close(ref);
+}
+
+Test(cpu_kivi_verify, rows16_kivi_shapes)
+{
+    run_rows16();
+}
+
+Test(cpu_kivi_verify, rows16_kivi_shapes_avx2)
+{
+    kvt_force_cpu_avx2();
+    run_rows16();
 }
