@@ -275,6 +275,23 @@ static int attention_reference(const attn *t)
     return KV_OK;
 }
 
+/* ---- Prefetch of later pages (the SIMD items) ---------------------------------- */
+
+void kv_cpu_prefetch_page(const attn *t, const kv_page_desc *pg, int value, pf_cursor *c)
+{
+    size_t meta = 0, bytes = store_bytes(value ? &pg->value : &pg->key, pg->ntokens, t->a->head_dim, &meta);
+    c->at[0] = (const char *)t->kv + (value ? pg->value_data : pg->key_data);
+    c->at[1] = (const char *)t->kv + (value ? pg->value_meta : pg->key_meta);
+    c->n[0] = bytes ? (bytes + 63) / 64 : 0;
+    c->n[1] = meta ? (meta + 63) / 64 : 0;
+}
+
+void kv_cpu_prefetch_rest(pf_cursor *c)
+{
+    while (c->n[0] || c->n[1])
+        kv_cpu_prefetch_step(c);
+}
+
 /* ---- Fast (float) ------------------------------------------------------------ */
 
 /* In double (each product exact): an f32 sum of head_dim products drifts by

@@ -42,6 +42,33 @@ typedef struct fast_job {
 void kv_cpu_page_tile(const attn *t, const kv_page_desc *pg, int value, float *tile, uint16_t *codes,
                       kv_cpu_scratch *scratch);
 
+/* Lines of a later page still to be prefetched into L2: one line is asked for
+   per chunk of work (kv_cpu_prefetch_step), so that the requests spread over
+   the page being computed instead of arriving in a burst that fills the
+   line-fill buffers and stalls the core. Pages are a few KiB, and the hardware
+   prefetchers stop at 4 KiB page boundaries. */
+typedef struct pf_cursor {
+    const char *at[2]; /* data, metadata */
+    size_t n[2];       /* 64-byte lines left in each */
+} pf_cursor;
+
+enum { KV_CPU_PREFETCH_PAGES = 2 }; /* how far ahead the SIMD items prefetch */
+
+static inline __attribute__((always_inline)) void kv_cpu_prefetch_step(pf_cursor *c)
+{
+    int i = c->n[0] ? 0 : 1;
+    if (c->n[i]) {
+        __builtin_prefetch(c->at[i], 0, 2); /* locality 2: prefetcht1 on x86 */
+        c->at[i] += 64;
+        c->n[i]--;
+    }
+}
+
+/* Sets *c to the K (value = 0) or V (value = 1) data and metadata of pg (cpu_attention.c). */
+void kv_cpu_prefetch_page(const attn *t, const kv_page_desc *pg, int value, pf_cursor *c);
+/* Issues what is left of *c (a page shorter than its successor's prefetch). */
+void kv_cpu_prefetch_rest(pf_cursor *c);
+
 /* The AVX-512 work item (cpu_attention_avx512.c); usable when head_dim % 32 == 0. */
 void kv_cpu_attention_item_avx512(void *job, size_t i0, size_t i1, int worker);
 

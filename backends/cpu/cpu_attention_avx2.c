@@ -201,23 +201,6 @@ KV_AVX2 static KV_INLINE __m128i sees4(__m128i pos, __m128i qpos, __m128i valid)
     return _mm_and_si128(valid, _mm_cmpeq_epi32(_mm_max_epu32(pos, qpos), qpos));
 }
 
-/* Lines of a later page still to be prefetched, one per chunk of work (as in
-   cpu_attention_avx512.c: spread over the page being computed, not a burst). */
-typedef struct pf_cursor {
-    const char *at[2]; /* data, metadata */
-    size_t n[2];       /* 64-byte lines left in each */
-} pf_cursor;
-
-static KV_INLINE void prefetch_step(pf_cursor *c)
-{
-    int i = c->n[0] ? 0 : 1;
-    if (c->n[i]) {
-        _mm_prefetch(c->at[i], _MM_HINT_T1);
-        c->at[i] += 64;
-        c->n[i]--;
-    }
-}
-
 /* Logits of the 4 rows of each of NG row groups (NG = 1 or 2; q: [4 NG][hd])
    for the page's tokens → L[g][token][4] (group g at L + g * lstride); -Inf
    where a row does not see the token (its position is above the row's query
@@ -237,7 +220,7 @@ KV_AVX2 static KV_INLINE void k_pass(const src *p, int kind, int anchor, int NG,
                 acc[i] = _mm256_setzero_ps();
             for (uint32_t e = 0; e < hd; e += 8) {
                 if (e % 16 == 0)
-                    prefetch_step(pf);
+                    kv_cpu_prefetch_step(pf);
                 tables(p, kind, t, e, &S0, &Z0);
                 tables(p, kind, t + 1, e, &S1, &Z1);
                 __m256 v0 = load_values(p, kind, anchor, (size_t)t * hd + e, S0, Z0);
@@ -262,7 +245,7 @@ KV_AVX2 static KV_INLINE void k_pass(const src *p, int kind, int anchor, int NG,
             a[r] = _mm256_setzero_ps();
         for (uint32_t e = 0; e < hd; e += 8) {
             if (e % 16 == 0)
-                prefetch_step(pf);
+                kv_cpu_prefetch_step(pf);
             tables(p, kind, t, e, &S, &Z);
             __m256 v = load_values(p, kind, anchor, (size_t)t * hd + e, S, Z);
             for (int r = 0; r < 4 * NG; r++)
@@ -336,7 +319,7 @@ KV_AVX2 static KV_INLINE void k_pass_ch(const src *p, unsigned W, int anchor, ui
                 acc[r] = _mm256_setzero_ps();
             for (uint32_t c = c0; c < c0 + 16; c++) {
                 if (c % 4 == 0)
-                    prefetch_step(pf);
+                    kv_cpu_prefetch_step(pf);
                 __m256 k = ch_values(at + c * cstride, W, anchor, p, nb, _mm256_broadcast_ss(s + c),
                                      _mm256_broadcast_ss(z + c));
                 for (uint32_t r = 0; r < 4; r++)
@@ -403,7 +386,7 @@ KV_AVX2 static KV_INLINE void v_pass(const src *p, int kind, int anchor, int NG,
         for (int r = 0; r < 4 * NG; r++)
             o[r][0] = o[r][1] = _mm256_setzero_ps();
         for (uint32_t t = 0; t < ntok; t++) {
-            prefetch_step(pf);
+            kv_cpu_prefetch_step(pf);
             for (uint32_t j = 0; j < nv; j++) {
                 tables(p, kind, t, e + 8 * j, &S, &Z);
                 v[j] = load_values(p, kind, anchor, (size_t)t * hd + e + 8 * j, S, Z);
@@ -546,38 +529,6 @@ KV_AVX2 static void softmax4(float *L, size_t T)
         store_part(L, i, n, _mm256_mul_ps(load_or_ninf(L, i, n), I));
 }
 
-/* Sets *c to a page's K or V data and metadata, to be brought into L2 while
-   an earlier page is computed (pages are a few KiB: the hardware prefetchers
-   stop at 4 KiB page boundaries). */
-static void prefetch_page(const attn *t, const kv_page_desc *pg, int value, pf_cursor *c)
-{
-    const kv_store_format *f = value ? &pg->value : &pg->key;
-    uint32_t hd = t->a->head_dim;
-    size_t bytes, meta = 0;
-    if (f->kind == KV_STORE_F32) {
-        bytes = (size_t)pg->ntokens * hd * 4;
-    } else if (f->kind == KV_STORE_BF16) {
-        bytes = (size_t)pg->ntokens * hd * 2;
-    } else {
-        kv_quant_layout l = {pg->ntokens, hd, f->group_size, (kv_grouping)f->grouping};
-        bytes = kv_layout_packed_bytes(&l, f->anchor_bits ? f->anchor_bits : f->bits);
-        meta = kv_layout_meta_bytes(&l);
-    }
-    c->at[0] = (const char *)t->kv + (value ? pg->value_data : pg->key_data);
-    c->at[1] = (const char *)t->kv + (value ? pg->value_meta : pg->key_meta);
-    c->n[0] = bytes ? (bytes + 63) / 64 : 0;
-    c->n[1] = meta ? (meta + 63) / 64 : 0;
-}
-
-/* Issues what is left of *c (a page shorter than its successor's prefetch). */
-static void prefetch_rest(pf_cursor *c)
-{
-    while (c->n[0] || c->n[1])
-        prefetch_step(c);
-}
-
-enum { PREFETCH_PAGES = 2 }; /* how far ahead */
-
 KV_AVX2 void kv_cpu_attention_item_avx2(void *arg, size_t i0, size_t i1, int worker)
 {
     const fast_job *j = arg;
@@ -618,9 +569,9 @@ KV_AVX2 void kv_cpu_attention_item_avx2(void *arg, size_t i0, size_t i1, int wor
             size_t base = 0;
             for (uint32_t p = pfirst; p < pend; p++) {
                 const kv_page_desc *pg = &t->pages[p];
-                prefetch_rest(&pf);
-                if (p + PREFETCH_PAGES < pend)
-                    prefetch_page(t, &t->pages[p + PREFETCH_PAGES], 0, &pf);
+                kv_cpu_prefetch_rest(&pf);
+                if (p + KV_CPU_PREFETCH_PAGES < pend)
+                    kv_cpu_prefetch_page(t, &t->pages[p + KV_CPU_PREFETCH_PAGES], 0, &pf);
                 if (!pg->ntokens)
                     continue;
                 src_prepare(t, w, pg, 0, &ks);
@@ -650,9 +601,9 @@ KV_AVX2 void kv_cpu_attention_item_avx2(void *arg, size_t i0, size_t i1, int wor
             base = 0;
             for (uint32_t p = pfirst; p < pend; p++) {
                 const kv_page_desc *pg = &t->pages[p];
-                prefetch_rest(&pf);
-                if (p + PREFETCH_PAGES < pend)
-                    prefetch_page(t, &t->pages[p + PREFETCH_PAGES], 1, &pf);
+                kv_cpu_prefetch_rest(&pf);
+                if (p + KV_CPU_PREFETCH_PAGES < pend)
+                    kv_cpu_prefetch_page(t, &t->pages[p + KV_CPU_PREFETCH_PAGES], 1, &pf);
                 if (!pg->ntokens)
                     continue;
                 src_prepare(t, w, pg, 1, &vs);

@@ -260,25 +260,6 @@ KV_AVX512 static KV_INLINE void tables(const src *p, int kind, uint32_t t, uint3
     }
 }
 
-/* Lines of a later page still to be prefetched: one line is asked for per
-   chunk of work (prefetch_step), so that the requests spread over the page
-   being computed instead of arriving in a burst that fills the line-fill
-   buffers and stalls the core. */
-typedef struct pf_cursor {
-    const char *at[2]; /* data, metadata */
-    size_t n[2];       /* 64-byte lines left in each */
-} pf_cursor;
-
-static KV_INLINE void prefetch_step(pf_cursor *c)
-{
-    int i = c->n[0] ? 0 : 1;
-    if (c->n[i]) {
-        _mm_prefetch(c->at[i], _MM_HINT_T1);
-        c->at[i] += 64;
-        c->n[i]--;
-    }
-}
-
 /* Logits of 4 rows (q4: [4][hd], in the reader's element order) for the
    page's tokens → L[token][4]; -Inf where a row does not see the token (its
    position is above the row's query position, or the row is padding). */
@@ -299,7 +280,7 @@ KV_AVX512 static KV_INLINE void k_pass(const src *p, int kind, int anchor, uint3
             for (int i = 0; i < 16; i++)
                 acc[i] = _mm512_setzero_ps();
             for (uint32_t e = 0; e < hd; e += step) {
-                prefetch_step(pf);
+                kv_cpu_prefetch_step(pf);
                 for (uint32_t k = 0; k < 4; k++) {
                     tables(p, kind, t + k, e, &S, &Z);
                     load_values(p, kind, anchor, (size_t)(t + k) * hd + e, S, Z, v[k]);
@@ -321,7 +302,7 @@ KV_AVX512 static KV_INLINE void k_pass(const src *p, int kind, int anchor, uint3
     for (; t < ntok; t++) {
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, S = a0, Z = a0, v[4];
         for (uint32_t e = 0; e < hd; e += step) {
-            prefetch_step(pf);
+            kv_cpu_prefetch_step(pf);
             tables(p, kind, t, e, &S, &Z);
             load_values(p, kind, anchor, (size_t)t * hd + e, S, Z, v);
             for (uint32_t j = 0; j < nv; j++) {
@@ -455,7 +436,7 @@ KV_AVX512 static KV_INLINE void ch_dots(const src *p, int cls, int anchor, int P
                 acc[j][r] = _mm512_setzero_ps();
         for (uint32_t c = c0; c < c0 + 16; c++) {
             if (c % 2 == 0)
-                prefetch_step(pf);
+                kv_cpu_prefetch_step(pf);
             __m512 k[2], S, Z, tab = ch_table(p, cls, s[0][c], z[0][c], &S, &Z);
             if (PAIR) {
                 k[0] = ch_values(p, cls, anchor, 0, at[0], bytes[0], tab, S, Z);
@@ -574,7 +555,7 @@ KV_AVX512 static KV_INLINE void v_pass(const src *p, int kind, int anchor, uint3
         for (uint32_t j = 0; j < nv; j++)
             o[0][j] = o[1][j] = o[2][j] = o[3][j] = _mm512_setzero_ps();
         for (uint32_t t = 0; t < ntok; t++) {
-            prefetch_step(pf);
+            kv_cpu_prefetch_step(pf);
             tables(p, kind, t, e, &S, &Z);
             load_values(p, kind, anchor, (size_t)t * hd + e, S, Z, v);
             const float *pt = P + 4 * (size_t)t;
@@ -653,7 +634,7 @@ KV_AVX512 static KV_INLINE void k_pass8(const src *p, int kind, int anchor, uint
         for (int i = 0; i < 16; i++)
             acc[i] = _mm512_setzero_ps();
         for (uint32_t e = 0; e < hd; e += step) {
-            prefetch_step(pf);
+            kv_cpu_prefetch_step(pf);
             for (uint32_t k = 0; k < 2; k++) {
                 tables(p, kind, t + k, e, &S, &Z);
                 load_values(p, kind, anchor, (size_t)(t + k) * hd + e, S, Z, v[k]);
@@ -677,7 +658,7 @@ KV_AVX512 static KV_INLINE void k_pass8(const src *p, int kind, int anchor, uint
         for (int r = 0; r < 8; r++)
             a[r] = _mm512_setzero_ps();
         for (uint32_t e = 0; e < hd; e += step) {
-            prefetch_step(pf);
+            kv_cpu_prefetch_step(pf);
             tables(p, kind, t, e, &S, &Z);
             load_values(p, kind, anchor, (size_t)t * hd + e, S, Z, v);
             for (uint32_t j = 0; j < nv; j++)
@@ -705,7 +686,7 @@ KV_AVX512 static KV_INLINE void v_pass8(const src *p, int kind, int anchor, uint
         for (uint32_t r = 0; r < 8; r++)
             o[r][0] = o[r][1] = _mm512_setzero_ps();
         for (uint32_t t = 0; t < ntok; t++) {
-            prefetch_step(pf);
+            kv_cpu_prefetch_step(pf);
             tables(p, kind, t, e, &S, &Z);
             load_values(p, kind, anchor, (size_t)t * hd + e, S, Z, v);
             for (uint32_t r = 0; r < 8; r++) {
@@ -764,7 +745,7 @@ KV_AVX512 static KV_INLINE void k_pass16(const src *p, int kind, int anchor, uin
             a[r] = _mm512_setzero_ps();
         for (uint32_t e = 0; e < hd; e += 16) {
             if (e % 32 == 0)
-                prefetch_step(pf);
+                kv_cpu_prefetch_step(pf);
             tables(p, kind, t, e, &S, &Z);
             load_values(p, kind, anchor, (size_t)t * hd + e, S, Z, v);
             for (uint32_t r = 0; r < 16; r++)
@@ -791,7 +772,7 @@ KV_AVX512 static KV_INLINE void v_pass16(const src *p, int kind, int anchor, uin
         for (uint32_t r = 0; r < 16; r++)
             o[r] = _mm512_setzero_ps();
         for (uint32_t t = 0; t < ntok; t++) {
-            prefetch_step(pf);
+            kv_cpu_prefetch_step(pf);
             tables(p, kind, t, e, &S, &Z);
             load_values(p, kind, anchor, (size_t)t * hd + e, S, Z, v);
             for (uint32_t r = 0; r < 16; r++)
@@ -900,39 +881,6 @@ KV_AVX512 static void softmax4(float *L, size_t T)
     }
 }
 
-/* Sets *c to a page's K or V data and metadata, to be brought into L2 while
-   an earlier page is computed: pages are small (a few KiB), so the hardware
-   prefetchers, which stop at 4 KiB page boundaries, would leave every page
-   start to a full memory latency. */
-static void prefetch_page(const attn *t, const kv_page_desc *pg, int value, pf_cursor *c)
-{
-    const kv_store_format *f = value ? &pg->value : &pg->key;
-    uint32_t hd = t->a->head_dim;
-    size_t bytes, meta = 0;
-    if (f->kind == KV_STORE_F32) {
-        bytes = (size_t)pg->ntokens * hd * 4;
-    } else if (f->kind == KV_STORE_BF16) {
-        bytes = (size_t)pg->ntokens * hd * 2;
-    } else {
-        kv_quant_layout l = {pg->ntokens, hd, f->group_size, (kv_grouping)f->grouping};
-        bytes = kv_layout_packed_bytes(&l, f->anchor_bits ? f->anchor_bits : f->bits);
-        meta = kv_layout_meta_bytes(&l);
-    }
-    c->at[0] = (const char *)t->kv + (value ? pg->value_data : pg->key_data);
-    c->at[1] = (const char *)t->kv + (value ? pg->value_meta : pg->key_meta);
-    c->n[0] = bytes ? (bytes + 63) / 64 : 0;
-    c->n[1] = meta ? (meta + 63) / 64 : 0;
-}
-
-/* Issues what is left of *c (a page shorter than its successor's prefetch). */
-static void prefetch_rest(pf_cursor *c)
-{
-    while (c->n[0] || c->n[1])
-        prefetch_step(c);
-}
-
-enum { PREFETCH_PAGES = 2 }; /* how far ahead */
-
 KV_AVX512 void kv_cpu_attention_item_avx512(void *arg, size_t i0, size_t i1, int worker)
 {
     const fast_job *j = arg;
@@ -976,9 +924,9 @@ KV_AVX512 void kv_cpu_attention_item_avx512(void *arg, size_t i0, size_t i1, int
             size_t base = 0;
             for (uint32_t p = pfirst; p < pend; p++) {
                 const kv_page_desc *pg = &t->pages[p];
-                prefetch_rest(&pf);
-                if (p + PREFETCH_PAGES < pend)
-                    prefetch_page(t, &t->pages[p + PREFETCH_PAGES], 0, &pf);
+                kv_cpu_prefetch_rest(&pf);
+                if (p + KV_CPU_PREFETCH_PAGES < pend)
+                    kv_cpu_prefetch_page(t, &t->pages[p + KV_CPU_PREFETCH_PAGES], 0, &pf);
                 if (!pg->ntokens)
                     continue;
                 src_prepare(t, w, pg, 0, &ks);
@@ -1026,9 +974,9 @@ KV_AVX512 void kv_cpu_attention_item_avx512(void *arg, size_t i0, size_t i1, int
             base = 0;
             for (uint32_t p = pfirst; p < pend; p++) {
                 const kv_page_desc *pg = &t->pages[p];
-                prefetch_rest(&pf);
-                if (p + PREFETCH_PAGES < pend)
-                    prefetch_page(t, &t->pages[p + PREFETCH_PAGES], 1, &pf);
+                kv_cpu_prefetch_rest(&pf);
+                if (p + KV_CPU_PREFETCH_PAGES < pend)
+                    kv_cpu_prefetch_page(t, &t->pages[p + KV_CPU_PREFETCH_PAGES], 1, &pf);
                 if (!pg->ntokens)
                     continue;
                 src_prepare(t, w, pg, 1, &vs);
