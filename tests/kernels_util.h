@@ -5,6 +5,7 @@
 #define KV_TESTS_KERNELS_UTIL_H
 
 #include <criterion/criterion.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 
 #include "backends/backend.h"
 #include "backends/kernel_fixture.h"
+#include "backends/numerics.h"
 #include "core/base/rng.h"
 
 /* A backend buffer holding a copy of host bytes (bytes may be 0: one byte is allocated). */
@@ -237,6 +239,45 @@ static inline double kvt_page_error(kv_backend *be, kv_backend *ref, const char 
     double e = kv_attn_rel_error(o1, o2, (size_t)n_queries * n_heads, head_dim);
     free(q), free(o1), free(o2), free(pos), free(qp);
     return e;
+}
+
+/* Codec test inputs (the CPU SIMD codec tests): kvt_values, then per mode
+   the values that reach the numerics' edge cases. */
+enum { KVT_MODE_AWKWARD, KVT_MODE_TIES, KVT_MODE_CONSTANT, KVT_MODE_EXTREMES, KVT_MODE_SUBNORMAL, KVT_N_MODES };
+static inline const char *kvt_mode_name(int mode)
+{
+    static const char *const names[KVT_N_MODES] = {"awkward values", "rounding ties", "constant groups", "extremes",
+                                                   "subnormal scales"};
+    return mode >= 0 && mode < KVT_N_MODES ? names[mode] : "?";
+}
+/* n values of groups of G (token groups, consecutive) for `mode`. Ties: each
+   group spans exactly [0, (2^b − 1)/16], so s = 1/16 and z = 0 are exact in
+   fp16 and every value k/32 is a code or an exact half-way point. */
+static inline void kvt_codec_values(kv_rng *rng, float *x, size_t n, uint32_t G, unsigned b, int mode)
+{
+    kvt_values(rng, x, n, 2.0f, mode == KVT_MODE_AWKWARD);
+    uint32_t max = kv_code_max(b);
+    for (size_t i = 0; i < n; i++) {
+        size_t at = i % G;
+        switch (mode) {
+        case KVT_MODE_TIES:
+            x[i] = at == 0 ? 0.0f : at == 1 ? (float)max / 16.0f : (float)kv_rng_below(rng, 2 * (uint64_t)max + 1) / 32.0f;
+            break;
+        case KVT_MODE_CONSTANT: /* group by group: a value, +Inf (code 2^b − 1) with NaN, NaN only, −0 and +0 */
+            x[i] = (i / G) % 4 == 0   ? 1.25f
+                   : (i / G) % 4 == 1 ? (at % 5 ? INFINITY : NAN)
+                   : (i / G) % 4 == 2 ? NAN
+                                      : (at % 2 ? -0.0f : 0.0f);
+            break;
+        case KVT_MODE_EXTREMES:
+            x[i] = at % 7 == 0 ? FLT_MAX : at % 7 == 1 ? -FLT_MAX : at % 7 == 2 ? FLT_MIN : x[i];
+            break;
+        case KVT_MODE_SUBNORMAL: /* ranges of about 1e-5: scales below 2^-14 */
+            x[i] = (float)kv_rng_below(rng, 1000) * 1e-8f - 3e-6f;
+            break;
+        default: break;
+        }
+    }
 }
 
 #endif

@@ -292,6 +292,19 @@ void kv_cpu_prefetch_rest(pf_cursor *c)
         kv_cpu_prefetch_step(c);
 }
 
+/* ---- Scores (every item) ------------------------------------------------------- */
+
+void kv_cpu_scores_store(const attn *t, const fast_ws *w, uint32_t kh, size_t T)
+{
+    float *sc = t->scores + (size_t)kh * t->a->score_stride;
+    for (size_t i = 0; i < T; i++) {
+        float m = w->score_acc[i];
+        for (uint32_t g = 1; g < t->group; g++)
+            m = w->score_acc[g * T + i] > m ? w->score_acc[g * T + i] : m;
+        sc[i] = m;
+    }
+}
+
 /* ---- Fast (float) ------------------------------------------------------------ */
 
 /* In double (each product exact): an f32 sum of head_dim products drifts by
@@ -413,15 +426,8 @@ static void fast_item(void *arg, size_t i0, size_t i1, int worker)
                     out[d] = (float)acc[(size_t)r * hd + d];
             }
         }
-        if (w->score_acc) {
-            float *sc = t->scores + (size_t)kh * a->score_stride;
-            for (size_t i = 0; i < T; i++) {
-                float m = w->score_acc[i];
-                for (uint32_t g = 1; g < G; g++)
-                    m = w->score_acc[g * T + i] > m ? w->score_acc[g * T + i] : m;
-                sc[i] = m;
-            }
-        }
+        if (w->score_acc)
+            kv_cpu_scores_store(t, w, kh, T);
     }
 }
 

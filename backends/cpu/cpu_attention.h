@@ -69,6 +69,10 @@ void kv_cpu_prefetch_page(const attn *t, const kv_page_desc *pg, int value, pf_c
 /* Issues what is left of *c (a page shorter than its successor's prefetch). */
 void kv_cpu_prefetch_rest(pf_cursor *c);
 
+/* A KV head's scores: for each of its T tokens, the largest probability any
+   of its GQA heads summed over the item's queries (w->score_acc, [group][T]). */
+void kv_cpu_scores_store(const attn *t, const fast_ws *w, uint32_t kh, size_t T);
+
 /* The AVX-512 work item (cpu_attention_avx512.c); usable when head_dim % 32 == 0. */
 void kv_cpu_attention_item_avx512(void *job, size_t i0, size_t i1, int worker);
 

@@ -1004,15 +1004,8 @@ KV_AVX512 void kv_cpu_attention_item_avx512(void *arg, size_t i0, size_t i1, int
                     out[d] = (float)(nat[d] + eo[order_index(1, d)] + (hd % 64 == 0 ? jm[order_index(2, d)] : 0.0));
             }
         }
-        if (w->score_acc) {
-            float *sc = t->scores + (size_t)kh * a->score_stride;
-            for (size_t i = 0; i < T; i++) {
-                float m = w->score_acc[i];
-                for (uint32_t g = 1; g < G; g++)
-                    m = w->score_acc[g * T + i] > m ? w->score_acc[g * T + i] : m;
-                sc[i] = m;
-            }
-        }
+        if (w->score_acc)
+            kv_cpu_scores_store(t, w, kh, T);
     }
 }
 

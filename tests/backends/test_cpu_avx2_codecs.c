@@ -24,43 +24,11 @@
 
 enum { GUARD = 64 }; /* bytes past each output's end that must stay 0xA5 */
 
-enum { MODE_AWKWARD, MODE_TIES, MODE_CONSTANT, MODE_EXTREMES, MODE_SUBNORMAL, N_MODES };
-static const char *mode_name[N_MODES] = {"awkward values", "rounding ties", "constant groups", "extremes",
-                                         "subnormal scales"};
 
 enum { OP_ENCODE, OP_DECODE, OP_DECODE_ANCHOR, OP_QUANTIZE, OP_DEQUANTIZE, OP_PACK, OP_UNPACK, N_OPS };
 static const char *op_name[N_OPS] = {"encode", "decode", "anchor-only decode", "quantize", "dequantize", "pack",
                                      "unpack"};
 
-/* n values of groups of G (token groups, consecutive) for `mode`. Ties: each
-   group spans exactly [0, (2^b − 1)/16], so s = 1/16 and z = 0 are exact in
-   fp16 and every value k/32 is a code or an exact half-way point. */
-static void fill(kv_rng *rng, float *x, size_t n, uint32_t G, unsigned b, int mode)
-{
-    kvt_values(rng, x, n, 2.0f, mode == MODE_AWKWARD);
-    uint32_t max = kv_code_max(b);
-    for (size_t i = 0; i < n; i++) {
-        size_t at = i % G;
-        switch (mode) {
-        case MODE_TIES:
-            x[i] = at == 0 ? 0.0f : at == 1 ? (float)max / 16.0f : (float)kv_rng_below(rng, 2 * (uint64_t)max + 1) / 32.0f;
-            break;
-        case MODE_CONSTANT: /* group by group: a value, +Inf (code 2^b − 1) with NaN, NaN only, −0 and +0 */
-            x[i] = (i / G) % 4 == 0   ? 1.25f
-                   : (i / G) % 4 == 1 ? (at % 5 ? INFINITY : NAN)
-                   : (i / G) % 4 == 2 ? NAN
-                                      : (at % 2 ? -0.0f : 0.0f);
-            break;
-        case MODE_EXTREMES:
-            x[i] = at % 7 == 0 ? FLT_MAX : at % 7 == 1 ? -FLT_MAX : at % 7 == 2 ? FLT_MIN : x[i];
-            break;
-        case MODE_SUBNORMAL: /* ranges of about 1e-5: scales below 2^-14 */
-            x[i] = (float)kv_rng_below(rng, 1000) * 1e-8f - 3e-6f;
-            break;
-        default: break;
-        }
-    }
-}
 
 /* One case: the layout, widths and host inputs every operation reads. */
 typedef struct job {
@@ -167,9 +135,9 @@ static int compare(kv_backend *be, kv_backend *ref, const job *j, int op, int mo
         while (g < GUARD && got[k][out[k] + g] == 0xA5)
             g++;
         cr_expect(at < 0, "%s %u x %u, G %u, b %u, a %u, %s, %s: output %d differs from the reference at byte %ld of %zu",
-                  j->l.grouping == KV_GROUP_CHANNEL ? "channel" : "token", j->l.rows, j->l.cols, j->l.group_size, j->b, j->a, mode_name[mode], op_name[op], k, at, out[k]);
+                  j->l.grouping == KV_GROUP_CHANNEL ? "channel" : "token", j->l.rows, j->l.cols, j->l.group_size, j->b, j->a, kvt_mode_name(mode), op_name[op], k, at, out[k]);
         cr_expect(g == GUARD, "%s %u x %u, G %u, b %u, a %u, %s, %s: output %d written past its end (guard byte %zu)",
-                  j->l.grouping == KV_GROUP_CHANNEL ? "channel" : "token", j->l.rows, j->l.cols, j->l.group_size, j->b, j->a, mode_name[mode], op_name[op], k, g);
+                  j->l.grouping == KV_GROUP_CHANNEL ? "channel" : "token", j->l.rows, j->l.cols, j->l.group_size, j->b, j->a, kvt_mode_name(mode), op_name[op], k, g);
         ok &= at < 0 && g == GUARD;
         free(got[k]);
         free(want[k]);
@@ -191,7 +159,7 @@ static int check(kv_backend *be, kv_backend *ref, uint32_t rows, uint32_t cols, 
     uint16_t *codes = malloc(j.n * 2);
     kv_rng rng;
     kv_rng_seed(&rng, seed);
-    fill(&rng, x, j.n, G, b, mode);
+    kvt_codec_values(&rng, x, j.n, G, b, mode);
     if (grouping == KV_GROUP_CHANNEL) { /* the values filled column by column, so that groups get the patterns */
         float *t = malloc(j.n * sizeof *t);
         for (size_t i = 0; i < j.n; i++)
@@ -242,14 +210,14 @@ static void run_matrix(void)
                 uint32_t G = Gs[gi];
                 const uint32_t shapes[3][2] = {{9, G}, {3, 2 * G}, {2, G + 8}};
                 for (int si = 0; si < 3; si++)
-                    for (int mode = 0; mode < N_MODES; mode++, cases++)
+                    for (int mode = 0; mode < KVT_N_MODES; mode++, cases++)
                         bad += check(be, ref, shapes[si][0], shapes[si][1], G, KV_GROUP_TOKEN, w, anchors[ai], mode,
                                      3100 + (uint64_t)cases, &ops);
                 /* channel groups (KIVI keys): 8 columns at a time, a piece of 8 and one of 5, or 3;
                    full blocks, and a short last block */
                 const uint32_t cshapes[3][2] = {{2 * G, 13}, {2 * G + 3, 8}, {G, 3}};
                 for (int si = 0; si < 3; si++)
-                    for (int mode = 0; mode < N_MODES; mode++, cases++)
+                    for (int mode = 0; mode < KVT_N_MODES; mode++, cases++)
                         bad += check(be, ref, cshapes[si][0], cshapes[si][1], G, KV_GROUP_CHANNEL, w, anchors[ai],
                                      mode, 3100 + (uint64_t)cases, &ops);
             }

@@ -21,32 +21,7 @@
 
 enum { GUARD = 64 }; /* bytes past each plane's end that must stay 0xA5 */
 
-enum { MODE_AWKWARD, MODE_TIES, MODE_CONSTANT, MODE_EXTREMES, N_MODES };
-static const char *mode_name[N_MODES] = {"awkward values", "rounding ties", "constant groups", "extremes"};
 
-/* n values of groups of G (token groups, consecutive) for `mode`. Ties: each
-   group spans exactly [0, (2^b − 1)/16], so s = 1/16 and z = 0 are exact in
-   fp16 and every value k/32 is a code or an exact half-way point. */
-static void fill(kv_rng *rng, float *x, size_t n, uint32_t G, unsigned b, int mode)
-{
-    kvt_values(rng, x, n, 2.0f, mode == MODE_AWKWARD);
-    uint32_t max = kv_code_max(b);
-    for (size_t i = 0; i < n; i++) {
-        size_t at = i % G;
-        switch (mode) {
-        case MODE_TIES:
-            x[i] = at == 0 ? 0.0f : at == 1 ? (float)max / 16.0f : (float)kv_rng_below(rng, 2 * (uint64_t)max + 1) / 32.0f;
-            break;
-        case MODE_CONSTANT: /* group by group: a value, +Inf (code 2^b − 1) with NaN, or NaN only */
-            x[i] = (i / G) % 3 == 0 ? 1.25f : (i / G) % 3 == 1 ? (at % 5 ? INFINITY : NAN) : NAN;
-            break;
-        case MODE_EXTREMES:
-            x[i] = at % 7 == 0 ? FLT_MAX : at % 7 == 1 ? -FLT_MAX : at % 7 == 2 ? FLT_MIN : x[i];
-            break;
-        default: break;
-        }
-    }
-}
 
 /* Encodes rows x cols (groups of G) with b bits and anchor a (0: none) on be
    and ref; expects equal planes and metadata and untouched guard bytes.
@@ -61,7 +36,7 @@ static int check(kv_backend *be, kv_backend *ref, uint32_t rows, uint32_t cols, 
     float *x = malloc(n * sizeof *x);
     kv_rng rng;
     kv_rng_seed(&rng, seed);
-    fill(&rng, x, n, G, b, mode);
+    kvt_codec_values(&rng, x, n, G, b, mode);
     unsigned char *out[2][4];
     kv_backend *bes[2] = {be, ref};
     for (int d = 0; d < 2; d++) {
@@ -82,12 +57,12 @@ static int check(kv_backend *be, kv_backend *ref, uint32_t rows, uint32_t cols, 
     for (int k = 0; k < 4; k++) {
         long at = kvt_first_diff(out[0][k], out[1][k], bytes[k]);
         cr_expect(at < 0, "%u x %u, G %u, b %u, a %u, %s: %s differs from the reference at byte %ld of %zu", rows,
-                  cols, G, b, a, mode_name[mode], part[k], at, bytes[k]);
+                  cols, G, b, a, kvt_mode_name(mode), part[k], at, bytes[k]);
         size_t g = 0;
         while (g < GUARD && out[0][k][bytes[k] + g] == 0xA5)
             g++;
         cr_expect(g == GUARD, "%u x %u, G %u, b %u, a %u, %s: %s written past its end (guard byte %zu)", rows, cols,
-                  G, b, a, mode_name[mode], part[k], g);
+                  G, b, a, kvt_mode_name(mode), part[k], g);
         ok &= at < 0 && g == GUARD;
     }
     for (int d = 0; d < 2; d++)
@@ -118,7 +93,7 @@ static void run_matrix(void)
                 uint32_t G = Gs[gi];
                 const uint32_t shapes[3][2] = {{17, G}, {3, 2 * G}, {5, G + 8}};
                 for (int si = 0; si < 3; si++)
-                    for (int mode = 0; mode < N_MODES; mode++, cases++)
+                    for (int mode = 0; mode < KVT_N_MODES; mode++, cases++)
                         bad += !check(be, ref, shapes[si][0], shapes[si][1], G, w, anchors[ai], mode,
                                       2200 + (uint64_t)cases);
             }
