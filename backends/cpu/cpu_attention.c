@@ -305,6 +305,19 @@ void kv_cpu_scores_store(const attn *t, const fast_ws *w, uint32_t kh, size_t T)
     }
 }
 
+/* ---- Outputs (the portable and AVX2 items) ------------------------------------ */
+
+void kv_cpu_rows_store(const attn *t, const double *acc, uint32_t q0, uint32_t nq, uint32_t kh)
+{
+    const kv_attention_args *a = t->a;
+    uint32_t hd = a->head_dim, G = t->group;
+    for (uint32_t r = 0; r < nq; r++) {
+        float *out = t->out + ((size_t)(q0 + r / G) * a->n_heads + kh * G + r % G) * hd;
+        for (uint32_t d = 0; d < hd; d++)
+            out[d] = (float)acc[(size_t)r * hd + d];
+    }
+}
+
 /* ---- Fast (float) ------------------------------------------------------------ */
 
 /* In double (each product exact): an f32 sum of head_dim products drifts by
@@ -420,11 +433,7 @@ static void fast_item(void *arg, size_t i0, size_t i1, int worker)
                 }
                 base += pg->ntokens;
             }
-            for (uint32_t r = 0; r < nq; r++) {
-                float *out = t->out + ((size_t)(q0 + r / G) * a->n_heads + kh * G + r % G) * hd;
-                for (uint32_t d = 0; d < hd; d++)
-                    out[d] = (float)acc[(size_t)r * hd + d];
-            }
+            kv_cpu_rows_store(t, acc, q0, nq, kh);
         }
         if (w->score_acc)
             kv_cpu_scores_store(t, w, kh, T);

@@ -73,6 +73,10 @@ void kv_cpu_prefetch_rest(pf_cursor *c);
    of its GQA heads summed over the item's queries (w->score_acc, [group][T]). */
 void kv_cpu_scores_store(const attn *t, const fast_ws *w, uint32_t kh, size_t T);
 
+/* Rows [0, nq) of a block (row r: query q0 + r / group, head kh * group + r % group)
+   from their double sums acc[r][head_dim] to f32 outputs. */
+void kv_cpu_rows_store(const attn *t, const double *acc, uint32_t q0, uint32_t nq, uint32_t kh);
+
 /* The AVX-512 work item (cpu_attention_avx512.c); usable when head_dim % 32 == 0. */
 void kv_cpu_attention_item_avx512(void *job, size_t i0, size_t i1, int worker);
 

@@ -615,11 +615,7 @@ KV_AVX2 void kv_cpu_attention_item_avx2(void *arg, size_t i0, size_t i1, int wor
                 }
                 base += pg->ntokens;
             }
-            for (uint32_t r = 0; r < nq; r++) {
-                float *out = t->out + ((size_t)(q0 + r / G) * a->n_heads + kh * G + r % G) * hd;
-                for (uint32_t d = 0; d < hd; d++)
-                    out[d] = (float)acc[(size_t)r * hd + d];
-            }
+            kv_cpu_rows_store(t, acc, q0, nq, kh);
         }
         if (w->score_acc)
             kv_cpu_scores_store(t, w, kh, T);
