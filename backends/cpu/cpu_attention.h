@@ -56,11 +56,15 @@ enum { KV_CPU_PREFETCH_PAGES = 2 }; /* how far ahead the SIMD items prefetch */
 
 static inline __attribute__((always_inline)) void kv_cpu_prefetch_step(pf_cursor *c)
 {
-    int i = c->n[0] ? 0 : 1;
-    if (c->n[i]) {
-        __builtin_prefetch(c->at[i], 0, 2); /* locality 2: prefetcht1 on x86 */
-        c->at[i] += 64;
-        c->n[i]--;
+    /* no indexing by a variable, so that a local cursor stays in registers */
+    if (c->n[0]) {
+        __builtin_prefetch(c->at[0], 0, 2); /* locality 2: prefetcht1 on x86 */
+        c->at[0] += 64;
+        c->n[0]--;
+    } else if (c->n[1]) {
+        __builtin_prefetch(c->at[1], 0, 2);
+        c->at[1] += 64;
+        c->n[1]--;
     }
 }
 

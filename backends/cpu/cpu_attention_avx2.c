@@ -351,8 +351,9 @@ KV_AVX2 static KV_INLINE void k_pass_ch(const src *p, unsigned W, int anchor, ui
 }
 
 KV_AVX2 static void k_pass_ch_any(const src *p, uint32_t hd, const float *q, float scale, const uint32_t *pos,
-                                  const uint32_t *qpos, const uint32_t *valid, float *L, pf_cursor *pf)
+                                  const uint32_t *qpos, const uint32_t *valid, float *L, pf_cursor *pf_io)
 {
+    pf_cursor c = *pf_io, *pf = &c; /* in registers while the pass runs */
 #define CH_CALL(w, anchor) k_pass_ch(p, w, anchor, hd, q, scale, pos, qpos, valid, L, pf)
     switch (p->w * 2 + (unsigned)p->anchor_only) {
     case 2: CH_CALL(1, 0); break;
@@ -365,6 +366,7 @@ KV_AVX2 static void k_pass_ch_any(const src *p, uint32_t hd, const float *q, flo
     default: CH_CALL(8, 1); break;
     }
 #undef CH_CALL
+    *pf_io = c;
 }
 
 KV_AVX2 static KV_INLINE void acc_add(double *d, __m256 v)
@@ -423,8 +425,9 @@ KV_AVX2 static KV_INLINE void v_pass(const src *p, int kind, int anchor, int NG,
 /* The K pass of NG (1 or 2) row groups; see k_pass(). */
 KV_AVX2 static void k_pass_any(const src *p, int NG, uint32_t ntok, uint32_t hd, const float *q, float scale,
                                const uint32_t *pos, const uint32_t *qpos, const uint32_t *valid, float *L,
-                               size_t lstride, pf_cursor *pf)
+                               size_t lstride, pf_cursor *pf_io)
 {
+    pf_cursor c = *pf_io, *pf = &c; /* in registers while the pass runs */
 #define K_CALL(kind, anchor, ng) k_pass(p, kind, anchor, ng, ntok, hd, q, scale, pos, qpos, valid, L, lstride, pf)
     if (p->kind == SRC_CH) { /* one row group at a time */
         for (int g = 0; g < NG; g++)
@@ -435,12 +438,14 @@ KV_AVX2 static void k_pass_any(const src *p, int NG, uint32_t ntok, uint32_t hd,
         KV_SRC_SWITCH(K_CALL, 1)
     }
 #undef K_CALL
+    *pf_io = c;
 }
 
 /* The V pass of NG (1 or 2) row groups; see v_pass(). */
 KV_AVX2 static void v_pass_any(const src *p, int NG, uint32_t ntok, uint32_t hd, const float *P, size_t pstride,
-                               double *acc, pf_cursor *pf)
+                               double *acc, pf_cursor *pf_io)
 {
+    pf_cursor c = *pf_io, *pf = &c; /* in registers while the pass runs */
 #define V_CALL(kind, anchor, ng) v_pass(p, kind, anchor, ng, ntok, hd, P, pstride, acc, pf)
     if (NG == 2) {
         KV_SRC_SWITCH(V_CALL, 2)
@@ -448,6 +453,7 @@ KV_AVX2 static void v_pass_any(const src *p, int NG, uint32_t ntok, uint32_t hd,
         KV_SRC_SWITCH(V_CALL, 1)
     }
 #undef V_CALL
+    *pf_io = c;
 }
 
 /* e^x for x <= 0 (Cephes-style: x = n ln2 + r, degree-6 polynomial in r,

@@ -521,8 +521,9 @@ KV_AVX512 static KV_INLINE void k_pass_ch(const src *p, int cls, int anchor, uin
 }
 
 KV_AVX512 static void k_pass_ch_any(const src *p, uint32_t hd, const float *q4, float scale, const uint32_t *pos,
-                                    __m128i qpos, __mmask8 valid, float *L, pf_cursor *pf)
+                                    __m128i qpos, __mmask8 valid, float *L, pf_cursor *pf_io)
 {
+    pf_cursor c = *pf_io, *pf = &c; /* in registers while the pass runs */
 #define CH_CALL(cls, anchor) k_pass_ch(p, cls, anchor, hd, q4, scale, pos, qpos, valid, L, pf)
     switch (p->ch * 2 + p->anchor_only) { /* the tables hold the anchor midpoints already */
     case CH_T1 * 2: case CH_T1 * 2 + 1: CH_CALL(CH_T1, 0); break;
@@ -536,6 +537,7 @@ KV_AVX512 static void k_pass_ch_any(const src *p, uint32_t hd, const float *q4, 
     default: CH_CALL(CH_ANY, 1); break;
     }
 #undef CH_CALL
+    *pf_io = c;
 }
 
 KV_AVX512 static KV_INLINE void acc_add(double *d, __m512 v)
@@ -592,23 +594,28 @@ KV_AVX512 static KV_INLINE void v_pass(const src *p, int kind, int anchor, uint3
     }
 
 KV_AVX512 static void k_pass_any(const src *p, uint32_t ntok, uint32_t hd, const float *q4, float scale,
-                                 const uint32_t *pos, __m128i qpos, __mmask8 valid, float *L, pf_cursor *pf)
+                                 const uint32_t *pos, __m128i qpos, __mmask8 valid, float *L, pf_cursor *pf_io)
 {
+    pf_cursor c = *pf_io, *pf = &c; /* in registers while the pass runs */
     if (p->kind == SRC_CH) {
         k_pass_ch_any(p, hd, q4, scale, pos, qpos, valid, L, pf);
+        *pf_io = c;
         return;
     }
 #define K_CALL(kind, anchor) k_pass(p, kind, anchor, ntok, hd, q4, scale, pos, qpos, valid, L, pf)
     KV_SRC_SWITCH(K_CALL)
 #undef K_CALL
+    *pf_io = c;
 }
 
 KV_AVX512 static void v_pass_any(const src *p, uint32_t ntok, uint32_t hd, const float *P, double *acc,
-                                 pf_cursor *pf)
+                                 pf_cursor *pf_io)
 {
+    pf_cursor c = *pf_io, *pf = &c; /* in registers while the pass runs */
 #define V_CALL(kind, anchor) v_pass(p, kind, anchor, ntok, hd, P, acc, pf)
     KV_SRC_SWITCH(V_CALL)
 #undef V_CALL
+    *pf_io = c;
 }
 
 /* ---- Two row groups at once (verification: k queries x GQA heads) ---------------- */
@@ -703,22 +710,26 @@ KV_AVX512 static KV_INLINE void v_pass8(const src *p, int kind, int anchor, uint
 
 KV_AVX512 static void k_pass8_any(const src *p, uint32_t ntok, uint32_t hd, const float *q8, float scale,
                                   const uint32_t *pos, __m128i qpa, __m128i qpb, __mmask8 va, __mmask8 vb, float *La,
-                                  float *Lb, pf_cursor *pf)
+                                  float *Lb, pf_cursor *pf_io)
 {
+    pf_cursor c = *pf_io, *pf = &c; /* in registers while the pass runs */
 #define K8_CALL(kind, anchor) k_pass8(p, kind, anchor, ntok, hd, q8, scale, pos, qpa, qpb, va, vb, La, Lb, pf)
     KV_SRC_SWITCH(K8_CALL)
 #undef K8_CALL
+    *pf_io = c;
 }
 
 /* Not for SRC_Q2Q (64 elements per load) nor SRC_CH. */
 KV_AVX512 static void v_pass8_any(const src *p, uint32_t ntok, uint32_t hd, const float *Pa, const float *Pb,
-                                  double *acca, double *accb, pf_cursor *pf)
+                                  double *acca, double *accb, pf_cursor *pf_io)
 {
+    pf_cursor c = *pf_io, *pf = &c; /* in registers while the pass runs */
 #define V8_CALL(kind, anchor)                                                                                   \
     if (kind != SRC_Q2Q)                                                                                       \
         v_pass8(p, kind, anchor, ntok, hd, Pa, Pb, acca, accb, pf);
     KV_SRC_SWITCH(V8_CALL)
 #undef V8_CALL
+    *pf_io = c;
 }
 
 /* ---- Four row groups at once (verification: 16 rows and more) -------------------- */
@@ -786,24 +797,28 @@ KV_AVX512 static KV_INLINE void v_pass16(const src *p, int kind, int anchor, uin
 /* Only for is_step16() kinds. */
 KV_AVX512 static void k_pass16_any(const src *p, uint32_t ntok, uint32_t hd, const float *q16, float scale,
                                    const uint32_t *pos, __m512i qpos16, __mmask16 valid16, float *L, size_t lstride,
-                                   pf_cursor *pf)
+                                   pf_cursor *pf_io)
 {
+    pf_cursor c = *pf_io, *pf = &c; /* in registers while the pass runs */
 #define K16_CALL(kind, anchor)                                                                                  \
     if (is_step16(kind))                                                                                       \
         k_pass16(p, kind, anchor, ntok, hd, q16, scale, pos, qpos16, valid16, L, lstride, pf);
     KV_SRC_SWITCH(K16_CALL)
 #undef K16_CALL
+    *pf_io = c;
 }
 
 /* Only for is_step16() kinds. */
 KV_AVX512 static void v_pass16_any(const src *p, uint32_t ntok, uint32_t hd, const float *P, size_t pstride,
-                                   double *acc, pf_cursor *pf)
+                                   double *acc, pf_cursor *pf_io)
 {
+    pf_cursor c = *pf_io, *pf = &c; /* in registers while the pass runs */
 #define V16_CALL(kind, anchor)                                                                                  \
     if (is_step16(kind))                                                                                       \
         v_pass16(p, kind, anchor, ntok, hd, P, pstride, acc, pf);
     KV_SRC_SWITCH(V16_CALL)
 #undef V16_CALL
+    *pf_io = c;
 }
 
 /* Valid rows of row groups g4 .. g4 + 3 of nq rows: bit 4g + r. */
