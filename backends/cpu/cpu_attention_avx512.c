@@ -281,6 +281,24 @@ KV_AVX512 static KV_INLINE void k_pass(const src *p, int kind, int anchor, uint3
                 acc[i] = _mm512_setzero_ps();
             for (uint32_t e = 0; e < hd; e += step) {
                 kv_cpu_prefetch_step(pf);
+                if (kind == SRC_Q4P) { /* half by half: 4 tables, 4 values and 16 sums fit the 32 registers */
+                    __m512 tab[4];
+                    for (uint32_t k = 0; k < 4; k++)
+                        tables(p, kind, t + k, e, &tab[k], &Z);
+                    for (uint32_t j = 0; j < 2; j++) {
+                        for (uint32_t k = 0; k < 4; k++) {
+                            __m512i d = _mm512_cvtepu8_epi32(
+                                _mm_loadu_si128((const __m128i *)(p->data + ((size_t)(t + k) * hd + e) / 2)));
+                            v[k][0] = _mm512_permutexvar_ps(j ? _mm512_srli_epi32(d, 4) : d, tab[k]);
+                        }
+                        for (uint32_t r = 0; r < 4; r++) {
+                            __m512 qv = _mm512_loadu_ps(q4 + (size_t)r * hd + e + 16 * j);
+                            for (uint32_t k = 0; k < 4; k++)
+                                acc[4 * k + r] = _mm512_fmadd_ps(qv, v[k][0], acc[4 * k + r]);
+                        }
+                    }
+                    continue;
+                }
                 for (uint32_t k = 0; k < 4; k++) {
                     tables(p, kind, t + k, e, &S, &Z);
                     load_values(p, kind, anchor, (size_t)(t + k) * hd + e, S, Z, v[k]);
@@ -547,32 +565,37 @@ KV_AVX512 static KV_INLINE void acc_add(double *d, __m512 v)
 }
 
 /* acc[4][hd] (double, the reader's element order) += P[token][4] · V over
-   the page's tokens; the page's sums are formed in float, then added. */
-KV_AVX512 static KV_INLINE void v_pass(const src *p, int kind, int anchor, uint32_t ntok, uint32_t hd,
+   the page's tokens; the page's sums are formed in float, then added. The
+   row is taken in slabs of SLAB elements (64, or 32 when hd % 64 != 0; a
+   multiple of the reader's step), token by token within a slab: 4 rows x
+   SLAB / 16 accumulators, so that 16 FMA chains (not 4) are in flight and
+   each token's probabilities are broadcast once per slab, not per chunk. */
+KV_AVX512 static KV_INLINE void v_pass(const src *p, int kind, int anchor, uint32_t SLAB, uint32_t ntok, uint32_t hd,
                                        const float *P, double *acc, pf_cursor *pf)
 {
-    const uint32_t step = (uint32_t)step_of(kind), nv = step / 16;
-    for (uint32_t e = 0; e < hd; e += step) {
-        __m512 o[4][4], S = _mm512_setzero_ps(), Z = S, v[4];
-        for (uint32_t j = 0; j < nv; j++)
-            o[0][j] = o[1][j] = o[2][j] = o[3][j] = _mm512_setzero_ps();
+    const uint32_t step = (uint32_t)step_of(kind), nvs = SLAB / 16;
+    for (uint32_t e0 = 0; e0 < hd; e0 += SLAB) {
+        __m512 o[4][4], S = _mm512_setzero_ps(), Z = S, v[4] = {S, S, S, S};
+        for (uint32_t r = 0; r < 4; r++)
+            for (uint32_t j = 0; j < nvs; j++)
+                o[r][j] = _mm512_setzero_ps();
         for (uint32_t t = 0; t < ntok; t++) {
             kv_cpu_prefetch_step(pf);
-            tables(p, kind, t, e, &S, &Z);
-            load_values(p, kind, anchor, (size_t)t * hd + e, S, Z, v);
+            kv_cpu_prefetch_step(pf);
+            for (uint32_t e = e0; e < e0 + SLAB; e += step) {
+                tables(p, kind, t, e, &S, &Z);
+                load_values(p, kind, anchor, (size_t)t * hd + e, S, Z, v + (e - e0) / 16);
+            }
             const float *pt = P + 4 * (size_t)t;
-            __m512 p0 = _mm512_set1_ps(pt[0]), p1 = _mm512_set1_ps(pt[1]), p2 = _mm512_set1_ps(pt[2]),
-                   p3 = _mm512_set1_ps(pt[3]);
-            for (uint32_t j = 0; j < nv; j++) {
-                o[0][j] = _mm512_fmadd_ps(p0, v[j], o[0][j]);
-                o[1][j] = _mm512_fmadd_ps(p1, v[j], o[1][j]);
-                o[2][j] = _mm512_fmadd_ps(p2, v[j], o[2][j]);
-                o[3][j] = _mm512_fmadd_ps(p3, v[j], o[3][j]);
+            for (uint32_t r = 0; r < 4; r++) {
+                __m512 pr = _mm512_set1_ps(pt[r]);
+                for (uint32_t j = 0; j < nvs; j++)
+                    o[r][j] = _mm512_fmadd_ps(pr, v[j], o[r][j]);
             }
         }
         for (uint32_t r = 0; r < 4; r++)
-            for (uint32_t j = 0; j < nv; j++)
-                acc_add(acc + (size_t)r * hd + e + 16 * j, o[r][j]);
+            for (uint32_t j = 0; j < nvs; j++)
+                acc_add(acc + (size_t)r * hd + e0 + 16 * j, o[r][j]);
     }
 }
 
@@ -612,7 +635,11 @@ KV_AVX512 static void v_pass_any(const src *p, uint32_t ntok, uint32_t hd, const
                                  pf_cursor *pf_io)
 {
     pf_cursor c = *pf_io, *pf = &c; /* in registers while the pass runs */
-#define V_CALL(kind, anchor) v_pass(p, kind, anchor, ntok, hd, P, acc, pf)
+#define V_CALL(kind, anchor)                                                                                   \
+    if (hd % 64 == 0)                                                                                          \
+        v_pass(p, kind, anchor, 64, ntok, hd, P, acc, pf);                                                     \
+    else if (kind != SRC_Q2Q)                                                                                  \
+        v_pass(p, kind, anchor, 32, ntok, hd, P, acc, pf);
     KV_SRC_SWITCH(V_CALL)
 #undef V_CALL
     *pf_io = c;
