@@ -99,6 +99,15 @@ static int is_quant(int kind)
     return kind >= SRC_Q8;
 }
 
+/* SRC_Q4P: the values of half h (0: even elements, 1: odd) of the 32
+   elements from e, by lookup in the group's table tab (vpermps reads index
+   bits 0-3). */
+KV_AVX512 static KV_INLINE __m512 q4p_half(const src *p, size_t e, int h, __m512 tab)
+{
+    __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p->data + e / 2)));
+    return _mm512_permutexvar_ps(h ? _mm512_srli_epi32(d, 4) : d, tab);
+}
+
 /* Codes → dequantized values: fma(code, s, z), or the anchor midpoint. */
 KV_AVX512 static KV_INLINE __m512 dequant(__m512i q, int anchor, const src *p, __m512 S, __m512 Z)
 {
@@ -123,11 +132,10 @@ KV_AVX512 static KV_INLINE void load_values(const src *p, int kind, int anchor, 
         *v0 = dequant(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p->data + e))), anchor, p, S, Z);
     } else if (kind == SRC_Q16) {
         *v0 = dequant(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p->data + 2 * e))), anchor, p, S, Z);
-    } else if (kind == SRC_Q4P) { /* S holds the group's 16 dequantized values; vpermps reads index bits 0-3 */
-        __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p->data + e / 2)));
+    } else if (kind == SRC_Q4P) { /* S holds the group's 16 dequantized values */
         (void)Z;
-        *v0 = _mm512_permutexvar_ps(d, S);
-        *v1 = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), S);
+        *v0 = q4p_half(p, e, 0, S);
+        *v1 = q4p_half(p, e, 1, S);
     } else if (kind == SRC_Q2Q) { /* S, Z: tables of the groups of elements [e, e+32) and [e+32, e+64) */
         __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p->data + e / 4)));
         const __m512i upper = _mm512_set_epi32(16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0);
@@ -286,11 +294,8 @@ KV_AVX512 static KV_INLINE void k_pass(const src *p, int kind, int anchor, uint3
                     for (uint32_t k = 0; k < 4; k++)
                         tables(p, kind, t + k, e, &tab[k], &Z);
                     for (uint32_t j = 0; j < 2; j++) {
-                        for (uint32_t k = 0; k < 4; k++) {
-                            __m512i d = _mm512_cvtepu8_epi32(
-                                _mm_loadu_si128((const __m128i *)(p->data + ((size_t)(t + k) * hd + e) / 2)));
-                            v[k][0] = _mm512_permutexvar_ps(j ? _mm512_srli_epi32(d, 4) : d, tab[k]);
-                        }
+                        for (uint32_t k = 0; k < 4; k++)
+                            v[k][0] = q4p_half(p, (size_t)(t + k) * hd + e, (int)j, tab[k]);
                         for (uint32_t r = 0; r < 4; r++) {
                             __m512 qv = _mm512_loadu_ps(q4 + (size_t)r * hd + e + 16 * j);
                             for (uint32_t k = 0; k < 4; k++)
@@ -619,12 +624,11 @@ KV_AVX512 static KV_INLINE void v_pass(const src *p, int kind, int anchor, uint3
 KV_AVX512 static void k_pass_any(const src *p, uint32_t ntok, uint32_t hd, const float *q4, float scale,
                                  const uint32_t *pos, __m128i qpos, __mmask8 valid, float *L, pf_cursor *pf_io)
 {
-    pf_cursor c = *pf_io, *pf = &c; /* in registers while the pass runs */
-    if (p->kind == SRC_CH) {
-        k_pass_ch_any(p, hd, q4, scale, pos, qpos, valid, L, pf);
-        *pf_io = c;
+    if (p->kind == SRC_CH) { /* it takes its own copy of the cursor */
+        k_pass_ch_any(p, hd, q4, scale, pos, qpos, valid, L, pf_io);
         return;
     }
+    pf_cursor c = *pf_io, *pf = &c; /* in registers while the pass runs */
 #define K_CALL(kind, anchor) k_pass(p, kind, anchor, ntok, hd, q4, scale, pos, qpos, valid, L, pf)
     KV_SRC_SWITCH(K_CALL)
 #undef K_CALL
