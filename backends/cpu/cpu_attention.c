@@ -292,7 +292,48 @@ void kv_cpu_prefetch_rest(pf_cursor *c)
         kv_cpu_prefetch_step(c);
 }
 
+/* ---- The items' common steps ----------------------------------------------------- */
+
+void kv_cpu_item_begin(const fast_job *j, fast_ws *w, size_t item, item_span *s)
+{
+    const attn *t = j->t;
+    s->kh = (uint32_t)(j->per_head ? item : item / j->blocks);
+    s->b0 = j->per_head ? 0 : (uint32_t)(item % j->blocks);
+    s->b1 = j->per_head ? j->blocks : s->b0 + 1;
+    s->T = t->head_tokens[s->kh];
+    s->pfirst = t->head_pages[2 * s->kh];
+    s->pend = s->pfirst + t->head_pages[2 * s->kh + 1];
+    if (w->score_acc)
+        memset(w->score_acc, 0, (size_t)t->group * (s->T ? s->T : 1) * sizeof(float));
+}
+
+uint32_t kv_cpu_block_rows(const fast_job *j, uint32_t b, uint32_t *q0)
+{
+    uint32_t n = j->t->a->n_queries, first = b * j->block, last = first + j->block < n ? first + j->block : n;
+    *q0 = first;
+    return (last - first) * j->t->group;
+}
+
+const kv_page_desc *kv_cpu_pass_page(const attn *t, uint32_t p, uint32_t pend, int value, pf_cursor *pf)
+{
+    kv_cpu_prefetch_rest(pf);
+    if (p + KV_CPU_PREFETCH_PAGES < pend)
+        kv_cpu_prefetch_page(t, &t->pages[p + KV_CPU_PREFETCH_PAGES], value, pf);
+    return t->pages[p].ntokens ? &t->pages[p] : NULL;
+}
+
 /* ---- Scores (every item) ------------------------------------------------------- */
+
+void kv_cpu_scores_add4(const attn *t, fast_ws *w, const float *L, uint32_t g4, uint32_t nq, size_t T)
+{
+    if (!w->score_acc)
+        return;
+    for (uint32_t r = 0; r < 4 && g4 * 4 + r < nq; r++) {
+        float *sa = w->score_acc + (size_t)((g4 * 4 + r) % t->group) * T;
+        for (size_t i = 0; i < T; i++)
+            sa[i] += L[4 * i + r];
+    }
+}
 
 void kv_cpu_scores_store(const attn *t, const fast_ws *w, uint32_t kh, size_t T)
 {
@@ -367,15 +408,12 @@ static void fast_item(void *arg, size_t i0, size_t i1, int worker)
     fast_ws *w = &j->ws[worker];
     uint32_t hd = a->head_dim, G = t->group;
     for (size_t item = i0; item < i1; item++) {
-        uint32_t kh = (uint32_t)(j->per_head ? item : item / j->blocks);
-        uint32_t b0 = j->per_head ? 0 : (uint32_t)(item % j->blocks), b1 = j->per_head ? j->blocks : b0 + 1;
-        size_t T = t->head_tokens[kh];
-        uint32_t pfirst = t->head_pages[2 * kh], pend = pfirst + t->head_pages[2 * kh + 1];
-        if (w->score_acc)
-            memset(w->score_acc, 0, (size_t)G * (T ? T : 1) * sizeof(float));
-        for (uint32_t b = b0; b < b1; b++) {
-            uint32_t q0 = b * j->block, q1 = q0 + j->block < a->n_queries ? q0 + j->block : a->n_queries;
-            uint32_t nq = (q1 - q0) * G; /* rows: (query, head in group) */
+        item_span s;
+        kv_cpu_item_begin(j, w, item, &s);
+        uint32_t kh = s.kh, pfirst = s.pfirst, pend = s.pend;
+        size_t T = s.T;
+        for (uint32_t b = s.b0; b < s.b1; b++) {
+            uint32_t q0, nq = kv_cpu_block_rows(j, b, &q0); /* rows: (query, head in group) */
             const float *qs[64 * 16];
             float dots[64 * 16];
             for (uint32_t r = 0; r < nq; r++)

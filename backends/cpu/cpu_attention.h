@@ -73,6 +73,29 @@ void kv_cpu_prefetch_page(const attn *t, const kv_page_desc *pg, int value, pf_c
 /* Issues what is left of *c (a page shorter than its successor's prefetch). */
 void kv_cpu_prefetch_rest(pf_cursor *c);
 
+/* What a work item covers: its KV head, its blocks of queries, the head's
+   tokens and pages (every item of the three attention items starts so). */
+typedef struct item_span {
+    uint32_t kh, b0, b1;   /* KV head; blocks [b0, b1) */
+    size_t T;              /* tokens of the KV head */
+    uint32_t pfirst, pend; /* its pages, [pfirst, pend) */
+} item_span;
+
+/* Fills *s for work item `item` and clears the scores it will sum (w->score_acc). */
+void kv_cpu_item_begin(const fast_job *j, fast_ws *w, size_t item, item_span *s);
+
+/* Block b's first query (*q0) and rows, (query, head in group) pairs: returns the rows. */
+uint32_t kv_cpu_block_rows(const fast_job *j, uint32_t b, uint32_t *q0);
+
+/* Page p of a SIMD item's pass over [.., pend): what is left of *pf is issued
+   and the page KV_CPU_PREFETCH_PAGES ahead begun (its K, value = 0, or V);
+   NULL when p holds no tokens. */
+const kv_page_desc *kv_cpu_pass_page(const attn *t, uint32_t p, uint32_t pend, int value, pf_cursor *pf);
+
+/* Adds row group g4's probabilities (token-major, L[T][4]) to the scores, row
+   r of the nq rows into w->score_acc[r % group]; nothing when none are asked for. */
+void kv_cpu_scores_add4(const attn *t, fast_ws *w, const float *L, uint32_t g4, uint32_t nq, size_t T);
+
 /* A KV head's scores: for each of its T tokens, the largest probability any
    of its GQA heads summed over the item's queries (w->score_acc, [group][T]). */
 void kv_cpu_scores_store(const attn *t, const fast_ws *w, uint32_t kh, size_t T);

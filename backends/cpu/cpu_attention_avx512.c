@@ -939,15 +939,12 @@ KV_AVX512 void kv_cpu_attention_item_avx512(void *arg, size_t i0, size_t i1, int
     memset(&ks, 0, sizeof ks);
     memset(&vs, 0, sizeof vs);
     for (size_t item = i0; item < i1; item++) {
-        uint32_t kh = (uint32_t)(j->per_head ? item : item / j->blocks);
-        uint32_t b0 = j->per_head ? 0 : (uint32_t)(item % j->blocks), b1 = j->per_head ? j->blocks : b0 + 1;
-        size_t T = t->head_tokens[kh];
-        uint32_t pfirst = t->head_pages[2 * kh], pend = pfirst + t->head_pages[2 * kh + 1];
-        if (w->score_acc)
-            memset(w->score_acc, 0, (size_t)G * (T ? T : 1) * sizeof(float));
-        for (uint32_t b = b0; b < b1; b++) {
-            uint32_t q0 = b * j->block, q1 = q0 + j->block < a->n_queries ? q0 + j->block : a->n_queries;
-            uint32_t nq = (q1 - q0) * G, groups4 = (nq + 3) / 4; /* rows, and row groups of 4 */
+        item_span s;
+        kv_cpu_item_begin(j, w, item, &s);
+        uint32_t kh = s.kh, pfirst = s.pfirst, pend = s.pend;
+        size_t T = s.T;
+        for (uint32_t b = s.b0; b < s.b1; b++) {
+            uint32_t q0, nq = kv_cpu_block_rows(j, b, &q0), groups4 = (nq + 3) / 4; /* rows, and row groups of 4 */
             uint32_t qpos[1024 + 4];
             size_t rows4 = (size_t)groups4 * 4;
             float *qord[3] = {w->qpad, w->qpad + rows4 * hd, w->qpad + 2 * rows4 * hd}; /* the 3 orders */
@@ -969,11 +966,8 @@ KV_AVX512 void kv_cpu_attention_item_avx512(void *arg, size_t i0, size_t i1, int
             /* K pass: logits, token-major per row group */
             size_t base = 0;
             for (uint32_t p = pfirst; p < pend; p++) {
-                const kv_page_desc *pg = &t->pages[p];
-                kv_cpu_prefetch_rest(&pf);
-                if (p + KV_CPU_PREFETCH_PAGES < pend)
-                    kv_cpu_prefetch_page(t, &t->pages[p + KV_CPU_PREFETCH_PAGES], 0, &pf);
-                if (!pg->ntokens)
+                const kv_page_desc *pg = kv_cpu_pass_page(t, p, pend, 0, &pf);
+                if (!pg)
                     continue;
                 src_prepare(t, w, pg, 0, &ks);
                 for (uint32_t g4 = 0; g4 < groups4; g4++) {
@@ -1006,12 +1000,7 @@ KV_AVX512 void kv_cpu_attention_item_avx512(void *arg, size_t i0, size_t i1, int
             for (uint32_t g4 = 0; g4 < groups4; g4++) {
                 float *L = w->logits + (size_t)g4 * 4 * T;
                 softmax4(L, T);
-                if (w->score_acc)
-                    for (uint32_t r = 0; r < 4 && g4 * 4 + r < nq; r++) {
-                        float *sa = w->score_acc + (size_t)((g4 * 4 + r) % G) * T;
-                        for (size_t i = 0; i < T; i++)
-                            sa[i] += L[4 * i + r];
-                    }
+                kv_cpu_scores_add4(t, w, L, g4, nq, T);
             }
             /* V pass */
             /* [rows4][hd] doubles in each of the 3 orders: w->acc has room (attention_fast) */
@@ -1019,11 +1008,8 @@ KV_AVX512 void kv_cpu_attention_item_avx512(void *arg, size_t i0, size_t i1, int
             memset(acc[0], 0, 3 * rows4 * hd * sizeof(double));
             base = 0;
             for (uint32_t p = pfirst; p < pend; p++) {
-                const kv_page_desc *pg = &t->pages[p];
-                kv_cpu_prefetch_rest(&pf);
-                if (p + KV_CPU_PREFETCH_PAGES < pend)
-                    kv_cpu_prefetch_page(t, &t->pages[p + KV_CPU_PREFETCH_PAGES], 1, &pf);
-                if (!pg->ntokens)
+                const kv_page_desc *pg = kv_cpu_pass_page(t, p, pend, 1, &pf);
+                if (!pg)
                     continue;
                 src_prepare(t, w, pg, 1, &vs);
                 for (uint32_t g4 = 0; g4 < groups4; g4++) {
