@@ -1,4 +1,4 @@
-/* cpu_attention.h — what the two files of the fast CPU attention share (not for use outside cpu/). */
+/* cpu_attention.h — what the files of the fast CPU attention (cpu_attention.c and the AVX2 and AVX-512 items) share (not for use outside cpu/). */
 #ifndef KV_CPU_ATTENTION_H
 #define KV_CPU_ATTENTION_H
 
