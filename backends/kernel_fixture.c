@@ -92,8 +92,8 @@ static void store_page(const kv_store_format *f, uint32_t ntok, uint32_t hd, con
     if (f->anchor_bits)
         residual = kv_malloc(kv_layout_packed_bytes(&l, f->bits - f->anchor_bits) + 1);
     uint16_t *scale = (uint16_t *)(kv + meta);
-    kv_cpu_fast_encode(isa, &l, f->bits, f->anchor_bits, x, kv + data, residual, scale, scale + groups, 0, groups,
-                       NULL);
+    kv_cpu_fast_encode(isa, kv_cpu_fast_divides(), &l, f->bits, f->anchor_bits, x, kv + data, residual, scale,
+                       scale + groups, 0, groups, NULL);
     kv_free(residual);
 }
 

@@ -66,7 +66,7 @@ static inline int kvt_cpu_native_is(const char *isa)
         return 0;
     kv_backend_props props;
     kv_backend_get_props(be, &props);
-    char want[24];
+    char want[48];
     snprintf(want, sizeof want, ", %s)", isa); /* the device reads "CPU (N threads, ISA)" */
     int is = strstr(props.device, want) != NULL;
     kv_backend_close(be);
@@ -97,7 +97,7 @@ static inline void kvt_expect_cpu_isa(kv_backend *be, const char *isa)
 {
     kv_backend_props props;
     kv_backend_get_props(be, &props);
-    char want[24];
+    char want[48];
     snprintf(want, sizeof want, ", %s)", isa);
     cr_assert(strstr(props.device, want) != NULL, "cpu:0 runs \"%s\", not the %s paths", props.device, isa);
 }

@@ -108,7 +108,7 @@ static void job_quantize(void *arg, size_t g0, size_t g1, int worker)
     if (j->c->reference)
         kv_cpu_ref_quantize(j->l, j->bits, j->x, j->codes, j->scale, j->zero, g0, g1);
     else
-        kv_cpu_fast_quantize(j->c->isa, j->l, j->bits, j->x, j->codes, j->scale, j->zero, g0, g1);
+        kv_cpu_fast_quantize(j->c->isa, j->c->divide, j->l, j->bits, j->x, j->codes, j->scale, j->zero, g0, g1);
 }
 
 static void job_dequantize(void *arg, size_t g0, size_t g1, int worker)
@@ -167,8 +167,8 @@ static void job_encode(void *arg, size_t g0, size_t g1, int worker)
 {
     const qjob *j = arg;
     (void)worker;
-    kv_cpu_fast_encode(j->c->isa, j->l, j->bits, j->anchor_bits, j->x, j->packed, j->packed2, j->scale, j->zero,
-                       g0, g1, NULL);
+    kv_cpu_fast_encode(j->c->isa, j->c->divide, j->l, j->bits, j->anchor_bits, j->x, j->packed, j->packed2, j->scale,
+                       j->zero, g0, g1, NULL);
 }
 
 static void job_decode(void *arg, size_t g0, size_t g1, int worker)
@@ -362,7 +362,11 @@ static int cpu_get_props(void *ctx, kv_backend_props *p)
     if (c->reference)
         snprintf(p->device, sizeof p->device, "CPU reference (1 thread, scalar, double-precision attention)");
     else
-        snprintf(p->device, sizeof p->device, "CPU (%d threads, %s)", c->threads, c->isa);
+        snprintf(p->device, sizeof p->device, "CPU (%d threads, %s%s)", c->threads,
+                 strcmp(c->isa, "avx512") != 0 ? ""
+                 : c->divide                   ? "quotients by division, "
+                                               : "quotients by reciprocal, ",
+                 c->isa);
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     p->memory_bytes = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
     p->mem_bandwidth_gbps = 0; /* unknown: `kvsim bench kernels` measures it */
@@ -459,6 +463,12 @@ static int cpu_open(int index, const kv_backend_i **iface, void **ctx, kv_error 
             c->isa = "generic";
         else if (force && strcmp(force, "avx2") == 0 && strcmp(c->isa, "avx512") == 0)
             c->isa = "avx2";
+        /* KVSIM_CPU_DIVIDE=1 or 0 forces the AVX-512 encode's quotients by vdivps or by the
+           reciprocal (tests run each; the bytes are the same) */
+        const char *divide = getenv("KVSIM_CPU_DIVIDE");
+        c->divide = divide && strcmp(divide, "1") == 0   ? 1
+                    : divide && strcmp(divide, "0") == 0 ? 0
+                                                         : kv_cpu_fast_divides();
         *iface = &cpu_iface;
     }
     *ctx = c;

@@ -447,11 +447,11 @@ enum { ENCODE_PREFETCH = 4096 }; /* bytes */
 
 /* Codes one group of G values (xj) with scale sj, zero zj and 1/sj = invj:
    the anchor (or the code) of width aw to ao, the residual to ro (abits > 0).
-   Inlined with constant widths by its caller. */
+   divide: every vector by vdivps, else quotient() (bits <= 12). Inlined with constant widths by its caller. */
 KV_AVX512 static inline __attribute__((always_inline)) void code_group(const float *xj, uint32_t G, unsigned bits,
                                                                         unsigned abits, unsigned aw, float sj,
-                                                                        float zj, float invj, uint8_t *ao,
-                                                                        uint8_t *ro, scratch *s)
+                                                                        float zj, float invj, int divide,
+                                                                        uint8_t *ao, uint8_t *ro, scratch *s)
 {
     const __m512 zero_v = _mm512_setzero_ps();
     unsigned r = abits ? bits - abits : 0;
@@ -473,8 +473,9 @@ KV_AVX512 static inline __attribute__((always_inline)) void code_group(const flo
             q = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(s->a + i)));
         } else {
             __m512 d = _mm512_sub_ps(_mm512_loadu_ps(xj + i), vz);
-            /* above 12 bits most vectors would hold a risky lane: divide outright */
-            __m512 v = bits <= 12 ? quotient(d, vs, vinv) : _mm512_div_ps(d, vs);
+            /* above 12 bits most vectors would hold a risky lane: divide outright; so does a CPU whose
+               division is cheaper than quotient()'s test (divide) */
+            __m512 v = bits <= 12 && !divide ? quotient(d, vs, vinv) : _mm512_div_ps(d, vs);
             v = _mm512_min_ps(_mm512_max_ps(v, zero_v), vmax); /* NaN → 0 */
             q = _mm512_cvtps_epi32(v);
         }
@@ -488,8 +489,8 @@ KV_AVX512 static inline __attribute__((always_inline)) void code_group(const flo
    codes16 (with abits 0): write the codes unpacked, as u16, to aout (the
    quantize kernel: a 16-bit stream is the u16 array). */
 KV_AVX512 static void encode_batch_avx512(const float *x, uint32_t count, uint32_t G, unsigned bits, unsigned abits,
-                                          int codes16, uint8_t *aout, uint8_t *rout, uint16_t *scale, uint16_t *zero,
-                                          scratch *s)
+                                          int codes16, int divide, uint8_t *aout, uint8_t *rout, uint16_t *scale,
+                                          uint16_t *zero, scratch *s)
 {
     const __m512 zero_v = _mm512_setzero_ps();
     float sv[16], zv[16];
@@ -525,15 +526,15 @@ KV_AVX512 static void encode_batch_avx512(const float *x, uint32_t count, uint32
         uint8_t *ao = aout + j * abytes, *ro = abits ? rout + j * rbytes : NULL;
         /* the formats of the benchmarks with their widths as constants (emit16 then has no branches) */
         if (bits == 16 && abits == 4 && !codes16)
-            code_group(xj, G, 16, 4, 4, sv[j], zv[j], inv[j], ao, ro, s);
+            code_group(xj, G, 16, 4, 4, sv[j], zv[j], inv[j], divide, ao, ro, s);
         else if (bits == 8 && abits == 4 && !codes16)
-            code_group(xj, G, 8, 4, 4, sv[j], zv[j], inv[j], ao, ro, s);
+            code_group(xj, G, 8, 4, 4, sv[j], zv[j], inv[j], divide, ao, ro, s);
         else if (bits == 8 && !abits && !codes16)
-            code_group(xj, G, 8, 0, 8, sv[j], zv[j], inv[j], ao, ro, s);
+            code_group(xj, G, 8, 0, 8, sv[j], zv[j], inv[j], divide, ao, ro, s);
         else if (bits == 4 && !abits && !codes16)
-            code_group(xj, G, 4, 0, 4, sv[j], zv[j], inv[j], ao, ro, s);
+            code_group(xj, G, 4, 0, 4, sv[j], zv[j], inv[j], divide, ao, ro, s);
         else
-            code_group(xj, G, bits, abits, aw, sv[j], zv[j], inv[j], ao, ro, s);
+            code_group(xj, G, bits, abits, aw, sv[j], zv[j], inv[j], divide, ao, ro, s);
     }
 }
 
@@ -575,22 +576,94 @@ KV_AVX512 static void decode_batch_avx512(const uint8_t *ain, const uint8_t *rin
 
 /* ---- AVX-512 channel groups (KIVI keys): 16 columns at a time -----------------
  * A block of G rows by 16 columns is 16 groups whose values arrive row by row
- * as one vector: min/max and codes need no horizontal work. Each column's
- * stream is built in a 64-bit word per lane and scattered when a word fills;
- * the last, partial word is written bytewise. Readers gather the same way and
+ * as one vector: min/max and codes need no horizontal work. The writer builds
+ * each column's stream in a 32-bit half word per lane (one shift and one or
+ * per row) and scatters two halves as one 64-bit word when both fill; the
+ * last, partial word is written bytewise. Readers gather 64-bit words and
  * never touch a byte past a stream's end. */
 
+/* A reader's place in 16 streams. */
 typedef struct lanes_io {
     __m512i lo, hi;     /* columns 0-7 and 8-15: the current word of each stream */
     unsigned pos;       /* bits of the current word already used */
     size_t word;        /* index of the current word */
     unsigned w;         /* bits per code */
-    uint8_t *base;      /* stream of the first column (writer); const for readers */
+    uint8_t *base;      /* stream of the first column (read only) */
     size_t stride;      /* bytes from one column's stream to the next */
     size_t bytes;       /* bytes of each stream */
     __mmask16 live;     /* columns that exist */
-    int need_load;      /* reader: the current word is not loaded yet */
+    int need_load;      /* the current word is not loaded yet */
 } lanes_io;
+
+/* A writer's place in 16 streams. */
+typedef struct lanes_out {
+    __m512i acc;        /* column k's current 32-bit half word in dword k */
+    __m512i first;      /* the word's first half, once full (second == 1) */
+    __m512i at_lo, at_hi; /* byte offsets of the streams of columns 0,1,4,5,8,9,12,13 and 2,3,6,7,...,15 */
+    unsigned pos;       /* bits of acc already used */
+    int second;         /* acc is the second half of the 64-bit word */
+    size_t word;        /* index of the current 64-bit word */
+    unsigned w;         /* bits per code */
+    uint8_t *base;      /* stream of the first column */
+    size_t stride;      /* bytes from one column's stream to the next */
+    __mmask16 live;     /* columns that exist */
+} lanes_out;
+
+KV_AVX512 static lanes_out lanes_out_init(uint8_t *base, unsigned w, size_t stride, __mmask16 live)
+{
+    const __m512i s = _mm512_set1_epi64((long long)stride);
+    lanes_out o = {_mm512_setzero_si512(), _mm512_setzero_si512(),
+                   _mm512_mullo_epi64(_mm512_set_epi64(13, 12, 9, 8, 5, 4, 1, 0), s),
+                   _mm512_mullo_epi64(_mm512_set_epi64(15, 14, 11, 10, 7, 6, 3, 2), s), 0, 0, 0, w, base, stride, live};
+    return o;
+}
+
+/* A 32-bit half is full: keep it as the first, or write the 64-bit words (unpacking
+   the halves pairs columns 0,1,4,5,... in the low qwords, 2,3,6,7,... in the high). */
+KV_AVX512 static void lanes_half_full(lanes_out *o)
+{
+    if (!o->second) {
+        o->first = o->acc;
+        o->second = 1;
+        return;
+    }
+    const __m512i word = _mm512_set1_epi64((long long)(o->word * 8));
+    _mm512_mask_i64scatter_epi64(o->base, (__mmask8)_pext_u32(o->live, 0x3333), _mm512_add_epi64(o->at_lo, word),
+                                 _mm512_unpacklo_epi32(o->first, o->acc), 1);
+    _mm512_mask_i64scatter_epi64(o->base, (__mmask8)_pext_u32(o->live, 0xCCCC), _mm512_add_epi64(o->at_hi, word),
+                                 _mm512_unpackhi_epi32(o->first, o->acc), 1);
+    o->second = 0;
+    o->word++;
+}
+
+/* Appends 16 codes (one per dword, below 2^w). */
+KV_AVX512 static inline void lanes_put(lanes_out *o, __m512i q)
+{
+    o->acc = _mm512_or_si512(o->acc, _mm512_sll_epi32(q, _mm_cvtsi32_si128((int)o->pos)));
+    if (o->pos + o->w < 32) {
+        o->pos += o->w;
+        return;
+    }
+    lanes_half_full(o);
+    o->acc = _mm512_srl_epi32(q, _mm_cvtsi32_si128((int)(32 - o->pos))); /* the bits that did not fit; 0 if none */
+    o->pos = o->pos + o->w - 32;
+}
+
+KV_AVX512 static void lanes_finish(lanes_out *o)
+{
+    if (!o->second && o->pos == 0)
+        return;
+    uint32_t first[16], acc[16];
+    _mm512_storeu_si512(first, o->first);
+    _mm512_storeu_si512(acc, o->acc);
+    size_t n = (32 * (size_t)o->second + o->pos + 7) / 8;
+    for (int k = 0; k < 16; k++) {
+        if (!(o->live >> k & 1))
+            continue;
+        uint64_t v = o->second ? first[k] | (uint64_t)acc[k] << 32 : acc[k];
+        memcpy(o->base + k * o->stride + o->word * 8, &v, n);
+    }
+}
 
 KV_AVX512 static inline __m512i lane_index(const lanes_io *io, int half)
 {
@@ -598,45 +671,6 @@ KV_AVX512 static inline __m512i lane_index(const lanes_io *io, int half)
     k = _mm512_add_epi64(k, _mm512_set1_epi64(half * 8));
     return _mm512_add_epi64(_mm512_mullo_epi64(k, _mm512_set1_epi64((long long)io->stride)),
                             _mm512_set1_epi64((long long)(io->word * 8)));
-}
-
-KV_AVX512 static void lanes_flush_word(lanes_io *io)
-{
-    _mm512_mask_i64scatter_epi64(io->base, (__mmask8)io->live, lane_index(io, 0), io->lo, 1);
-    _mm512_mask_i64scatter_epi64(io->base, (__mmask8)(io->live >> 8), lane_index(io, 1), io->hi, 1);
-    io->word++;
-}
-
-/* Appends 16 codes (one per dword, below 2^w). */
-KV_AVX512 static inline void lanes_put(lanes_io *io, __m512i q)
-{
-    __m512i lo = _mm512_cvtepu32_epi64(_mm512_castsi512_si256(q));
-    __m512i hi = _mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(q, 1));
-    __m128i sh = _mm_cvtsi32_si128((int)io->pos);
-    io->lo = _mm512_or_si512(io->lo, _mm512_sll_epi64(lo, sh));
-    io->hi = _mm512_or_si512(io->hi, _mm512_sll_epi64(hi, sh));
-    if (io->pos + io->w < 64) {
-        io->pos += io->w;
-        return;
-    }
-    lanes_flush_word(io);
-    __m128i used = _mm_cvtsi32_si128((int)(64 - io->pos)); /* bits of q that went into the flushed word */
-    io->lo = _mm512_srl_epi64(lo, used);                     /* shifts of 64 or more give 0 */
-    io->hi = _mm512_srl_epi64(hi, used);
-    io->pos = io->pos + io->w - 64;
-}
-
-KV_AVX512 static void lanes_finish(lanes_io *io)
-{
-    if (io->pos == 0)
-        return;
-    uint64_t tmp[16];
-    _mm512_storeu_si512(tmp, io->lo);
-    _mm512_storeu_si512(tmp + 8, io->hi);
-    size_t n = (io->pos + 7) / 8;
-    for (int k = 0; k < 16; k++)
-        if (io->live >> k & 1)
-            memcpy(io->base + k * io->stride + io->word * 8, &tmp[k], n);
 }
 
 /* The stream words `word` of every live column (bytes past a stream's end read as 0). */
@@ -723,30 +757,76 @@ KV_AVX512 static void encode_channel_avx512(const kv_quant_layout *l, uint32_t b
     size_t g = (size_t)b * C + c0;
     uint32_t n = kv_layout_group_len(l, g);
     const float *x0 = x + (size_t)b * G * C + c0;
-    __m512 vmn = pinf, vmx = _mm512_set1_ps(-__builtin_inff());
-    for (uint32_t i = 0; i < n; i++) {
-        __m512 v = _mm512_maskz_loadu_ps(live, x0 + (size_t)i * C);
-        __mmask16 fin = _mm512_mask_cmp_ps_mask(live, _mm512_sub_ps(v, v), zero_v, _CMP_EQ_OQ);
-        vmn = _mm512_mask_min_ps(vmn, fin, vmn, v);
-        vmx = _mm512_mask_max_ps(vmx, fin, vmx, v);
-    }
+    /* four rows at a time into their own minima and maxima: four chains in flight (min and max are exact,
+       so the order does not matter) */
+    const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
+    __m512 mn0 = pinf, mn1 = pinf, mn2 = pinf, mn3 = pinf, mx0 = ninf, mx1 = ninf, mx2 = ninf, mx3 = ninf;
+    /* Rows C floats apart may all fall in one L1 set (C = 1024: 4 KiB apart), so the coding pass would read
+       them from L2 again: up to kChannelTile rows are copied to a tile on the stack as the first pass reads
+       them, and the lines of the piece 64 columns on are prefetched. */
+    enum { kChannelTile = 64 };
+    float tile[kChannelTile * 16] __attribute__((aligned(64)));
+    int tiled = n <= kChannelTile;
+#define KV_MINMAX_ROW(i, mn, mx, store)                                                                     \
+    do {                                                                                                    \
+        _mm_prefetch((const char *)(x0 + (size_t)(i) * C + 64), _MM_HINT_T0);                              \
+        __m512 v_ = _mm512_maskz_loadu_ps(live, x0 + (size_t)(i) * C);                                      \
+        if (store)                                                                                          \
+            _mm512_store_ps(tile + (size_t)(i) * 16, v_);                                                  \
+        __mmask16 fin_ = _mm512_mask_cmp_ps_mask(live, _mm512_sub_ps(v_, v_), zero_v, _CMP_EQ_OQ);          \
+        mn = _mm512_mask_min_ps(mn, fin_, mn, v_);                                                           \
+        mx = _mm512_mask_max_ps(mx, fin_, mx, v_);                                                           \
+    } while (0)
+#define KV_MINMAX_ROWS(store)                                                                               \
+    do {                                                                                                    \
+        uint32_t row = 0;                                                                                   \
+        for (; row + 4 <= n; row += 4) {                                                                    \
+            KV_MINMAX_ROW(row, mn0, mx0, store);                                                            \
+            KV_MINMAX_ROW(row + 1, mn1, mx1, store);                                                        \
+            KV_MINMAX_ROW(row + 2, mn2, mx2, store);                                                        \
+            KV_MINMAX_ROW(row + 3, mn3, mx3, store);                                                        \
+        }                                                                                                   \
+        for (; row < n; row++)                                                                              \
+            KV_MINMAX_ROW(row, mn0, mx0, store);                                                            \
+    } while (0)
+    if (tiled)
+        KV_MINMAX_ROWS(1);
+    else
+        KV_MINMAX_ROWS(0);
+#undef KV_MINMAX_ROWS
+#undef KV_MINMAX_ROW
+    __m512 vmn = _mm512_min_ps(_mm512_min_ps(mn0, mn1), _mm512_min_ps(mn2, mn3));
+    __m512 vmx = _mm512_max_ps(_mm512_max_ps(mx0, mx1), _mm512_max_ps(mx2, mx3));
     __m512 S, Z;
     params16(vmn, vmx, bits, live, scale + g, zero + g, &S, &Z);
     unsigned r = abits ? bits - abits : 0, aw = abits ? abits : bits;
-    lanes_io wa = {_mm512_setzero_si512(), _mm512_setzero_si512(), 0, 0, aw, aplane + kv_layout_group_offset(l, aw, g),
-                   ((size_t)n * aw + 7) / 8, ((size_t)n * aw + 7) / 8, live, 0};
-    lanes_io wr = wa;
-    if (abits) {
-        wr.w = r;
-        wr.base = rplane + kv_layout_group_offset(l, r, g);
-        wr.stride = wr.bytes = ((size_t)n * r + 7) / 8;
-    }
+    size_t astride = ((size_t)n * aw + 7) / 8, rstride = ((size_t)n * r + 7) / 8;
+    lanes_out wa = lanes_out_init(aplane + kv_layout_group_offset(l, aw, g), aw, astride, live);
+    lanes_out wr = abits ? lanes_out_init(rplane + kv_layout_group_offset(l, r, g), r, rstride, live) : wa;
     const __m512 vmax = _mm512_set1_ps((float)kv_code_max(bits));
     const __m512i qmax = _mm512_set1_epi32((int)kv_code_max(bits)), rmask = _mm512_set1_epi32((int)kv_code_max(r ? r : 1));
     const __m128i rshift = _mm_cvtsi32_si128((int)r);
     __mmask16 s0 = _mm512_cmp_ps_mask(S, zero_v, _CMP_EQ_OQ);
-    for (uint32_t i = 0; i < n; i++) {
-        __m512 v = _mm512_maskz_loadu_ps(live, x0 + (size_t)i * C);
+    const float *src = tiled ? tile : x0;
+    size_t src_stride = tiled ? 16 : C;
+    uint32_t i = 0;
+    if (!abits && 32 % aw == 0 && !(s0 & live)) {
+        /* no scale is 0 and 32 / aw rows fill a half word exactly: each half is built in a register */
+        uint32_t per = 32 / aw;
+        for (; i + per <= n; i += per) {
+            __m512i acc = _mm512_setzero_si512();
+            for (uint32_t k = 0; k < per; k++) {
+                __m512 v = _mm512_maskz_loadu_ps(live, src + (size_t)(i + k) * src_stride);
+                __m512 t = _mm512_min_ps(_mm512_max_ps(_mm512_div_ps(_mm512_sub_ps(v, Z), S), zero_v), vmax);
+                acc = _mm512_or_si512(acc, _mm512_sll_epi32(_mm512_cvtps_epi32(t), _mm_cvtsi32_si128((int)(k * aw))));
+            }
+            wa.acc = acc;
+            lanes_half_full(&wa);
+        }
+        wa.acc = _mm512_setzero_si512(); /* the rows left start a fresh half */
+    }
+    for (; i < n; i++) {
+        __m512 v = _mm512_maskz_loadu_ps(live, src + (size_t)i * src_stride);
         __m512 t = _mm512_div_ps(_mm512_sub_ps(v, Z), S); /* lanes with s == 0 are replaced below */
         t = _mm512_min_ps(_mm512_max_ps(t, zero_v), vmax);
         __m512i q = _mm512_cvtps_epi32(t);
@@ -837,6 +917,17 @@ const char *kv_cpu_fast_isa(void)
     return "generic";
 }
 
+int kv_cpu_fast_divides(void)
+{
+#ifdef KV_HAVE_X86
+    unsigned a, b, c, d;
+    /* the vendor string "AuthenticAMD" in EBX, EDX, ECX */
+    return __get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;
+#else
+    return 0;
+#endif
+}
+
 /* Token groups that tile the rows exactly, 16 values at a time: group g is
    x[g*G, (g+1)*G) and its stream starts at g*G*w/8. */
 static int regular(const kv_quant_layout *l)
@@ -869,10 +960,11 @@ static int regular8(const kv_quant_layout *l)
 }
 #endif
 
-void kv_cpu_fast_encode(const char *isa, const kv_quant_layout *l, unsigned bits, unsigned anchor_bits,
-                        const float *x, uint8_t *anchor, uint8_t *residual, uint16_t *scale, uint16_t *zero,
-                        size_t g0, size_t g1, kv_cpu_scratch *given)
+void kv_cpu_fast_encode(const char *isa, int divide, const kv_quant_layout *l, unsigned bits,
+                        unsigned anchor_bits, const float *x, uint8_t *anchor, uint8_t *residual, uint16_t *scale,
+                        uint16_t *zero, size_t g0, size_t g1, kv_cpu_scratch *given)
 {
+    (void)divide;
 #ifdef KV_HAVE_X86
     if (use_avx2(isa) && regular8(l)) {
         kv_cpu_avx2_encode(x, l->group_size, bits, anchor_bits, 0, anchor, residual, scale, zero, g0, g1);
@@ -891,7 +983,7 @@ void kv_cpu_fast_encode(const char *isa, const kv_quant_layout *l, unsigned bits
         uint32_t G = l->group_size;
         for (size_t g = g0; g < g1; g += 16) {
             uint32_t count = g1 - g < 16 ? (uint32_t)(g1 - g) : 16;
-            encode_batch_avx512(x + g * G, count, G, bits, anchor_bits, 0, anchor + g * G * aw / 8,
+            encode_batch_avx512(x + g * G, count, G, bits, anchor_bits, 0, divide, anchor + g * G * aw / 8,
                                 anchor_bits ? residual + g * G * rw / 8 : NULL, scale + g, zero + g, &s);
         }
         scratch_put(sp, &own);
@@ -996,16 +1088,17 @@ KV_AVX512 static void unpack_regular_avx512(const uint8_t *packed, uint16_t *cod
 }
 #endif
 
-void kv_cpu_fast_quantize(const char *isa, const kv_quant_layout *l, unsigned bits, const float *x, uint16_t *codes,
-                          uint16_t *scale, uint16_t *zero, size_t g0, size_t g1)
+void kv_cpu_fast_quantize(const char *isa, int divide, const kv_quant_layout *l, unsigned bits, const float *x,
+                          uint16_t *codes, uint16_t *scale, uint16_t *zero, size_t g0, size_t g1)
 {
+    (void)divide;
 #ifdef KV_HAVE_X86
     if (use_avx512(isa) && regular(l)) {
         scratch own, *sp = scratch_get(NULL, &own, l->group_size);
         uint32_t G = l->group_size;
         for (size_t g = g0; g < g1; g += 16) {
             uint32_t count = g1 - g < 16 ? (uint32_t)(g1 - g) : 16;
-            encode_batch_avx512(x + g * G, count, G, bits, 0, 1, (uint8_t *)(codes + g * G), NULL, scale + g,
+            encode_batch_avx512(x + g * G, count, G, bits, 0, 1, divide, (uint8_t *)(codes + g * G), NULL, scale + g,
                                 zero + g, sp);
         }
         scratch_put(sp, &own);

@@ -25,6 +25,7 @@ typedef struct cpu_ctx {
     kv_cpu_pool *pool; /* NULL for the reference device */
     int threads;       /* workers */
     const char *isa;   /* the fast path chosen at open: "avx512", "avx2", "generic" */
+    int divide;        /* kv_cpu_fast_divides, or KVSIM_CPU_DIVIDE (0 or 1) read at open */
 } cpu_ctx;
 
 /* Where the elements of one group lie in the row-major [rows][cols] matrix. */
@@ -68,18 +69,23 @@ void kv_cpu_scratch_free(kv_cpu_scratch *s); /* NULL is fine */
 
 /* Picks the widest instruction set this CPU runs ("avx512", "avx2", "generic"). */
 const char *kv_cpu_fast_isa(void);
+/* 1 where the AVX-512 encode should divide every vector (vdivps) rather than multiply by the
+   reciprocal and divide only vectors with a risky lane: on AMD CPUs, whose division is cheaper than
+   that test (Zen 5: 1.25x the encode, docs/kernels.md). Both give the same bytes. */
+int kv_cpu_fast_divides(void);
 /* Fused quantize + split + pack of groups [g0, g1); residual NULL when
-   anchor_bits == 0. scratch may be NULL (then one is allocated). */
-void kv_cpu_fast_encode(const char *isa, const kv_quant_layout *l, unsigned bits, unsigned anchor_bits,
-                        const float *x, uint8_t *anchor, uint8_t *residual, uint16_t *scale, uint16_t *zero,
-                        size_t g0, size_t g1, kv_cpu_scratch *scratch);
+   anchor_bits == 0. scratch may be NULL (then one is allocated). divide: as
+   kv_cpu_fast_divides (the AVX-512 token-group path only). */
+void kv_cpu_fast_encode(const char *isa, int divide, const kv_quant_layout *l, unsigned bits,
+                        unsigned anchor_bits, const float *x, uint8_t *anchor, uint8_t *residual, uint16_t *scale,
+                        uint16_t *zero, size_t g0, size_t g1, kv_cpu_scratch *scratch);
 /* Fused unpack (+ merge) + dequantize; residual NULL with anchor_bits > 0: midpoint. */
 void kv_cpu_fast_decode(const char *isa, const kv_quant_layout *l, unsigned bits, unsigned anchor_bits,
                         const uint8_t *anchor, const uint8_t *residual, const uint16_t *scale,
                         const uint16_t *zero, float *out, size_t g0, size_t g1, kv_cpu_scratch *scratch);
 /* The unfused kernels, equal to their cpu_ref.c counterparts. */
-void kv_cpu_fast_quantize(const char *isa, const kv_quant_layout *l, unsigned bits, const float *x, uint16_t *codes,
-                          uint16_t *scale, uint16_t *zero, size_t g0, size_t g1);
+void kv_cpu_fast_quantize(const char *isa, int divide, const kv_quant_layout *l, unsigned bits, const float *x,
+                          uint16_t *codes, uint16_t *scale, uint16_t *zero, size_t g0, size_t g1);
 void kv_cpu_fast_dequantize(const char *isa, const kv_quant_layout *l, unsigned bits, unsigned anchor_bits,
                             const uint16_t *codes, const uint16_t *scale, const uint16_t *zero, float *out, size_t g0,
                             size_t g1);

@@ -21,6 +21,7 @@ typedef struct target {
     char name[32];
     int device;
     char isa[8]; /* cpu only: "" for what the CPU picks, else forced by KVSIM_CPU_ISA (generic, avx2) */
+    char divide[2]; /* cpu only: "" for what the CPU picks, else forced by KVSIM_CPU_DIVIDE (0, 1) */
 } target;
 
 static target targets[24];
@@ -55,6 +56,15 @@ static size_t build_targets(void)
                 targets[n_targets] = targets[n_targets - 1];
                 snprintf(targets[n_targets].isa, sizeof targets[n_targets].isa, "avx2");
                 n_targets++;
+                /* the AVX-512 encode's other way to its quotients (division or reciprocal) */
+                if (getenv("KVSIM_CPU_DIVIDE")) {
+                    fprintf(stderr, "skipped: cpu (other quotients): KVSIM_CPU_DIVIDE is set for the whole run\n");
+                } else {
+                    targets[n_targets] = targets[n_targets - 3];
+                    snprintf(targets[n_targets].divide, sizeof targets[n_targets].divide, "%d",
+                             kvt_cpu_native_is("quotients by division, avx512") ? 0 : 1);
+                    n_targets++;
+                }
             } else if (!kvt_cpu_native_is("avx2"))
                 fprintf(stderr, "skipped: cpu (avx2 paths): this CPU has no AVX2\n");
         }
@@ -80,11 +90,17 @@ typedef struct pair {
 
 static pair open_pair(const target *tg)
 {
-    static char label[32];
-    snprintf(label, sizeof label, "%s (%s paths)", tg->name, tg->isa);
+    static char label[48];
+    if (tg->divide[0])
+        snprintf(label, sizeof label, "%s (quotients by %s)", tg->name,
+                 tg->divide[0] == '1' ? "division" : "reciprocal");
+    else
+        snprintf(label, sizeof label, "%s (%s paths)", tg->name, tg->isa);
     if (tg->isa[0])
         setenv("KVSIM_CPU_ISA", tg->isa, 1); /* each Criterion test runs in its own process */
-    pair p = {kvt_open(tg->name, tg->device), kvt_open_reference(), tg->isa[0] ? label : tg->name};
+    if (tg->divide[0])
+        setenv("KVSIM_CPU_DIVIDE", tg->divide, 1);
+    pair p = {kvt_open(tg->name, tg->device), kvt_open_reference(), tg->isa[0] || tg->divide[0] ? label : tg->name};
     kv_backend_props props;
     kv_backend_get_props(p.be, &props);
     cr_log_info("backend under test: %s (%s)", p.name, props.device);
@@ -115,10 +131,12 @@ typedef struct shape {
 } shape;
 
 /* Odd head_dims, group sizes that do not divide, empty matrices, G = 1, G
-   larger than the dimension. */
+   larger than the dimension; channel groups longer than the AVX-512 encode's
+   64-row tile ({130, 40, 100}: 100 rows, then 30). */
 static const shape shapes[] = {
-    {0, 8, 4},   {4, 0, 4},   {1, 1, 1},    {3, 5, 2},   {7, 33, 8},  {16, 128, 32}, {17, 127, 32},
-    {5, 64, 64}, {9, 96, 40}, {64, 16, 16}, {33, 13, 7}, {2, 200, 128}, {31, 8, 300}, {12, 130, 17},
+    {0, 8, 4},   {4, 0, 4},   {1, 1, 1},    {3, 5, 2},     {7, 33, 8},   {16, 128, 32},  {17, 127, 32},
+    {5, 64, 64}, {9, 96, 40}, {64, 16, 16}, {33, 13, 7},   {2, 200, 128}, {31, 8, 300}, {12, 130, 17},
+    {130, 40, 100},
 };
 #define N_SHAPES (sizeof shapes / sizeof shapes[0])
 
