@@ -763,13 +763,16 @@ KV_AVX512 static void encode_channel_avx512(const kv_quant_layout *l, uint32_t b
     __m512 mn0 = pinf, mn1 = pinf, mn2 = pinf, mn3 = pinf, mx0 = ninf, mx1 = ninf, mx2 = ninf, mx3 = ninf;
     /* Rows C floats apart may all fall in one L1 set (C = 1024: 4 KiB apart), so the coding pass would read
        them from L2 again: up to kChannelTile rows are copied to a tile on the stack as the first pass reads
-       them, and the lines of the piece 64 columns on are prefetched. */
+       them. */
     enum { kChannelTile = 64 };
     float tile[kChannelTile * 16] __attribute__((aligned(64)));
     int tiled = n <= kChannelTile;
+    /* the next block of G rows, line by line in order (its piece c0 / 16 of C / 16), into L2: read
+       row-major it streams, where the 16-column pieces of this one take 64 bytes of each of G rows */
+    const float *next = x + ((size_t)b + 1) * G * C + (size_t)(c0 / 16) * G * 16;
 #define KV_MINMAX_ROW(i, mn, mx, store)                                                                     \
     do {                                                                                                    \
-        _mm_prefetch((const char *)(x0 + (size_t)(i) * C + 64), _MM_HINT_T0);                              \
+        _mm_prefetch((const char *)(next + (size_t)(i) * 16), _MM_HINT_T1);                                \
         __m512 v_ = _mm512_maskz_loadu_ps(live, x0 + (size_t)(i) * C);                                      \
         if (store)                                                                                          \
             _mm512_store_ps(tile + (size_t)(i) * 16, v_);                                                  \
