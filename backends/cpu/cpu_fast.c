@@ -649,6 +649,14 @@ KV_AVX512 static inline void lanes_put(lanes_out *o, __m512i q)
     o->pos = o->pos + o->w - 32;
 }
 
+/* Appends a whole 32-bit half word per column, built by the caller (at a half's start: pos == 0). */
+KV_AVX512 static inline void lanes_put_half(lanes_out *o, __m512i half)
+{
+    o->acc = half;
+    lanes_half_full(o);
+    o->acc = _mm512_setzero_si512();
+}
+
 KV_AVX512 static void lanes_finish(lanes_out *o)
 {
     if (!o->second && o->pos == 0)
@@ -747,6 +755,14 @@ KV_AVX512 static void params16(__m512 vmn, __m512 vmx, unsigned bits, __mmask16 
     *Z = _mm512_cvtph_ps(zh);
 }
 
+/* The codes of one row of 16 columns: rint(clamp((v − z) / s, 0, 2^b − 1)), NaN → 0; lanes with
+   s == 0 are the caller's (N4). */
+KV_AVX512 static inline __m512i channel_codes(__m512 v, __m512 Z, __m512 S, __m512 vmax)
+{
+    __m512 t = _mm512_div_ps(_mm512_sub_ps(v, Z), S);
+    return _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(t, _mm512_setzero_ps()), vmax));
+}
+
 /* Encodes the groups of block b, columns [c0, c0 + 16) ∩ live. */
 KV_AVX512 static void encode_channel_avx512(const kv_quant_layout *l, uint32_t b, uint32_t c0, __mmask16 live,
                                             unsigned bits, unsigned abits, const float *x, uint8_t *aplane,
@@ -819,20 +835,15 @@ KV_AVX512 static void encode_channel_avx512(const kv_quant_layout *l, uint32_t b
         for (; i + per <= n; i += per) {
             __m512i acc = _mm512_setzero_si512();
             for (uint32_t k = 0; k < per; k++) {
-                __m512 v = _mm512_maskz_loadu_ps(live, src + (size_t)(i + k) * src_stride);
-                __m512 t = _mm512_min_ps(_mm512_max_ps(_mm512_div_ps(_mm512_sub_ps(v, Z), S), zero_v), vmax);
-                acc = _mm512_or_si512(acc, _mm512_sll_epi32(_mm512_cvtps_epi32(t), _mm_cvtsi32_si128((int)(k * aw))));
+                __m512i q = channel_codes(_mm512_maskz_loadu_ps(live, src + (size_t)(i + k) * src_stride), Z, S, vmax);
+                acc = _mm512_or_si512(acc, _mm512_sll_epi32(q, _mm_cvtsi32_si128((int)(k * aw))));
             }
-            wa.acc = acc;
-            lanes_half_full(&wa);
+            lanes_put_half(&wa, acc);
         }
-        wa.acc = _mm512_setzero_si512(); /* the rows left start a fresh half */
     }
     for (; i < n; i++) {
         __m512 v = _mm512_maskz_loadu_ps(live, src + (size_t)i * src_stride);
-        __m512 t = _mm512_div_ps(_mm512_sub_ps(v, Z), S); /* lanes with s == 0 are replaced below */
-        t = _mm512_min_ps(_mm512_max_ps(t, zero_v), vmax);
-        __m512i q = _mm512_cvtps_epi32(t);
+        __m512i q = channel_codes(v, Z, S, vmax); /* lanes with s == 0 are replaced below */
         /* N4 for s == 0: 0, except +Inf → 2^b − 1 */
         __mmask16 is_pinf = _mm512_cmp_ps_mask(v, pinf, _CMP_EQ_OQ);
         q = _mm512_mask_mov_epi32(q, s0, _mm512_maskz_mov_epi32(is_pinf, qmax));

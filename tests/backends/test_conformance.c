@@ -45,7 +45,7 @@ static size_t build_targets(void)
         }
         snprintf(targets[n_targets].name, sizeof targets[n_targets].name, "%s", reg->name);
         targets[n_targets].device = 0;
-        n_targets++;
+        const target native = targets[n_targets++];
         if (strcmp(reg->name, "cpu") == 0) { /* and the narrower paths, which this machine does not pick */
             targets[n_targets] = targets[n_targets - 1];
             snprintf(targets[n_targets].isa, sizeof targets[n_targets].isa, "generic");
@@ -60,7 +60,7 @@ static size_t build_targets(void)
                 if (getenv("KVSIM_CPU_DIVIDE")) {
                     fprintf(stderr, "skipped: cpu (other quotients): KVSIM_CPU_DIVIDE is set for the whole run\n");
                 } else {
-                    targets[n_targets] = targets[n_targets - 3];
+                    targets[n_targets] = native;
                     snprintf(targets[n_targets].divide, sizeof targets[n_targets].divide, "%d",
                              kvt_cpu_native_is("quotients by division, avx512") ? 0 : 1);
                     n_targets++;
