@@ -102,10 +102,15 @@ static int is_quant(int kind)
 /* SRC_Q4P: the values of half h (0: even elements, 1: odd) of the 32
    elements from e, by lookup in the group's table tab (vpermps reads index
    bits 0-3). */
+KV_AVX512 static KV_INLINE __m512 q4p_half_at(const uint8_t *base, size_t e, int h, __m512 tab)
+{
+    __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(base + e / 2)));
+    return _mm512_permutexvar_ps(h ? _mm512_srli_epi32(d, 4) : d, tab);
+}
+
 KV_AVX512 static KV_INLINE __m512 q4p_half(const src *p, size_t e, int h, __m512 tab)
 {
-    __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p->data + e / 2)));
-    return _mm512_permutexvar_ps(h ? _mm512_srli_epi32(d, 4) : d, tab);
+    return q4p_half_at(p->data, e, h, tab);
 }
 
 /* Codes → dequantized values: fma(code, s, z), or the anchor midpoint. */
@@ -116,28 +121,34 @@ KV_AVX512 static KV_INLINE __m512 dequant(__m512i q, int anchor, const src *p, _
     return _mm512_fmadd_ps(f, S, Z);
 }
 
+/* Bytes of one token's values in the page's row-major [ntokens][head_dim]. */
+static size_t row_bytes_of(const src *p, int kind, uint32_t hd)
+{
+    return kind == SRC_F32 ? 4 * (size_t)hd : kind == SRC_BF16 ? 2 * (size_t)hd : (size_t)hd * p->w / 8;
+}
+
 /* The values of elements [e, e + step) of the page's row-major
    [ntokens][head_dim], in the reader's order, 16 per vector. S and Z are the
    group's scale and zero, or for the table kinds its table(s) (tables()). */
-KV_AVX512 static KV_INLINE void load_values(const src *p, int kind, int anchor, size_t e, __m512 S, __m512 Z,
-                                            __m512 *v)
+KV_AVX512 static KV_INLINE void load_values_at(const src *p, int kind, int anchor, const uint8_t *base, size_t e,
+                                               __m512 S, __m512 Z, __m512 *v)
 {
     __m512 *v0 = &v[0], *v1 = &v[1];
     if (kind == SRC_F32) {
-        *v0 = _mm512_loadu_ps((const float *)p->data + e);
+        *v0 = _mm512_loadu_ps((const float *)base + e);
     } else if (kind == SRC_BF16) {
         *v0 = _mm512_castsi512_ps(
-            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p->data + 2 * e))), 16));
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(base + 2 * e))), 16));
     } else if (kind == SRC_Q8) {
-        *v0 = dequant(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p->data + e))), anchor, p, S, Z);
+        *v0 = dequant(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(base + e))), anchor, p, S, Z);
     } else if (kind == SRC_Q16) {
-        *v0 = dequant(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p->data + 2 * e))), anchor, p, S, Z);
+        *v0 = dequant(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(base + 2 * e))), anchor, p, S, Z);
     } else if (kind == SRC_Q4P) { /* S holds the group's 16 dequantized values */
         (void)Z;
-        *v0 = q4p_half(p, e, 0, S);
-        *v1 = q4p_half(p, e, 1, S);
+        *v0 = q4p_half_at(base, e, 0, S);
+        *v1 = q4p_half_at(base, e, 1, S);
     } else if (kind == SRC_Q2Q) { /* S, Z: tables of the groups of elements [e, e+32) and [e+32, e+64) */
-        __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p->data + e / 4)));
+        __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(base + e / 4)));
         const __m512i upper = _mm512_set_epi32(16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0);
         const __m512i three = _mm512_set1_epi32(3);
         for (int j = 0; j < 4; j++) { /* index = ((d >> 2j) & 3) | (16 for lanes 8-15) */
@@ -145,7 +156,7 @@ KV_AVX512 static KV_INLINE void load_values(const src *p, int kind, int anchor, 
             v[j] = _mm512_permutex2var_ps(S, idx, Z);
         }
     } else { /* any width: 16 codes are 2w bytes, two runs of 8 codes in w bytes */
-        const uint8_t *at = p->data + e * p->w / 8;
+        const uint8_t *at = base + e * p->w / 8;
         uint64_t lanes[4], m = kv_code_max(p->w);
         m |= m << 16 | m << 32 | m << 48;
         uint64_t low = p->w * 4 == 64 ? ~0ull : (1ull << (4 * p->w)) - 1;
@@ -159,6 +170,13 @@ KV_AVX512 static KV_INLINE void load_values(const src *p, int kind, int anchor, 
         }
         *v0 = dequant(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)lanes)), anchor, p, S, Z);
     }
+}
+
+/* load_values_at() on the page's row-major [ntokens][head_dim] from its start. */
+KV_AVX512 static KV_INLINE void load_values(const src *p, int kind, int anchor, size_t e, __m512 S, __m512 Z,
+                                            __m512 *v)
+{
+    load_values_at(p, kind, anchor, p->data, e, S, Z, v);
 }
 
 /* Prepares the reader of a page's K or V: f32 scales and zeros for fused
@@ -248,24 +266,35 @@ KV_AVX512 static KV_INLINE __m512 reduce16(const __m512 *x)
     return _mm512_add_ps(_mm512_shuffle_ps(v0, v1, 0x88), _mm512_shuffle_ps(v0, v1, 0xDD));
 }
 
-/* The scale and zero of the group holding element e of token t, or for the
-   table kinds the group's table(s) of dequantized values. */
-KV_AVX512 static KV_INLINE void tables(const src *p, int kind, uint32_t t, uint32_t e, __m512 *S, __m512 *Z)
+/* The scale and zero of group g of the token whose scales and zeros start at
+   s_row and z_row, or for the table kinds the group's table(s) of dequantized
+   values (SRC_Q2Q: groups g and g2). The passes step s_row, z_row and the
+   token's values (load_values_at) by pointer from token to token. */
+KV_AVX512 static KV_INLINE void tables_at(const src *p, int kind, const float *s_row, const float *z_row, uint32_t g,
+                                          uint32_t g2, __m512 *S, __m512 *Z)
 {
     if (!is_quant(kind))
         return;
-    size_t g = (size_t)t * p->gpt + p->chunk_group[e / 16];
-    __m512 s = _mm512_set1_ps(p->s[g]), z = _mm512_set1_ps(p->z[g]);
+    __m512 s = _mm512_set1_ps(s_row[g]), z = _mm512_set1_ps(z_row[g]);
     if (kind == SRC_Q4P) {
         *S = _mm512_fmadd_ps(_mm512_loadu_ps(p->lut_base), s, z);
     } else if (kind == SRC_Q2Q) {
-        size_t g2 = (size_t)t * p->gpt + p->chunk_group[e / 16 + 2];
         *S = _mm512_fmadd_ps(_mm512_loadu_ps(p->lut_base), s, z);
-        *Z = _mm512_fmadd_ps(_mm512_loadu_ps(p->lut_base), _mm512_set1_ps(p->s[g2]), _mm512_set1_ps(p->z[g2]));
+        *Z = _mm512_fmadd_ps(_mm512_loadu_ps(p->lut_base), _mm512_set1_ps(s_row[g2]), _mm512_set1_ps(z_row[g2]));
     } else {
         *S = s;
         *Z = z;
     }
+}
+
+/* tables_at() for the group holding element e of token t. */
+KV_AVX512 static KV_INLINE void tables(const src *p, int kind, uint32_t t, uint32_t e, __m512 *S, __m512 *Z)
+{
+    if (!is_quant(kind))
+        return;
+    size_t row = (size_t)t * p->gpt;
+    tables_at(p, kind, p->s + row, p->z + row, p->chunk_group[e / 16],
+              kind == SRC_Q2Q ? p->chunk_group[e / 16 + 2] : 0, S, Z);
 }
 
 /* Logits of 4 rows (q4: [4][hd], in the reader's element order) for the
@@ -283,19 +312,24 @@ KV_AVX512 static KV_INLINE void k_pass(const src *p, int kind, int anchor, uint3
         const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
         const __m512i qpos16 = _mm512_broadcast_i32x4(qpos);
         const __mmask16 valid16 = (__mmask16)(valid * 0x1111u);
-        for (; t + 4 <= ntok; t += 4) {
+        const size_t row_bytes = row_bytes_of(p, kind, hd), gpt = is_quant(kind) ? p->gpt : 0;
+        const uint8_t *row = p->data;             /* token t's values */
+        const float *s_row = p->s, *z_row = p->z; /* token t's scales and zeros */
+        for (; t + 4 <= ntok; t += 4, row += 4 * row_bytes, s_row += 4 * gpt, z_row += 4 * gpt) {
             __m512 acc[16], S = _mm512_setzero_ps(), Z = S, v[4][4];
             for (int i = 0; i < 16; i++)
                 acc[i] = _mm512_setzero_ps();
             for (uint32_t e = 0; e < hd; e += step) {
                 kv_cpu_prefetch_step(pf);
+                uint32_t g = is_quant(kind) ? p->chunk_group[e / 16] : 0;
+                uint32_t g2 = kind == SRC_Q2Q ? p->chunk_group[e / 16 + 2] : 0;
                 if (kind == SRC_Q4P) { /* half by half: 4 tables, 4 values and 16 sums fit the 32 registers */
                     __m512 tab[4];
                     for (uint32_t k = 0; k < 4; k++)
-                        tables(p, kind, t + k, e, &tab[k], &Z);
+                        tables_at(p, kind, s_row + k * gpt, z_row + k * gpt, g, g2, &tab[k], &Z);
                     for (uint32_t j = 0; j < 2; j++) {
                         for (uint32_t k = 0; k < 4; k++)
-                            v[k][0] = q4p_half(p, (size_t)(t + k) * hd + e, (int)j, tab[k]);
+                            v[k][0] = q4p_half_at(row + k * row_bytes, e, (int)j, tab[k]);
                         for (uint32_t r = 0; r < 4; r++) {
                             __m512 qv = _mm512_loadu_ps(q4 + (size_t)r * hd + e + 16 * j);
                             for (uint32_t k = 0; k < 4; k++)
@@ -305,8 +339,8 @@ KV_AVX512 static KV_INLINE void k_pass(const src *p, int kind, int anchor, uint3
                     continue;
                 }
                 for (uint32_t k = 0; k < 4; k++) {
-                    tables(p, kind, t + k, e, &S, &Z);
-                    load_values(p, kind, anchor, (size_t)(t + k) * hd + e, S, Z, v[k]);
+                    tables_at(p, kind, s_row + k * gpt, z_row + k * gpt, g, g2, &S, &Z);
+                    load_values_at(p, kind, anchor, row + k * row_bytes, e, S, Z, v[k]);
                 }
                 for (uint32_t j = 0; j < nv; j++)
                     for (uint32_t r = 0; r < 4; r++) {
@@ -579,17 +613,25 @@ KV_AVX512 static KV_INLINE void v_pass(const src *p, int kind, int anchor, uint3
                                        const float *P, double *acc, pf_cursor *pf)
 {
     const uint32_t step = (uint32_t)step_of(kind), nvs = SLAB / 16;
+    const size_t row_bytes = row_bytes_of(p, kind, hd), gpt = is_quant(kind) ? p->gpt : 0; /* f32, bf16: no scales */
     for (uint32_t e0 = 0; e0 < hd; e0 += SLAB) {
         __m512 o[4][4], S = _mm512_setzero_ps(), Z = S, v[4] = {S, S, S, S};
         for (uint32_t r = 0; r < 4; r++)
             for (uint32_t j = 0; j < nvs; j++)
                 o[r][j] = _mm512_setzero_ps();
-        for (uint32_t t = 0; t < ntok; t++) {
+        uint32_t g[4] = {0, 0, 0, 0}, g2[4] = {0, 0, 0, 0}; /* each load's group(s) within the token */
+        for (uint32_t e = e0; e < e0 + SLAB && is_quant(kind); e += step) {
+            g[(e - e0) / step] = p->chunk_group[e / 16];
+            g2[(e - e0) / step] = kind == SRC_Q2Q ? p->chunk_group[e / 16 + 2] : 0;
+        }
+        const float *s_row = p->s, *z_row = p->z; /* token t's scales and zeros */
+        const uint8_t *row = p->data;             /* token t's values */
+        for (uint32_t t = 0; t < ntok; t++, row += row_bytes, s_row += gpt, z_row += gpt) {
             kv_cpu_prefetch_step(pf);
             kv_cpu_prefetch_step(pf);
             for (uint32_t e = e0; e < e0 + SLAB; e += step) {
-                tables(p, kind, t, e, &S, &Z);
-                load_values(p, kind, anchor, (size_t)t * hd + e, S, Z, v + (e - e0) / 16);
+                tables_at(p, kind, s_row, z_row, g[(e - e0) / step], g2[(e - e0) / step], &S, &Z);
+                load_values_at(p, kind, anchor, row, e, S, Z, v + (e - e0) / 16);
             }
             const float *pt = P + 4 * (size_t)t;
             for (uint32_t r = 0; r < 4; r++) {
@@ -781,15 +823,18 @@ KV_AVX512 static KV_INLINE void k_pass16(const src *p, int kind, int anchor, uin
                                          __mmask16 valid16, float *L, size_t lstride, pf_cursor *pf)
 {
     const __m512 ninf16 = _mm512_set1_ps(-INFINITY), vscale16 = _mm512_set1_ps(scale);
-    for (uint32_t t = 0; t < ntok; t++) {
+    const size_t row_bytes = row_bytes_of(p, kind, hd), gpt = is_quant(kind) ? p->gpt : 0; /* f32, bf16: no scales */
+    const uint8_t *row = p->data;             /* token t's values */
+    const float *s_row = p->s, *z_row = p->z; /* token t's scales and zeros */
+    for (uint32_t t = 0; t < ntok; t++, row += row_bytes, s_row += gpt, z_row += gpt) {
         __m512 a[16], S = _mm512_setzero_ps(), Z = S, v[4];
         for (int r = 0; r < 16; r++)
             a[r] = _mm512_setzero_ps();
         for (uint32_t e = 0; e < hd; e += 16) {
             if (e % 32 == 0)
                 kv_cpu_prefetch_step(pf);
-            tables(p, kind, t, e, &S, &Z);
-            load_values(p, kind, anchor, (size_t)t * hd + e, S, Z, v);
+            tables_at(p, kind, s_row, z_row, is_quant(kind) ? p->chunk_group[e / 16] : 0, 0, &S, &Z);
+            load_values_at(p, kind, anchor, row, e, S, Z, v);
             for (uint32_t r = 0; r < 16; r++)
                 a[r] = _mm512_fmadd_ps(_mm512_loadu_ps(q16 + (size_t)r * hd + e), v[0], a[r]);
         }
@@ -809,14 +854,18 @@ KV_AVX512 static KV_INLINE void k_pass16(const src *p, int kind, int anchor, uin
 KV_AVX512 static KV_INLINE void v_pass16(const src *p, int kind, int anchor, uint32_t ntok, uint32_t hd,
                                          const float *P, size_t pstride, double *acc, pf_cursor *pf)
 {
+    const size_t row_bytes = row_bytes_of(p, kind, hd), gpt = is_quant(kind) ? p->gpt : 0; /* f32, bf16: no scales */
     for (uint32_t e = 0; e < hd; e += 16) {
         __m512 o[16], S = _mm512_setzero_ps(), Z = S, v[4];
         for (uint32_t r = 0; r < 16; r++)
             o[r] = _mm512_setzero_ps();
-        for (uint32_t t = 0; t < ntok; t++) {
+        const uint32_t g = is_quant(kind) ? p->chunk_group[e / 16] : 0; /* the chunk's group within a token */
+        const uint8_t *row = p->data;             /* token t's values */
+        const float *s_row = p->s, *z_row = p->z; /* token t's scales and zeros */
+        for (uint32_t t = 0; t < ntok; t++, row += row_bytes, s_row += gpt, z_row += gpt) {
             kv_cpu_prefetch_step(pf);
-            tables(p, kind, t, e, &S, &Z);
-            load_values(p, kind, anchor, (size_t)t * hd + e, S, Z, v);
+            tables_at(p, kind, s_row, z_row, g, 0, &S, &Z);
+            load_values_at(p, kind, anchor, row, e, S, Z, v);
             for (uint32_t r = 0; r < 16; r++)
                 o[r] = _mm512_fmadd_ps(_mm512_set1_ps(P[r / 4 * pstride + 4 * (size_t)t + r % 4]), v[0], o[r]);
         }
