@@ -76,22 +76,30 @@ KV_AVX2 static KV_INLINE __m256 dequant(__m256i q, int anchor, const src *p, __m
     return _mm256_fmadd_ps(f, S, Z);
 }
 
-/* The values of elements [e, e + 8) of the page's row-major
-   [ntokens][head_dim] (e % 8 == 0); S and Z: the group's scale and zero. */
-KV_AVX2 static KV_INLINE __m256 load_values(const src *p, int kind, int anchor, size_t e, __m256 S, __m256 Z)
+/* Bytes of one token's values in the page's row-major [ntokens][head_dim]. */
+static size_t row_bytes_of(const src *p, int kind, uint32_t hd)
+{
+    return kind == SRC_F32 ? 4 * (size_t)hd : kind == SRC_BF16 ? 2 * (size_t)hd : (size_t)hd * p->w / 8;
+}
+
+/* The values of elements [e, e + 8) of the row-major [ntokens][head_dim]
+   values from base (e % 8 == 0): the page's start, or a token's values that
+   the passes step by pointer; S and Z: the group's scale and zero. */
+KV_AVX2 static KV_INLINE __m256 load_values_at(const src *p, int kind, int anchor, const uint8_t *base, size_t e,
+                                              __m256 S, __m256 Z)
 {
     if (kind == SRC_F32)
-        return _mm256_loadu_ps((const float *)p->data + e);
+        return _mm256_loadu_ps((const float *)base + e);
     if (kind == SRC_BF16)
         return _mm256_castsi256_ps(
-            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p->data + 2 * e))), 16));
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(base + 2 * e))), 16));
     if (kind == SRC_Q8)
-        return dequant(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p->data + e))), anchor, p, S, Z);
+        return dequant(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(base + e))), anchor, p, S, Z);
     if (kind == SRC_Q16)
-        return dequant(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p->data + 2 * e))), anchor, p, S, Z);
+        return dequant(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(base + 2 * e))), anchor, p, S, Z);
     if (kind == SRC_Q4 || kind == SRC_Q2) { /* lane i: the word shifted right by w i, masked to w bits */
         uint32_t word = 0;
-        memcpy(&word, p->data + e * (kind == SRC_Q4 ? 4 : 2) / 8, kind == SRC_Q4 ? 4 : 2);
+        memcpy(&word, base + e * (kind == SRC_Q4 ? 4 : 2) / 8, kind == SRC_Q4 ? 4 : 2);
         const __m256i sh4 = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
         const __m256i sh2 = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
         __m256i q = _mm256_srlv_epi32(_mm256_set1_epi32((int)word), kind == SRC_Q4 ? sh4 : sh2);
@@ -100,7 +108,7 @@ KV_AVX2 static KV_INLINE __m256 load_values(const src *p, int kind, int anchor, 
     }
     /* any width (w <= 16): 8 codes are w bytes, two runs of 4 codes in 4w bits, spread into 16-bit lanes */
     uint8_t bytes[16] = {0};
-    memcpy(bytes, p->data + e * p->w / 8, p->w);
+    memcpy(bytes, base + e * p->w / 8, p->w);
     uint64_t part[2], lanes[2], m = kv_code_max(p->w);
     memcpy(part, bytes, 16);
     m |= m << 16 | m << 32 | m << 48;
@@ -109,6 +117,11 @@ KV_AVX2 static KV_INLINE __m256 load_values(const src *p, int kind, int anchor, 
     lanes[0] = _pdep_u64((uint64_t)v & low, m);
     lanes[1] = _pdep_u64((uint64_t)(v >> (4 * p->w)) & low, m);
     return dequant(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)lanes)), anchor, p, S, Z);
+}
+
+KV_AVX2 static KV_INLINE __m256 load_values(const src *p, int kind, int anchor, size_t e, __m256 S, __m256 Z)
+{
+    return load_values_at(p, kind, anchor, p->data, e, S, Z);
 }
 
 /* Prepares the reader of a page's K or V: f32 scales and zeros for fused
@@ -164,14 +177,24 @@ KV_AVX2 static void src_prepare(const attn *t, fast_ws *w, const kv_page_desc *p
     o->z = z;
 }
 
-/* The scale and zero of the group holding element e of token t. */
+/* The scale and zero of group g of the token whose scales and zeros start at
+   s_row and z_row (the passes step them by pointer from token to token). */
+KV_AVX2 static KV_INLINE void tables_at(int kind, const float *s_row, const float *z_row, uint32_t g, __m256 *S,
+                                        __m256 *Z)
+{
+    if (!is_quant(kind))
+        return;
+    *S = _mm256_broadcast_ss(s_row + g);
+    *Z = _mm256_broadcast_ss(z_row + g);
+}
+
+/* tables_at() for the group holding element e of token t. */
 KV_AVX2 static KV_INLINE void tables(const src *p, int kind, uint32_t t, uint32_t e, __m256 *S, __m256 *Z)
 {
     if (!is_quant(kind))
         return;
-    size_t g = (size_t)t * p->gpt + p->chunk_group[e / 8];
-    *S = _mm256_broadcast_ss(p->s + g);
-    *Z = _mm256_broadcast_ss(p->z + g);
+    size_t row = (size_t)t * p->gpt;
+    tables_at(kind, p->s + row, p->z + row, p->chunk_group[e / 8], S, Z);
 }
 
 /* The sums of a[0..8) in lanes 0..7 (a transposing hadd tree). */
@@ -214,17 +237,21 @@ KV_AVX2 static KV_INLINE void k_pass(const src *p, int kind, int anchor, int NG,
     if (NG == 1) { /* two tokens at a time: 8 sums, one reduction */
         const __m256i qpos8 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qpos));
         const __m256i valid8 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)valid));
-        for (; t + 2 <= ntok; t += 2) {
+        const size_t row_bytes = row_bytes_of(p, kind, hd), gpt = is_quant(kind) ? p->gpt : 0;
+        const uint8_t *row = p->data;             /* token t's values */
+        const float *s_row = p->s, *z_row = p->z; /* token t's scales and zeros */
+        for (; t + 2 <= ntok; t += 2, row += 2 * row_bytes, s_row += 2 * gpt, z_row += 2 * gpt) {
             __m256 acc[8], S0 = _mm256_setzero_ps(), Z0 = S0, S1 = S0, Z1 = S0;
             for (int i = 0; i < 8; i++)
                 acc[i] = _mm256_setzero_ps();
             for (uint32_t e = 0; e < hd; e += 8) {
                 if (e % 16 == 0)
                     kv_cpu_prefetch_step(pf);
-                tables(p, kind, t, e, &S0, &Z0);
-                tables(p, kind, t + 1, e, &S1, &Z1);
-                __m256 v0 = load_values(p, kind, anchor, (size_t)t * hd + e, S0, Z0);
-                __m256 v1 = load_values(p, kind, anchor, (size_t)(t + 1) * hd + e, S1, Z1);
+                uint32_t g = is_quant(kind) ? p->chunk_group[e / 8] : 0;
+                tables_at(kind, s_row, z_row, g, &S0, &Z0);
+                tables_at(kind, s_row + gpt, z_row + gpt, g, &S1, &Z1);
+                __m256 v0 = load_values_at(p, kind, anchor, row, e, S0, Z0);
+                __m256 v1 = load_values_at(p, kind, anchor, row + row_bytes, e, S1, Z1);
                 for (uint32_t r = 0; r < 4; r++) {
                     __m256 qv = _mm256_loadu_ps(q + (size_t)r * hd + e);
                     acc[r] = _mm256_fmadd_ps(qv, v0, acc[r]);
@@ -383,15 +410,21 @@ KV_AVX2 static KV_INLINE void v_pass(const src *p, int kind, int anchor, int NG,
                                      const float *P, size_t pstride, double *acc, pf_cursor *pf)
 {
     const uint32_t nv = NG == 1 ? 2 : 1;
+    const size_t row_bytes = row_bytes_of(p, kind, hd), gpt = is_quant(kind) ? p->gpt : 0; /* f32, bf16: no scales */
     for (uint32_t e = 0; e < hd; e += 8 * nv) {
         __m256 o[8][2], S = _mm256_setzero_ps(), Z = S, v[2];
         for (int r = 0; r < 4 * NG; r++)
             o[r][0] = o[r][1] = _mm256_setzero_ps();
-        for (uint32_t t = 0; t < ntok; t++) {
+        uint32_t g[2] = {0, 0}; /* each load's group within the token */
+        for (uint32_t j = 0; j < nv && is_quant(kind); j++)
+            g[j] = p->chunk_group[(e + 8 * j) / 8];
+        const uint8_t *row = p->data;             /* token t's values */
+        const float *s_row = p->s, *z_row = p->z; /* token t's scales and zeros */
+        for (uint32_t t = 0; t < ntok; t++, row += row_bytes, s_row += gpt, z_row += gpt) {
             kv_cpu_prefetch_step(pf);
             for (uint32_t j = 0; j < nv; j++) {
-                tables(p, kind, t, e + 8 * j, &S, &Z);
-                v[j] = load_values(p, kind, anchor, (size_t)t * hd + e + 8 * j, S, Z);
+                tables_at(kind, s_row, z_row, g[j], &S, &Z);
+                v[j] = load_values_at(p, kind, anchor, row, e + 8 * j, S, Z);
             }
             for (int r = 0; r < 4 * NG; r++) {
                 __m256 pr = _mm256_broadcast_ss(P + (size_t)(r / 4) * pstride + 4 * (size_t)t + r % 4);
