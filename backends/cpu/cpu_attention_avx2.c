@@ -57,7 +57,7 @@ typedef struct src {
     unsigned w;               /* quantized: bits of each stored code */
     unsigned r;               /* anchor-only: shift b − a */
     float mid;                /* anchor-only: (2^r − 1) / 2 */
-    uint32_t gpt;             /* quantized: groups per token (0: channel groups) */
+    uint32_t gpt;             /* groups per token (0: f32 and bf16, channel groups) */
     uint32_t G;               /* SRC_CH: tokens per channel group */
     uint32_t ntok;            /* SRC_CH: tokens of the page */
     uint16_t chunk_group[256]; /* quantized: group within the token of elements [8c, 8c + 8) */
@@ -131,7 +131,7 @@ KV_AVX2 static void src_prepare(const attn *t, fast_ws *w, const kv_page_desc *p
     const kv_store_format *f = value ? &pg->value : &pg->key;
     uint32_t hd = t->a->head_dim;
     o->data = t->kv + (value ? pg->value_data : pg->key_data);
-    o->gpt = 1;
+    o->gpt = 0; /* no scales: the passes step their scale rows by 0 */
     o->anchor_only = 0;
     if (f->kind == KV_STORE_F32 || f->kind == KV_STORE_BF16) {
         o->kind = f->kind == KV_STORE_F32 ? SRC_F32 : SRC_BF16;
@@ -237,7 +237,7 @@ KV_AVX2 static KV_INLINE void k_pass(const src *p, int kind, int anchor, int NG,
     if (NG == 1) { /* two tokens at a time: 8 sums, one reduction */
         const __m256i qpos8 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qpos));
         const __m256i valid8 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)valid));
-        const size_t row_bytes = row_bytes_of(p, kind, hd), gpt = is_quant(kind) ? p->gpt : 0;
+        const size_t row_bytes = row_bytes_of(p, kind, hd), gpt = p->gpt;
         const uint8_t *row = p->data;             /* token t's values */
         const float *s_row = p->s, *z_row = p->z; /* token t's scales and zeros */
         for (; t + 2 <= ntok; t += 2, row += 2 * row_bytes, s_row += 2 * gpt, z_row += 2 * gpt) {
@@ -410,7 +410,7 @@ KV_AVX2 static KV_INLINE void v_pass(const src *p, int kind, int anchor, int NG,
                                      const float *P, size_t pstride, double *acc, pf_cursor *pf)
 {
     const uint32_t nv = NG == 1 ? 2 : 1;
-    const size_t row_bytes = row_bytes_of(p, kind, hd), gpt = is_quant(kind) ? p->gpt : 0; /* f32, bf16: no scales */
+    const size_t row_bytes = row_bytes_of(p, kind, hd), gpt = p->gpt;
     for (uint32_t e = 0; e < hd; e += 8 * nv) {
         __m256 o[8][2], S = _mm256_setzero_ps(), Z = S, v[2];
         for (int r = 0; r < 4 * NG; r++)

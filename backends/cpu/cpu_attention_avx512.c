@@ -84,7 +84,7 @@ typedef struct src {
     unsigned r;              /* anchor-only: shift b − a */
     float mid;               /* anchor-only: (2^r − 1) / 2 */
     uint32_t G;              /* elements per group (head_dim for f32/bf16) */
-    uint32_t gpt;            /* groups per token */
+    uint32_t gpt;            /* groups per token (0: f32 and bf16, channel groups) */
     float lut_base[16];      /* table lookups: the reconstruction point of each code before
                                 scaling: i, or (i << r) + mid for anchors */
     uint16_t chunk_group[256]; /* quantized: group within the token of elements [16c, 16c + 16) */
@@ -106,11 +106,6 @@ KV_AVX512 static KV_INLINE __m512 q4p_half_at(const uint8_t *base, size_t e, int
 {
     __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(base + e / 2)));
     return _mm512_permutexvar_ps(h ? _mm512_srli_epi32(d, 4) : d, tab);
-}
-
-KV_AVX512 static KV_INLINE __m512 q4p_half(const src *p, size_t e, int h, __m512 tab)
-{
-    return q4p_half_at(p->data, e, h, tab);
 }
 
 /* Codes → dequantized values: fma(code, s, z), or the anchor midpoint. */
@@ -187,7 +182,7 @@ KV_AVX512 static void src_prepare(const attn *t, fast_ws *w, const kv_page_desc 
     uint32_t hd = t->a->head_dim;
     o->data = t->kv + (value ? pg->value_data : pg->key_data);
     o->G = hd;
-    o->gpt = 1;
+    o->gpt = 0; /* no scales: the passes step their scale rows by 0 */
     o->anchor_only = 0;
     if (f->kind == KV_STORE_F32 || f->kind == KV_STORE_BF16) {
         o->kind = f->kind == KV_STORE_F32 ? SRC_F32 : SRC_BF16;
@@ -312,7 +307,7 @@ KV_AVX512 static KV_INLINE void k_pass(const src *p, int kind, int anchor, uint3
         const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
         const __m512i qpos16 = _mm512_broadcast_i32x4(qpos);
         const __mmask16 valid16 = (__mmask16)(valid * 0x1111u);
-        const size_t row_bytes = row_bytes_of(p, kind, hd), gpt = is_quant(kind) ? p->gpt : 0;
+        const size_t row_bytes = row_bytes_of(p, kind, hd), gpt = p->gpt;
         const uint8_t *row = p->data;             /* token t's values */
         const float *s_row = p->s, *z_row = p->z; /* token t's scales and zeros */
         for (; t + 4 <= ntok; t += 4, row += 4 * row_bytes, s_row += 4 * gpt, z_row += 4 * gpt) {
@@ -613,7 +608,7 @@ KV_AVX512 static KV_INLINE void v_pass(const src *p, int kind, int anchor, uint3
                                        const float *P, double *acc, pf_cursor *pf)
 {
     const uint32_t step = (uint32_t)step_of(kind), nvs = SLAB / 16;
-    const size_t row_bytes = row_bytes_of(p, kind, hd), gpt = is_quant(kind) ? p->gpt : 0; /* f32, bf16: no scales */
+    const size_t row_bytes = row_bytes_of(p, kind, hd), gpt = p->gpt;
     for (uint32_t e0 = 0; e0 < hd; e0 += SLAB) {
         __m512 o[4][4], S = _mm512_setzero_ps(), Z = S, v[4] = {S, S, S, S};
         for (uint32_t r = 0; r < 4; r++)
@@ -823,7 +818,7 @@ KV_AVX512 static KV_INLINE void k_pass16(const src *p, int kind, int anchor, uin
                                          __mmask16 valid16, float *L, size_t lstride, pf_cursor *pf)
 {
     const __m512 ninf16 = _mm512_set1_ps(-INFINITY), vscale16 = _mm512_set1_ps(scale);
-    const size_t row_bytes = row_bytes_of(p, kind, hd), gpt = is_quant(kind) ? p->gpt : 0; /* f32, bf16: no scales */
+    const size_t row_bytes = row_bytes_of(p, kind, hd), gpt = p->gpt;
     const uint8_t *row = p->data;             /* token t's values */
     const float *s_row = p->s, *z_row = p->z; /* token t's scales and zeros */
     for (uint32_t t = 0; t < ntok; t++, row += row_bytes, s_row += gpt, z_row += gpt) {
@@ -854,7 +849,7 @@ KV_AVX512 static KV_INLINE void k_pass16(const src *p, int kind, int anchor, uin
 KV_AVX512 static KV_INLINE void v_pass16(const src *p, int kind, int anchor, uint32_t ntok, uint32_t hd,
                                          const float *P, size_t pstride, double *acc, pf_cursor *pf)
 {
-    const size_t row_bytes = row_bytes_of(p, kind, hd), gpt = is_quant(kind) ? p->gpt : 0; /* f32, bf16: no scales */
+    const size_t row_bytes = row_bytes_of(p, kind, hd), gpt = p->gpt;
     for (uint32_t e = 0; e < hd; e += 16) {
         __m512 o[16], S = _mm512_setzero_ps(), Z = S, v[4];
         for (uint32_t r = 0; r < 16; r++)
