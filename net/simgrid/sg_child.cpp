@@ -1,19 +1,24 @@
-/* sg_child.cpp — the SimGrid child process: one actor serves kvsim's flow requests at exact simulated times.
+/* sg_child.cpp — the SimGrid child process: serves kvsim's flow requests at exact simulated times.
  *
  * Design notes.
  * - One process per network. SimGrid 3.32 keeps its engine, clock, configuration
  *   and platform in process-wide state: an Engine can be deleted and built again,
  *   but the clock carries over and the platform stays sealed, so a fresh network
  *   needs a fresh process. sg_net.c forks this child; it never returns to kvsim.
- * - In-child mode (kv_sg_child_run): the driver actor's body is a whole kvsim run, whose network sends
+ * - In-child mode (kv_sg_child_run): the child's main line runs a whole kvsim run, whose network sends
  *   its requests to Driver::dispatch by a function call (kv_sg_local_send) instead of the socket;
  *   answers go to a buffer kvsim's side reads (kv_sg_local_read). One code path serves both modes.
- * - Exact time. A single "driver" actor reads requests from the socket. Waiting
- *   for an ADVANCE happens inside the simulation (Comm::wait_any_for with the
- *   timeout that lands exactly on the limit), so the actor wakes at SimGrid's own
- *   completion date, and the flows kvsim starts next (from its completion
- *   callbacks) start at that date: nothing is rounded to a later event.
- *   While the actor blocks on the socket the whole simulation waits.
+ * - No actor: the driver runs in SimGrid's maestro (the process's own stack) and moves the
+ *   simulation itself with Engine::run_until (Driver::run_to), so a wait is no simcall, context
+ *   switch or timer. Comms start from maestro (their simcalls run in place). A run_until stops at
+ *   the end of the first scheduling round in which a flow completed: the time hook sees a network
+ *   action leave the model's started set and marks the engine's vetoed-activity set, which ends
+ *   Engine::run_until's loop (the set holds no activity; kvsim never vetoes one).
+ * - Exact time. Waiting for an ADVANCE runs SimGrid to the date a timeout would have: clock + d,
+ *   d the largest step that does not pass the limit, so the driver stops at SimGrid's own
+ *   completion date, and the flows kvsim starts next (from its completion callbacks) start at
+ *   that date: nothing is rounded to a later event. While the driver blocks on the socket the
+ *   whole simulation waits.
  * - Priority classes. SimGrid's max-min solver weighs every flow by a sharing
  *   penalty (share ∝ 1 / penalty); s4u offers no per-comm setter, so the driver
  *   sets the network action's penalty through the installed kernel headers. A
@@ -68,6 +73,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -93,20 +99,6 @@ constexpr double kMaxBaseRatio = 2.0;    /* a flow's RTT penalty within [1/2, 2]
 constexpr int kMaxFlowsPerLink = 2048;   /* with classes: flows crossing one link at once */
 constexpr double kLevelEps = 1e-9;       /* levels: a link with less left than this x its bandwidth is full */
 constexpr double kMinLevelRange = 2;     /* levels: least penalty range between the highest and lowest level */
-
-#define KV_SG_STR2(x) #x
-#define KV_SG_STR(x) KV_SG_STR2(x)
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kAsan = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kAsan = true;
-#else
-constexpr bool kAsan = false;
-#endif
-#else
-constexpr bool kAsan = false;
-#endif
 
 /* Requests come in batches (sg_net.c buffers them): one read takes as many as are there. */
 struct InBuf {
@@ -192,10 +184,11 @@ struct Flow {
     double level_penalty = 0; /* levels mode: the penalty relevel last set (0: none yet) */
     sg4::CommPtr comm;
     const std::vector<int>* links = nullptr; /* Driver::routes_' indices into Platform::links, forward route */
-    Action* action = nullptr; /* SimGrid's network action (nullptr without an LMM model) */
+    Action* action = nullptr; /* SimGrid's network action (every started flow has one) */
     double base_ratio = 0;    /* its SimGrid penalty / the reference flow's */
     bool latency_due = false; /* still paying its latency: the penalty waits (in pending_) */
     bool in_latency = false;  /* in Driver::latent_: its action was last seen paying its latency */
+    bool ended = false;       /* in Driver::ended_: its action ended (and is gone after that round) */
     size_t slot = 0;          /* position in Driver::active_ */
 };
 
@@ -212,14 +205,24 @@ public:
     int prepare(kvsg::Error* err)
     {
         prepare_base();
+        if (model_ == nullptr) {
+            err->key = "network.simgrid";
+            err->msg = "net simgrid: the network model is not one kvsim can follow (CM02, LV08, SMPI, IB)";
+            return KV_EFAIL;
+        }
         return prepare_priority(err);
     }
 
     /* What does not depend on the priority mode: the hooks, the model, the links' bandwidths. */
     void prepare_base()
     {
-        sg4::Engine::on_time_advance_cb([this](double) { count_step(); });
-        model_ = dynamic_cast<Model*>(sg4::Engine::get_instance()->get_netzone_root()->get_network_model());
+        sg4::Engine* engine = sg4::Engine::get_instance();
+        sg4::Engine::on_time_advance_cb([this](double) {
+            count_step();
+            note_completion();
+        });
+        engine->track_vetoed_activities(&round_end_);
+        model_ = dynamic_cast<Model*>(engine->get_netzone_root()->get_network_model());
         lmm_ok_ = model_ != nullptr && model_->get_maxmin_system() != nullptr && model_->is_update_lazy();
         try {
             precision_timing_ = simgrid::config::get_value<double>("surf/precision"); /* sg_precision_timing */
@@ -308,11 +311,12 @@ private:
                                                     Flow::links points into it (map nodes never move) */
     std::vector<Flow*> done_;                 /* advance's completions, kept to reuse their storage */
     std::vector<kv_sg_done> done_items_;      /* and their answer */
-    std::vector<sg4::ActivityPtr> rest_;      /* collect_done: the comms not yet in done_ */
-    std::vector<Flow*> rest_flows_;           /* and their flows */
+    std::vector<sg4::CommPtr> cancelled_;     /* comms cancelled since the last round: SimGrid's round that
+                                                 handles their end (started from maestro) calls their
+                                                 s4u side, so they live until it has run */
+    std::vector<Flow*> ended_;                /* flows whose action ended, seen by note_completion, not yet
+                                                 collected (their actions are gone once the round ends) */
     const std::string no_link_;               /* the busiest link's name when a route has none */
-    std::vector<sg4::ActivityPtr> comms_;     /* active_[i]->comm, for wait_any_for (Activity's: Comm's copies
-                                                 the vector, casting each element, at every call) */
     std::unordered_map<uint64_t, std::unique_ptr<Flow>> flows_;
     std::vector<std::unique_ptr<Flow>> spare_; /* finished flows, reset, for start to reuse */
     std::vector<Flow*> pending_;              /* flows whose class penalty waits for the latency */
@@ -338,6 +342,8 @@ private:
     uint64_t steps_ = 0;                      /* solver steps since the driver last woke */
     double horizon_ = -INFINITY;              /* the next answer's t_next_s (advance sets it) */
     double precision_timing_ = -1;            /* SimGrid's precision/timing; < 0: no horizon given */
+    std::set<sg4::Activity*> round_end_;      /* SimGrid's vetoed-activity set, marked by note_completion: a
+                                                 non-empty set ends Engine::run_until after its round */
     std::vector<char> out_;                   /* the answer being written */
     InBuf in_;                                /* requests read, not yet served */
 
@@ -361,6 +367,22 @@ private:
         local_ = nullptr; /* in-child mode too: the stuck answer goes to kvsim on the socket */
         reply(h, nullptr, 0, msg);
         _exit(0);
+    }
+
+    /* At each solver step (the actions updated, the ended ones not yet handled): a network action
+       that left the model's started set ended (finished, or failed), so the run stops after this
+       round and the driver collects it. Every flow in active_ has its action there until then. */
+    void note_completion()
+    {
+        if (model_->get_started_action_set()->size() + ended_.size() >= active_.size())
+            return;
+        for (Flow* f : active_) {
+            if (!f->ended && f->action->get_state() != Action::State::STARTED) {
+                f->ended = true;
+                ended_.push_back(f);
+            }
+        }
+        round_end_.insert(nullptr); /* SimGrid only asks whether the set is empty */
     }
 
     void fail(int code, const std::string& msg)
@@ -462,28 +484,58 @@ private:
     void note_latency_paid();
     void stats();
     bool wait_until(double t);
-    long uncollected(const std::vector<Flow*>& done) const;
+    bool run_to(double date);
     void collect_done(std::vector<Flow*>* done);
     void finish(Flow* f, double t, uint64_t bytes_crossed);
 };
+
+/* Runs SimGrid until its clock reaches `date` (at least one scheduling round, as a timeout there
+   would: a flow ending at the clock completes), or with date < 0 until nothing is left to happen;
+   stops after the first round in which a flow completed. True if one did (or one that completed
+   earlier is not yet collected): collect_done then finds them. */
+bool Driver::run_to(double date)
+{
+    if (!ended_.empty())
+        return true;
+    sg4::Engine* engine = sg4::Engine::get_instance();
+    if (!cancelled_.empty()) {
+        /* A cancelled flow's action keeps its share until SimGrid handles its end, which an actor's
+           simcall would have had done before the next solve; maestro's cancel leaves it to the next
+           round. A round of no time hands it over first, so the solve after it has its bandwidth. */
+        round_end_.clear();
+        engine->run_until(engine->get_clock());
+        cancelled_.clear();
+        if (!round_end_.empty()) {
+            round_end_.clear();
+            return true;
+        }
+    }
+    do {
+        round_end_.clear();
+        engine->run_until(date);
+        steps_ = 0;
+        if (!round_end_.empty()) {
+            round_end_.clear();
+            return true;
+        }
+        /* run_until returns within 1e-5 s of its date when an event (a latency paid) lands there;
+           the next call goes on from that event, as the rounds of one timeout would. */
+    } while (date >= 0 && sg4::Engine::get_clock() < date);
+    return false;
+}
 
 /* Waits without completions until kvsim time t; false if a flow completes first. */
 bool Driver::wait_until(double t)
 {
     if (!(t > now_))
         return true;
-    double d = exact_delta(sg4::Engine::get_clock(), t);
-    if (comms_.empty()) {
-        /* A timeout on no activity: a timer only, where sleep_for makes a CPU action the CPU
-           model then solves (0.39 against 0.57 us a step here; the clock reaches the same date). */
+    double clock = sg4::Engine::get_clock();
+    double d = exact_delta(clock, t);
+    if (active_.empty()) {
         if (d > 0)
-            sg4::Activity::wait_any_for(comms_, d);
-        steps_ = 0;
-    } else {
-        ssize_t i = sg4::Activity::wait_any_for(comms_, d);
-        steps_ = 0;
-        if (i >= 0)
-            return false;
+            run_to(clock + d); /* nothing in flight: one step of the clock */
+    } else if (run_to(clock + d)) {
+        return false;
     }
     now_ = t;
     return true;
@@ -690,19 +742,24 @@ void Driver::start(const kv_sg_request& rq)
         fail(KV_EFAIL, std::string("net simgrid: starting a flow: ") + e.what());
         return;
     }
+    find_action(f);
+    if (f->action == nullptr) { /* note_completion follows every flow by its action */
+        f->comm->cancel();
+        cancelled_.push_back(f->comm);
+        for (int l : *f->links)
+            uses_[(size_t)l].flows--;
+        fail(KV_EFAIL, "net simgrid: cannot find the network action of flow " + std::to_string(f->id));
+        return;
+    }
     f->slot = active_.size();
     active_.push_back(f);
-    comms_.push_back(boost::static_pointer_cast<sg4::Activity>(f->comm));
     flows_.emplace(f->id, std::move(owned));
-    find_action(f);
-    if (f->action != nullptr && f->action->get_type() == ActionHeap::Type::latency) {
+    if (f->action->get_type() == ActionHeap::Type::latency) {
         f->in_latency = true;
         latent_.push_back(f);
     }
     if (levels_) {
-        if (f->action == nullptr) {
-            fail(KV_EFAIL, "net simgrid: cannot find the network action of flow " + std::to_string(f->id));
-        } else if (f->action->get_type() == ActionHeap::Type::latency) {
+        if (f->action->get_type() == ActionHeap::Type::latency) {
             f->latency_due = true; /* placed when its latency is paid (apply_pending_penalties) */
             pending_.push_back(f);
         } else {
@@ -936,10 +993,8 @@ void Driver::finish(Flow* f, double t, uint64_t bytes_crossed)
     }
     size_t last = active_.size() - 1;
     active_[f->slot] = active_[last];
-    comms_[f->slot] = comms_[last];
     active_[f->slot]->slot = f->slot;
     active_.pop_back();
-    comms_.pop_back();
     if (f->latency_due)
         pending_.erase(std::find(pending_.begin(), pending_.end(), f));
     if (f->in_latency)
@@ -961,6 +1016,7 @@ void Driver::cancel(const kv_sg_request& rq)
         double remaining = f->comm->get_remaining();
         uint64_t crossed = remaining >= (double)f->bytes ? 0 : f->bytes - (uint64_t)std::ceil(remaining);
         f->comm->cancel();
+        cancelled_.push_back(f->comm);
         finish(f, now_, crossed);
         if (levels_)
             relevel_now();
@@ -968,37 +1024,12 @@ void Driver::cancel(const kv_sg_request& rq)
     reply_status(not_active, nullptr, 0);
 }
 
-/* Flows of active_ whose comm completed in SimGrid but is not yet in `done`; -1 when unknown. With
-   an LMM model each active comm's network action stays in the model's started set until it ends
-   (paying its latency, held or running alike) and no other action is there, so the difference
-   is exact; test_any, a simcall each, is then only called for a completion that is there. */
-long Driver::uncollected(const std::vector<Flow*>& done) const
-{
-    if (!lmm_ok_)
-        return -1;
-    return (long)active_.size() - (long)done.size() - (long)model_->get_started_action_set()->size();
-}
-
-/* Every active comm that has completed at the current date, in start (id) order. */
+/* The flows whose comm completed at the current date (note_completion saw them end), in start (id)
+   order. SimGrid marked each comm finished on its s4u side (it does for comms maestro started). */
 void Driver::collect_done(std::vector<Flow*>* done)
 {
-    for (long left = uncollected(*done); left != 0; left = left > 0 ? left - 1 : left) {
-        rest_.clear();
-        rest_flows_.clear();
-        for (Flow* f : active_) {
-            if (std::find(done->begin(), done->end(), f) == done->end()) {
-                rest_.push_back(comms_[f->slot]);
-                rest_flows_.push_back(f);
-            }
-        }
-        if (rest_.empty())
-            break;
-        ssize_t i = sg4::Activity::test_any(rest_);
-        rest_.clear(); /* no reference to a comm outlives its flow */
-        if (i < 0)
-            break;
-        done->push_back(rest_flows_[(size_t)i]);
-    }
+    done->insert(done->end(), ended_.begin(), ended_.end());
+    ended_.clear();
     std::sort(done->begin(), done->end(), [](const Flow* a, const Flow* b) { return a->id < b->id; });
 }
 
@@ -1054,16 +1085,20 @@ void Driver::advance(double t_limit)
         return;
     }
     if (t_limit > now_) {
-        if (comms_.empty()) {
+        if (active_.empty()) {
             if (std::isfinite(t_limit))
                 wait_until(t_limit);
         } else {
-            double timeout = std::isfinite(t_limit) ? exact_delta(sg4::Engine::get_clock(), t_limit) : -1.0;
-            ssize_t i = sg4::Activity::wait_any_for(comms_, timeout);
-            steps_ = 0;
-            if (i >= 0)
-                done.push_back(active_[(size_t)i]);
-            collect_done(&done);
+            double clock = sg4::Engine::get_clock();
+            bool ended = run_to(std::isfinite(t_limit) ? clock + exact_delta(clock, t_limit) : -1.0);
+            if (ended)
+                collect_done(&done);
+            if (done.empty() && !std::isfinite(t_limit)) {
+                fail(KV_EFAIL, "net simgrid: " + std::to_string(active_.size()) +
+                                   " flows in flight and none can complete (SimGrid has no next event)");
+                reply_status(0, nullptr, 0);
+                return;
+            }
             if (done.empty()) {
                 now_ = t_limit;
                 note_latency_paid();
@@ -1073,7 +1108,7 @@ void Driver::advance(double t_limit)
                 now_ = std::min(std::max(sg4::Engine::get_clock(), now_), t_limit);
             }
         }
-    } else if (!comms_.empty()) {
+    } else if (!ended_.empty()) {
         collect_done(&done); /* completions exactly at now_ not yet reported */
     }
     std::vector<kv_sg_done>& items = done_items_;
@@ -1264,16 +1299,9 @@ namespace {
 void child(const kv_net_config* cfg, int fd, int log_fd, kv_sg_body_fn body, void* arg)
 {
     char name[] = "kvsim-net";
-    /* In-child mode the whole run is the driver actor's body: Lua and the engine need more than
-       SimGrid's 8 MiB default stack (mapped lazily: only what is used costs memory). Under
-       AddressSanitizer the actor runs on a thread of its own (SimGrid's thread contexts): ASan does
-       not know the stacks raw contexts switch to, and Lua's longjmp there would make it warn and
-       report false positives (docs/network.md "How it runs"). */
     char quiet[] = "--log=xbt_cfg.thres:warning"; /* no "Configuration change" line in SimGrid's log */
-    char stack[] = "--cfg=contexts/stack-size:" KV_SG_STR(KV_SG_BODY_STACK_KIB);
-    char threads[] = "--cfg=contexts/factory:thread";
-    char* argv[] = {name, quiet, stack, threads, nullptr};
-    int argc = body == nullptr ? 1 : kAsan ? 4 : 3;
+    char* argv[] = {name, quiet, nullptr};
+    int argc = body == nullptr ? 1 : 2;
     argv[argc] = nullptr;
     try {
         sg4::Engine engine(&argc, argv);
@@ -1286,7 +1314,7 @@ void child(const kv_net_config* cfg, int fd, int log_fd, kv_sg_body_fn body, voi
             send_error(fd, rc, err);
             _exit(0);
         }
-        sg4::Host* home = platform.hosts[0];
+        engine.seal_platform(); /* comms start from maestro before the first run_until */
         Driver driver(cfg, fd, std::move(platform));
         rc = driver.prepare(&err);
         if (rc != KV_OK) {
@@ -1296,7 +1324,7 @@ void child(const kv_net_config* cfg, int fd, int log_fd, kv_sg_body_fn body, voi
         kv_sg_local local;
         local.driver = &driver;
         if (body == nullptr) {
-            sg4::Actor::create("kvsim-driver", home, [&driver] { driver.serve(); });
+            driver.serve(); /* until kvsim closes the socket */
         } else {
             if (log_fd >= 0) {
                 /* SimGrid's words stay in the file kvsim reads when the child fails (body gives the
@@ -1307,14 +1335,11 @@ void child(const kv_net_config* cfg, int fd, int log_fd, kv_sg_body_fn body, voi
                     xbt_log_appender_set(&_XBT_LOGV(XBT_LOG_ROOT_CAT), xbt_log_appender_stream(log));
                 }
             }
-            sg4::Actor::create("kvsim-driver", home, [&driver, &local, body, arg] {
-                driver.send_ready();
-                driver.set_local(&local.replies);
-                body(arg, &local);
-                _exit(0); /* body ends the process; never get back into SimGrid */
-            });
+            driver.send_ready();
+            driver.set_local(&local.replies);
+            body(arg, &local); /* the whole run, here in maestro */
         }
-        engine.run();
+        _exit(0); /* body ends the process itself; never tear SimGrid down */
     } catch (const std::exception& e) {
         send_error(fd, KV_EFAIL, kvsg::Error{"", std::string("net simgrid: ") + e.what()});
     }

@@ -540,7 +540,7 @@ int kv_net_simgrid_create(const kv_net_config *cfg, kv_net_done_fn done, void *u
 
 /* ---- in-child mode: the whole run in the SimGrid child (kv_net_run_body) ----
    The parent forks the child as for a network (same platform checks, same READY), then waits for
-   one answer: the run's end. In the child the driver actor runs body->run; the run's network is an
+   one answer: the run's end. In the child's main line (SimGrid's maestro) body->run runs; the run's network is an
    sg_net whose requests are function calls into the driver (net->local): the code above computes
    exactly what it computes over the socket. The child then writes a KV_SG_RESULT head, the run's
    kv_error and (on success) what body->save writes, and exits; SimGrid's step cap answers with a
@@ -618,7 +618,7 @@ static int child_put(void *ctx, void *buf, size_t n)
     return 0;
 }
 
-/* The child, after READY, as the driver actor: the run, then its results; never returns. */
+/* The child, after READY, in SimGrid's maestro: the run, then its results; never returns. */
 static void child_body(void *arg, kv_sg_local *local)
 {
     sg_child_run *cr = arg;

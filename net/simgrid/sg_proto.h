@@ -50,9 +50,6 @@ enum kv_sg_op {
 #define KV_SG_STUCK 1u
 #define KV_SG_RESULT 2u /* in-child mode: the run's end; a kv_error follows, then (code KV_OK) the results */
 
-/* In-child mode: the driver actor's stack (KiB; SimGrid's default is 8 MiB), for Lua and the engine. */
-#define KV_SG_BODY_STACK_KIB 65536
-
 /* The child gives up when SimGrid takes this many solver steps, plus this many per
    flow in flight, without waking the driver (no event it waits for ever comes). */
 #define KV_SG_STEP_CAP 1000000
@@ -100,8 +97,8 @@ void kv_sg_child_main(const kv_net_config *cfg, int fd);
 typedef struct kv_sg_local kv_sg_local;
 typedef void (*kv_sg_body_fn)(void *arg, kv_sg_local *local);
 
-/* Builds the platform and answers READY as kv_sg_child_main, then runs body(arg, local) as the driver
-   actor (stack: KV_SG_BODY_STACK_KIB); body ends the process (_exit) after writing its results on fd.
+/* Builds the platform and answers READY as kv_sg_child_main, then runs body(arg, local) in the child's
+   main line (SimGrid's maestro, the process's own stack); body ends the process (_exit) after writing its results on fd.
    log_fd >= 0: SimGrid's log goes on to that file (through a descriptor of its own: body may move
    log_fd).
    Never returns. */

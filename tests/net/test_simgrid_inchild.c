@@ -15,7 +15,7 @@
 #include "tests/support.h"
 
 #if __has_include(<xbt/asserts.h>)
-#include <simgrid/actor.h>
+#include <simgrid/engine.h>
 #include <xbt/asserts.h>
 #include <xbt/log.h>
 XBT_LOG_NEW_DEFAULT_CATEGORY(kvsim_test, "test_simgrid_inchild: a SimGrid abort inside the run");
@@ -140,7 +140,8 @@ static int script_run(void *arg, kv_net_host *host, kv_error *err)
         if (step == 4 && s->fail == 4)
             xbt_die("the network solver gave up at step %d", step);
         for (long k = 0; step == 4 && s->fail == 5 && k < 3000000; k++)
-            sg_actor_sleep_for(1e-9); /* this actor is the driver: SimGrid steps, the driver never wakes */
+            simgrid_run_until(simgrid_get_clock() + 1e-9); /* the run is SimGrid's maestro: SimGrid steps,
+                                                                 and the driver never sees a wait end */
 #endif
         if (step == 4 && s->fail == 2)
             rc = kv_error_set_key(err, KV_EINPUT, "policies", "run.yaml: the run's own bad input");
@@ -283,8 +284,7 @@ Test(simgrid_inchild, a_simgrid_abort_in_the_run_comes_with_its_last_words, .tim
 #endif
 }
 
-/* The cap is a million steps: under ASan the driver runs on thread contexts and each of its sleeps is a
-   thread switch, about 45 s alone on this 2-core machine (past 60 s when loaded), so a longer limit. */
+/* The cap is a million steps, each a SimGrid round here (slower under ASan), so a longer limit. */
 Test(simgrid_inchild, the_step_cap_still_stops_a_spinning_simgrid, .timeout = 300)
 {
 #ifndef HAVE_XBT
