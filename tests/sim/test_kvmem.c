@@ -2,6 +2,7 @@
  * manager (disjoint complete ranges, wrap-around), bidirectional page tables, and a long random run that
  * must neither leak nor double free. Runs on the CPU backend (device 0, the threaded one). */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -79,6 +80,71 @@ Test(kvmem, page_size_minimises_waste)
     }
     cr_expect_eq(pc.tokens_per_page[0], pc.page_bytes / 232);
     cr_expect_eq(pc.tokens_per_page[1], pc.page_bytes / 136);
+}
+
+/* The page choice scores only the first page of each run of equal token counts; it must pick what
+   scoring every aligned page of the range picks (the scan it replaced), bit for bit. */
+static void scan_page(const double *tb, int tiers, int min_tokens, int max_tokens, uint32_t align,
+                      kv_mem_page_choice *out)
+{
+    double largest = tiers > 1 && tb[1] > tb[0] ? tb[1] : tb[0];
+    double lo = ceil(min_tokens * largest / align) * align, hi = floor(max_tokens * largest / align) * align;
+    if (hi < lo)
+        hi = lo;
+    double best = INFINITY;
+    for (double page = lo; page <= hi; page += align) {
+        double worst = 0, waste[KV_MEM_MAX_TIERS] = {0};
+        for (int t = 0; t < tiers; t++) {
+            waste[t] = (page - floor(page / tb[t]) * tb[t]) / page;
+            worst = waste[t] > worst ? waste[t] : worst;
+        }
+        if (worst < best) {
+            best = worst;
+            out->page_bytes = (uint32_t)page;
+            for (int t = 0; t < tiers; t++) {
+                out->tokens_per_page[t] = (uint32_t)floor(page / tb[t]);
+                out->waste[t] = waste[t];
+            }
+        }
+    }
+}
+
+Test(kvmem, page_size_is_the_full_scans_choice)
+{
+    kv_rng rng;
+    kv_rng_seed(&rng, 11);
+    const uint32_t aligns[] = {32, 20, 64, 4096};
+    int compared = 0;
+    for (int round = 0; round < 3000; round++) {
+        int tiers = 1 + (int)(kv_rng_below(&rng, 2));
+        double tb[2];
+        for (int t = 0; t < tiers; t++) {
+            /* a (layer, head) token of a few bytes to a whole token of a large model, some whole numbers */
+            double v = exp(log(3.0) + (log(400000.0) - log(3.0)) * kv_rng_uniform(&rng));
+            tb[t] = kv_rng_below(&rng, 2) ? floor(v) + 1 : v;
+            if (kv_rng_below(&rng, 3) == 0) /* small whole sizes: ties between pages (multiples) */
+                tb[t] = (double)(8 * (1 + kv_rng_below(&rng, 64)));
+        }
+        int min_tokens = 1 + (int)kv_rng_below(&rng, 64);
+        int max_tokens = min_tokens + (int)kv_rng_below(&rng, 96);
+        uint32_t align = aligns[kv_rng_below(&rng, 4)];
+        double largest = tiers > 1 && tb[1] > tb[0] ? tb[1] : tb[0];
+        if (max_tokens * largest / align > 200000)
+            continue; /* keep the reference scan short */
+        kv_mem_page_choice got, want = {0};
+        kv_error err = {0};
+        cr_assert_eq(kv_mem_choose_page(tb, tiers, min_tokens, max_tokens, align, &got, &err), 0, "%s", err.msg);
+        scan_page(tb, tiers, min_tokens, max_tokens, align, &want);
+        cr_assert_eq(got.page_bytes, want.page_bytes, "round %d: tiers %d (%.17g, %.17g), tokens %d..%d, align %u: %u, "
+                     "the scan %u", round, tiers, tb[0], tiers > 1 ? tb[1] : 0.0, min_tokens, max_tokens, align,
+                     got.page_bytes, want.page_bytes);
+        for (int t = 0; t < tiers; t++) {
+            cr_assert_eq(got.tokens_per_page[t], want.tokens_per_page[t]);
+            cr_assert_eq(got.waste[t], want.waste[t]);
+        }
+        compared++;
+    }
+    cr_expect_gt(compared, 1500, "only %d cases compared", compared);
 }
 
 Test(kvmem, page_size_rejects_bad_input)
