@@ -3,7 +3,13 @@
  *
  * Invariant: `generation` changes exactly once per kv_cpu_pool_run; a helper
  * runs a job only after seeing a new generation, and `active` counts helpers
- * still inside the current job, so run() returns only when all of them left. */
+ * still inside the current job, so run() returns only when all of them left.
+ * Fork safety: create() returns only once every helper waits on `wake`, and
+ * run() once every helper left the job, so between calls no helper is inside
+ * the allocator or any other lock: a fork (kvsim forks its SimGrid child at any
+ * point of a run) never copies a lock a helper holds. A helper still starting
+ * once did, under AddressSanitizer, whose allocator has no fork handler: the
+ * child's first allocation waited forever. */
 #include "backends/cpu/cpu_pool.h"
 
 #include <pthread.h>
@@ -21,6 +27,7 @@ struct kv_cpu_pool {
     unsigned long generation;
     int stop;
     int active;            /* helpers still working on the current job */
+    int started;           /* helpers that reached their wait loop (create() waits for all) */
     /* the current job */
     kv_cpu_range_fn fn;
     void *arg;
@@ -54,6 +61,8 @@ static void *helper_main(void *varg)
     kv_free(ha);
     unsigned long seen = 0;
     pthread_mutex_lock(&p->lock);
+    p->started++;
+    pthread_cond_signal(&p->done);
     for (;;) {
         while (!p->stop && p->generation == seen)
             pthread_cond_wait(&p->wake, &p->lock);
@@ -95,6 +104,10 @@ kv_cpu_pool *kv_cpu_pool_create(int threads)
             break;
         }
     }
+    pthread_mutex_lock(&p->lock);
+    while (p->started < p->threads - 1)
+        pthread_cond_wait(&p->done, &p->lock);
+    pthread_mutex_unlock(&p->lock);
     return p;
 }
 
