@@ -73,7 +73,6 @@ int kv_mem_choose_page(const double *token_bytes, int tiers, int min_tokens, int
        hundreds of thousands of steps for a whole-token page of a large model. Same choice, bit for bit
        (tests/sim/test_kvmem.c compares it with the full scan). */
     double best = INFINITY;
-    out->page_bytes = 0;
     page_score(lo, token_bytes, tiers, &best, out);
     for (int t = 0; t < tiers; t++) {
         double tb = token_bytes[t];
