@@ -1,9 +1,11 @@
 /* alloc.c — host memory wrappers that abort on out-of-memory. */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #include "core/base/alloc.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 static void kv_oom(size_t bytes)
 {
@@ -51,6 +53,21 @@ char *kv_strndup(const char *s, size_t n)
 void kv_free(void *ptr)
 {
     free(ptr);
+}
+
+void *kv_calloc_shared(size_t count, size_t size)
+{
+    size_t bytes;
+    if (kv_mul_size(count ? count : 1, size ? size : 1, &bytes) != 0)
+        return NULL;
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p; /* the kernel's pages are zero */
+}
+
+void kv_free_shared(void *ptr, size_t count, size_t size)
+{
+    if (ptr)
+        munmap(ptr, (count ? count : 1) * (size ? size : 1));
 }
 
 void kv_grow(void **items, size_t item_size, size_t *cap, size_t need)

@@ -13,6 +13,13 @@ char *kv_strdup(const char *s);
 char *kv_strndup(const char *s, size_t n);
 void kv_free(void *ptr);
 
+/* Zeroed memory that a forked child fills for this process: a shared anonymous mapping made
+   before the fork, so the child's writes land here and nothing is copied back (the SimGrid
+   child's per-request results). NULL when the system refuses the mapping: the caller falls back
+   to kv_calloc. Free with kv_free_shared and the same count and size (NULL is fine). */
+void *kv_calloc_shared(size_t count, size_t size);
+void kv_free_shared(void *ptr, size_t count, size_t size);
+
 /* Grows *items (of item_size bytes each, capacity *cap) to hold at least need items. */
 void kv_grow(void **items, size_t item_size, size_t *cap, size_t need);
 

@@ -1112,7 +1112,10 @@ void kv_run_result_free(kv_run_result *r)
 {
     if (!r)
         return;
-    kv_free(r->requests);
+    if (r->requests_shared)
+        kv_free_shared(r->requests, r->n_requests, sizeof *r->requests);
+    else
+        kv_free(r->requests);
     kv_histogram_free(&r->itl_s);
     kv_free(r->links);
     memset(r, 0, sizeof *r);

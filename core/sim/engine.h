@@ -71,6 +71,7 @@ typedef struct kv_request_result {
 typedef struct kv_run_result {
     kv_request_result *requests; /* [n_requests] in id order */
     size_t n_requests;
+    int requests_shared;         /* requests is a kv_calloc_shared mapping (the SimGrid child filled it) */
     kv_histogram itl_s;          /* inter-token latencies, one per commit event after the first (bounded memory) */
     kv_link_stats *links;        /* [n_links] */
     size_t n_links;

@@ -220,7 +220,8 @@ static int setup_requests(engine *e, const kv_workload *workload, kv_run_result 
     size_t n = kv_workload_count(workload);
     e->n_reqs = n;
     e->reqs = kv_calloc(n ? n : 1, sizeof *e->reqs);
-    out->requests = kv_calloc(n ? n : 1, sizeof *out->requests);
+    if (!out->requests_shared) /* else the caller's mapping, zeroed, for n (kv_engine_run) */
+        out->requests = kv_calloc(n ? n : 1, sizeof *out->requests);
     out->n_requests = n;
     for (size_t i = 0; i < n; i++) {
         request *r = &e->reqs[i];

@@ -65,6 +65,7 @@
 #include <xbt/log.h>
 
 #include <signal.h>
+#include <stdio_ext.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -1303,6 +1304,11 @@ void child(const kv_net_config* cfg, int fd, int log_fd, kv_sg_body_fn body, voi
     char* argv[] = {name, quiet, nullptr};
     int argc = body == nullptr ? 1 : 2;
     argv[argc] = nullptr;
+    /* SimGrid flushes stdout and stderr at every run_until (two or three per flow). Only this
+       thread writes to them here (the CPU backend's helper threads never print), so their locks
+       go: an uncontended lock costs as much as the flush of an empty stream. */
+    __fsetlocking(stdout, FSETLOCKING_BYCALLER);
+    __fsetlocking(stderr, FSETLOCKING_BYCALLER);
     try {
         sg4::Engine engine(&argc, argv);
         kvsg::Platform platform;
