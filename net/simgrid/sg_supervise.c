@@ -72,9 +72,7 @@ int kv_sg_read_full(sg_net *net, void *buf, size_t n)
     char *p = buf;
     while (n > 0) {
         if (net->in_pos == net->in_len) {
-            /* A read as large as the buffer goes straight to its place (a run's results: megabytes). */
-            int direct = n >= KV_SG_IN_BYTES;
-            ssize_t r = recv(net->fd, direct ? p : net->in, direct ? n : KV_SG_IN_BYTES, 0);
+            ssize_t r = recv(net->fd, net->in, KV_SG_IN_BYTES, 0);
             if (r < 0 && errno == EINTR)
                 continue;
             if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && net->watch_cpu && child_cpu_moved(net))
@@ -83,11 +81,6 @@ int kv_sg_read_full(sg_net *net, void *buf, size_t n)
                 net->timed_out = 1;
             if (r <= 0)
                 return -1;
-            if (direct) {
-                p += r;
-                n -= (size_t)r;
-                continue;
-            }
             net->in_pos = 0;
             net->in_len = (size_t)r;
         }
