@@ -15,8 +15,10 @@ void kv_free(void *ptr);
 
 /* Zeroed memory that a forked child fills for this process: a shared anonymous mapping made
    before the fork, so the child's writes land here and nothing is copied back (the SimGrid
-   child's per-request results). NULL when the system refuses the mapping: the caller falls back
-   to kv_calloc. Free with kv_free_shared and the same count and size (NULL is fine). */
+   child's per-request results). NULL when the system refuses the mapping, and always under
+   AddressSanitizer (which guards heap blocks only): the caller falls back to kv_calloc, so a
+   sanitizer build tests that path. Free with kv_free_shared and the same count and size (NULL is
+   fine). */
 void *kv_calloc_shared(size_t count, size_t size);
 void kv_free_shared(void *ptr, size_t count, size_t size);
 
