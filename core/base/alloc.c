@@ -55,23 +55,18 @@ void kv_free(void *ptr)
     free(ptr);
 }
 
-#if defined(__SANITIZE_ADDRESS__)
-#define KV_SHARED_MAPS 0
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define KV_SHARED_MAPS 0
-#endif
-#endif
-#ifndef KV_SHARED_MAPS
-#define KV_SHARED_MAPS 1
-#endif
+/* The bytes of a kv_calloc_shared mapping (count and size 0 count as 1, as in kv_calloc); -1 on overflow. */
+static int shared_bytes(size_t count, size_t size, size_t *bytes)
+{
+    return kv_mul_size(count ? count : 1, size ? size : 1, bytes);
+}
 
 void *kv_calloc_shared(size_t count, size_t size)
 {
-    if (!KV_SHARED_MAPS)
+    if (KV_ASAN)
         return NULL; /* ASan guards heap blocks only: keep them where a sanitizer looks */
     size_t bytes;
-    if (kv_mul_size(count ? count : 1, size ? size : 1, &bytes) != 0)
+    if (shared_bytes(count, size, &bytes) != 0)
         return NULL;
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     return p == MAP_FAILED ? NULL : p; /* the kernel's pages are zero */
@@ -79,8 +74,9 @@ void *kv_calloc_shared(size_t count, size_t size)
 
 void kv_free_shared(void *ptr, size_t count, size_t size)
 {
-    if (ptr)
-        munmap(ptr, (count ? count : 1) * (size ? size : 1));
+    size_t bytes;
+    if (ptr && shared_bytes(count, size, &bytes) == 0)
+        munmap(ptr, bytes);
 }
 
 void kv_grow(void **items, size_t item_size, size_t *cap, size_t need)

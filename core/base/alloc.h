@@ -13,6 +13,18 @@ char *kv_strdup(const char *s);
 char *kv_strndup(const char *s, size_t n);
 void kv_free(void *ptr);
 
+/* KV_ASAN: 1 in an AddressSanitizer build (gcc's __SANITIZE_ADDRESS__, clang's __has_feature). */
+#if defined(__SANITIZE_ADDRESS__)
+#define KV_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KV_ASAN 1
+#endif
+#endif
+#ifndef KV_ASAN
+#define KV_ASAN 0
+#endif
+
 /* Zeroed memory that a forked child fills for this process: a shared anonymous mapping made
    before the fork, so the child's writes land here and nothing is copied back (the SimGrid
    child's per-request results). NULL when the system refuses the mapping, and always under

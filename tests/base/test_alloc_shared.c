@@ -9,23 +9,12 @@
 
 /* Under AddressSanitizer kv_calloc_shared always answers NULL (alloc.h): its callers' fallback is
    what a sanitizer build tests, and these tests check that answer instead. */
-#if defined(__SANITIZE_ADDRESS__)
-#define SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SANITIZED 1
-#endif
-#endif
-#ifndef SANITIZED
-#define SANITIZED 0
-#endif
-
-#define EXPECT_NULL_UNDER_ASAN(p)                                                                                \
-    do {                                                                                                   \
-        if (SANITIZED) {                                                                                   \
-            cr_assert_null(p, "under AddressSanitizer the mapping is refused, so callers fall back");     \
-            return;                                                                                        \
-        }                                                                                                  \
+#define EXPECT_NULL_UNDER_ASAN(p)                                                                     \
+    do {                                                                                              \
+        if (KV_ASAN) {                                                                                \
+            cr_assert_null(p, "under AddressSanitizer the mapping is refused, so callers fall back"); \
+            return;                                                                                   \
+        }                                                                                             \
     } while (0)
 
 Test(alloc_shared, zeroed_and_written_by_a_forked_child)

@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/base/alloc.h" /* KV_ASAN */
 #include "core/base/infile.h"
 #include "core/config/ytree.h"
 #include "tests/support.h"
@@ -36,17 +37,7 @@ static int run_limited(const char *args, int limit_s, char **output, double *ela
     const char *bin = getenv("KVSIM");
     if (!bin)
         bin = KV_BINARY_DIR "/kvsim";
-#if defined(__SANITIZE_ADDRESS__)
-    const char *cap = "";
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-    const char *cap = "";
-#else
-    const char *cap = "ulimit -v 4000000; ";
-#endif
-#else
-    const char *cap = "ulimit -v 4000000; ";
-#endif
+    const char *cap = KV_ASAN ? "" : "ulimit -v 4000000; ";
     char cmd[8192];
     snprintf(cmd, sizeof cmd, "%stimeout -s KILL %d %s %s 2>&1", cap, limit_s, bin, args);
     double t0 = now_s();
